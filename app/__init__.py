@@ -1,0 +1,1 @@
+"""moerag's service: settings, SQL catalogue, use cases, REST routes and CLI."""

@@ -1,0 +1,294 @@
+"""The `moerag` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
+from pathlib import Path
+
+from app.settings import Settings
+
+SUPPORTED_SUFFIXES = {".txt", ".text", ".md", ".markdown", ".html", ".htm", ".xhtml", ".pdf", ".rst"}
+log = logging.getLogger("moerag")
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    if getattr(args, "data_dir", None):
+        return Settings(data_dir=Path(args.data_dir))
+    return Settings()
+
+
+def collect_files(paths: Sequence[str]) -> list[Path]:
+    """Files as named; folders walked for supported types (hidden entries skipped)."""
+    found: list[Path] = []
+    for raw in paths:
+        p = Path(raw)
+        if p.is_dir():
+            for f in sorted(p.rglob("*")):
+                rel = f.relative_to(p)
+                if (
+                    f.is_file()
+                    and f.suffix.lower() in SUPPORTED_SUFFIXES
+                    and not any(part.startswith(".") for part in rel.parts)
+                ):
+                    found.append(f)
+        elif p.is_file():
+            found.append(p)
+        else:
+            raise SystemExit(f"moerag: {raw}: no such file or folder")
+    return found
+
+
+# ---- local commands (own the data directory) -----------------------------------------------------
+
+
+def _runtime(settings: Settings):  # type: ignore[no-untyped-def]
+    from app.locking import DataDirBusy
+    from app.runtime import Runtime
+
+    rt = Runtime(settings)
+    try:
+        rt.start()
+    except DataDirBusy as exc:
+        raise SystemExit(f"moerag: {exc}") from None
+    return rt
+
+
+def ingest_local(settings: Settings, files: list[Path], progress: bool = True) -> dict[str, int]:
+    from tqdm import tqdm
+
+    from app.services.documents import Upload
+
+    rt = _runtime(settings)
+    counts = {"created": 0, "duplicate": 0, "failed": 0, "chunks": 0}
+    try:
+
+        def read(f: Path) -> Upload:
+            return Upload(data=f.read_bytes(), source=str(f), filename=f.name)
+
+        def thunks() -> Iterator[Callable[[], Upload]]:
+            for f in files:
+                yield partial(read, f)
+
+        bar = tqdm(total=len(files), unit="doc", disable=not progress, desc="ingest")
+        for f, outcome in zip(files, rt.ingestor.ingest_many(thunks()), strict=True):
+            counts[outcome.status] += 1
+            counts["chunks"] += outcome.chunks
+            if outcome.error is not None:
+                tqdm.write(f"skipped {f}: {outcome.error.message}", file=sys.stderr)
+            bar.update(1)
+            bar.set_postfix(chunks=counts["chunks"])
+        bar.close()
+    finally:
+        rt.close()
+    return counts
+
+
+def ingest_remote(server: str, token: str, files: list[Path], batch: int = 50) -> dict[str, int]:
+    """Upload through a running server's bulk endpoint and follow its job."""
+    import httpx
+    from tqdm import tqdm
+
+    totals = {"created": 0, "duplicate": 0, "failed": 0, "chunks": 0}
+    headers = {"Authorization": f"Bearer {token}"}
+    with (
+        httpx.Client(base_url=server, headers=headers, timeout=300) as client,
+        tqdm(total=len(files), unit="doc", desc="ingest") as bar,
+    ):
+        for start in range(0, len(files), batch):
+            part = files[start : start + batch]
+            multipart = [("files", (str(f), f.read_bytes())) for f in part]
+            r = client.post("/documents/bulk", files=multipart)
+            if r.status_code != 202:
+                raise SystemExit(f"moerag: server refused the upload ({r.status_code}): {r.text}")
+            job_id, seen = r.json()["id"], 0
+            while True:
+                job = client.get(f"/jobs/{job_id}").json()
+                bar.update(job["done"] - seen)
+                seen = job["done"]
+                if job["status"] in ("done", "failed"):
+                    break
+                time.sleep(0.5)
+            if job["status"] == "failed":
+                raise SystemExit(f"moerag: ingest job {job_id} failed: {job['error']}")
+            for key in totals:
+                totals[key] += job["result"].get(key, 0)
+            for failure in job["result"].get("failures", []):
+                tqdm.write(f"skipped {failure['source']}: {failure['error']}", file=sys.stderr)
+    return totals
+
+
+def cmd_ingest(args: argparse.Namespace) -> None:
+    settings = _settings(args)
+    files = collect_files(args.paths)
+    if not files:
+        raise SystemExit("moerag: no supported files found (txt, md, html, pdf)")
+    if args.server:
+        token = args.token or os.environ.get("MOERAG_ADMIN_TOKEN") or _read_token(settings)
+        counts = ingest_remote(args.server, token, files)
+    else:
+        counts = ingest_local(settings, files, progress=not args.quiet)
+    print(json.dumps(counts))
+
+
+def _read_token(settings: Settings) -> str:
+    try:
+        return settings.token_file.read_text(encoding="ascii").strip()
+    except OSError:
+        raise SystemExit("moerag: no admin token: pass --token or set MOERAG_ADMIN_TOKEN") from None
+
+
+def cmd_recluster(args: argparse.Namespace) -> None:
+    rt = _runtime(_settings(args))
+    try:
+        print(json.dumps(rt.indexes.recluster()))
+    finally:
+        rt.close()
+
+
+def cmd_index_rebuild(args: argparse.Namespace) -> None:
+    rt = _runtime(_settings(args))
+    try:
+        idx = rt.indexes.rebuild()
+        print(json.dumps({"version": idx.version, "clusters": idx.nlist, "vectors": idx.ntotal}))
+    finally:
+        rt.close()
+
+
+def cmd_db(args: argparse.Namespace) -> None:
+    from app.db import make_engine
+    from app.migrate import downgrade, upgrade
+
+    settings = _settings(args)
+    settings.resolved_data_dir.mkdir(parents=True, exist_ok=True)
+    engine = make_engine(settings.db_url)
+    if args.action == "upgrade":
+        upgrade(engine, args.revision or "head")
+    else:
+        downgrade(engine, args.revision or "-1")
+    engine.dispose()
+    print(f"database {args.action}d to {args.revision or ('head' if args.action == 'upgrade' else '-1')}")
+
+
+def cmd_search(args: argparse.Namespace) -> None:
+    from app.services.search import search
+
+    rt = _runtime(_settings(args))
+    try:
+        with rt.sessions() as s:
+            clusters = [int(c) for c in args.clusters.split(",")] if args.clusters else None
+            result = search(s, rt.embedder, rt.indexes, args.query, args.k, clusters)
+            for h in result.hits:
+                print(f"{h.score:.3f}  [{h.chunk.id}] {h.chunk.document.source} :: {h.chunk.heading}")
+    finally:
+        rt.close()
+
+
+def cmd_sample(args: argparse.Namespace) -> None:
+    from app.sample import build_sample_corpus
+
+    paths = build_sample_corpus(Path(args.target))
+    print(f"wrote {len(paths)} documents to {args.target}")
+
+
+def ensure_sample(settings: Settings) -> None:
+    """Ingest and cluster the pydoc sample corpus when the store is empty."""
+    from app.sample import build_sample_corpus
+
+    rt = _runtime(settings)
+    try:
+        empty = rt.stats()["documents"] == 0
+    finally:
+        rt.close()
+    if not empty:
+        return
+    folder = settings.resolved_data_dir / "sample-corpus"
+    files = build_sample_corpus(folder)
+    log.warning(
+        "ingesting the sample corpus (%d documents from pydoc) into %s",
+        len(files),
+        settings.resolved_data_dir,
+    )
+    ingest_local(settings, files)
+    rt = _runtime(settings)
+    try:
+        rt.indexes.recluster()
+    finally:
+        rt.close()
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from app.main import create_app
+
+    settings = _settings(args)
+    if args.sample:
+        ensure_sample(settings)
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=settings.log_level.lower())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="moerag", description="Self-hosted RAG with expert-indexed retrieval")
+    p.add_argument("--data-dir", help="data directory (default: $MOERAG_DATA_DIR or ./data)")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the HTTP API")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument(
+        "--sample", action="store_true", help="ingest the pydoc sample corpus if the store is empty"
+    )
+    serve.set_defaults(func=cmd_serve)
+
+    ingest = sub.add_parser("ingest", help="ingest files and folders (txt, md, html, pdf)")
+    ingest.add_argument("paths", nargs="+")
+    ingest.add_argument("--server", help="send to a running server (e.g. http://127.0.0.1:8000)")
+    ingest.add_argument("--token", help="admin token for --server (default: $MOERAG_ADMIN_TOKEN)")
+    ingest.add_argument("--quiet", action="store_true", help="no progress bar")
+    ingest.set_defaults(func=cmd_ingest)
+
+    sub.add_parser("recluster", help="k-means the stored embeddings into new clusters").set_defaults(
+        func=cmd_recluster
+    )
+
+    index = sub.add_parser("index", help="index maintenance")
+    index_sub = index.add_subparsers(dest="action", required=True)
+    index_sub.add_parser("rebuild", help="rebuild the FAISS index from stored embeddings").set_defaults(
+        func=cmd_index_rebuild
+    )
+
+    db = sub.add_parser("db", help="database migrations")
+    db.add_argument("action", choices=["upgrade", "downgrade"])
+    db.add_argument("revision", nargs="?")
+    db.set_defaults(func=cmd_db)
+
+    search = sub.add_parser("search", help="dense search (debugging aid)")
+    search.add_argument("query")
+    search.add_argument("-k", type=int, default=5)
+    search.add_argument("--clusters", help="comma-separated cluster ids to scope the search")
+    search.set_defaults(func=cmd_search)
+
+    sample = sub.add_parser("sample", help="write the pydoc sample corpus to a folder")
+    sample.add_argument("target")
+    sample.set_defaults(func=cmd_sample)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    level = os.environ.get("MOERAG_LOG_LEVEL", "INFO").upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "sentence_transformers", "transformers", "faiss"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Thin HTTP routes; the work lives in app.services."""

@@ -1,0 +1,180 @@
+from __future__ import annotations
+
+import shutil
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request, Response
+from sqlalchemy import func, select
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
+
+from app.deps import AdminDep, RuntimeDep
+from app.errors import ApiError
+from app.models import Chunk, Document
+from app.routes.uploads import check_declared_length, read_upload_file, upload_from_request
+from app.schemas import (
+    ChunkOut,
+    ChunkSummary,
+    DeletedOut,
+    DocumentDetail,
+    DocumentOut,
+    DocumentPage,
+    IngestOut,
+    JobOut,
+)
+from app.services.bulk import new_spool, spool_file
+from app.services.documents import NotFound
+
+router = APIRouter(tags=["documents"])
+
+_UPLOAD_BODY = {
+    "requestBody": {
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary"},
+                        "source": {"type": "string"},
+                        "title": {"type": "string"},
+                    },
+                }
+            },
+            "application/json": {"schema": {"$ref": "#/components/schemas/TextDocumentIn"}},
+        }
+    }
+}
+
+
+def _out(doc: Document, n_chunks: int) -> DocumentOut:
+    return DocumentOut(
+        id=doc.id, source=doc.source, title=doc.title, mime=doc.mime, size=doc.size, status=doc.status,
+        chunks=n_chunks, metadata=doc.meta or {}, content_hash=doc.content_hash, created_at=doc.created_at,
+        updated_at=doc.updated_at,
+    )  # fmt: skip
+
+
+@router.post(
+    "/documents",
+    response_model=IngestOut,
+    status_code=201,
+    dependencies=[AdminDep],
+    openapi_extra=_UPLOAD_BODY,
+)
+async def create_document(request: Request, response: Response, rt: RuntimeDep) -> IngestOut:
+    """Ingest one document (multipart `file` of txt/md/html/pdf, or JSON text). Same bytes -> same id."""
+    upload = await upload_from_request(request, rt.settings.max_upload_bytes)
+    outcome = await run_in_threadpool(rt.ingestor.ingest, upload)
+    if outcome.status == "duplicate":
+        response.status_code = 200
+    assert outcome.document_id is not None
+    return IngestOut(
+        id=outcome.document_id,
+        source=outcome.source,
+        chunks=outcome.chunks,
+        status=outcome.status,
+    )
+
+
+@router.post("/documents/bulk", response_model=JobOut, status_code=202, dependencies=[AdminDep])
+async def bulk_ingest(request: Request, rt: RuntimeDep) -> JobOut:
+    """Many files in multipart fields named `files`: spooled to disk, then ingested by a job."""
+    s = rt.settings
+    check_declared_length(request, s.max_upload_bytes * s.max_bulk_files)
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype != "multipart/form-data":
+        raise ApiError(
+            415, "unsupported_media_type", "send multipart/form-data with one or more 'files' fields"
+        )
+    form = await request.form(max_files=s.max_bulk_files, max_fields=s.max_bulk_files + 10)
+    uploads = [f for f in form.getlist("files") if isinstance(f, UploadFile)]
+    if not uploads:
+        raise ApiError(422, "missing_file", "send the documents in multipart fields named 'files'")
+    spool = new_spool(s.spool_dir)
+    files = []
+    try:
+        for i, f in enumerate(uploads):
+            data = await read_upload_file(f, s.max_upload_bytes)
+            name = f.filename or f"upload-{i}"
+            path = spool_file(spool, i, name, data)
+            files.append(
+                {"path": str(path), "filename": name, "source": name, "content_type": f.content_type}
+            )
+    except BaseException:
+        shutil.rmtree(spool, ignore_errors=True)
+        raise
+    job = rt.jobs.submit("ingest", {"files": files, "spool": str(spool)}, total=len(files))
+    return JobOut.model_validate(job)
+
+
+@router.get("/documents", response_model=DocumentPage)
+def list_documents(
+    rt: RuntimeDep,
+    offset: Annotated[int, Query(ge=0)] = 0,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> DocumentPage:
+    with rt.sessions() as s:
+        total = s.scalar(select(func.count(Document.id))) or 0
+        counts = (
+            select(Chunk.document_id, func.count(Chunk.id).label("n")).group_by(Chunk.document_id).subquery()
+        )
+        rows = s.execute(
+            select(Document, func.coalesce(counts.c.n, 0))
+            .outerjoin(counts, counts.c.document_id == Document.id)
+            .order_by(Document.id)
+            .offset(offset)
+            .limit(limit)
+        ).all()
+        items = [_out(doc, n) for doc, n in rows]
+    return DocumentPage(items=items, total=total, offset=offset, limit=limit)
+
+
+@router.get("/documents/{document_id}", response_model=DocumentDetail)
+def get_document(document_id: int, rt: RuntimeDep) -> DocumentDetail:
+    with rt.sessions() as s:
+        doc = s.get(Document, document_id)
+        if doc is None:
+            raise NotFound(f"document {document_id} not found")
+        summaries = [
+            ChunkSummary(
+                id=c.id,
+                ordinal=c.ordinal,
+                heading=c.heading,
+                token_count=c.token_count,
+                cluster_id=c.cluster_id,
+                char_start=c.char_start,
+                char_end=c.char_end,
+            )
+            for c in doc.chunks
+        ]
+        return DocumentDetail(**_out(doc, len(summaries)).model_dump(), chunk_list=summaries)
+
+
+@router.put(
+    "/documents/{document_id}", response_model=IngestOut, dependencies=[AdminDep], openapi_extra=_UPLOAD_BODY
+)
+async def replace_document(document_id: int, request: Request, rt: RuntimeDep) -> IngestOut:
+    """New content for an existing document; its id stays, its chunks are replaced."""
+    upload = await upload_from_request(request, rt.settings.max_upload_bytes)
+    outcome = await run_in_threadpool(rt.ingestor.update, document_id, upload)
+    return IngestOut(id=document_id, source=outcome.source, chunks=outcome.chunks, status=outcome.status)
+
+
+@router.delete("/documents/{document_id}", response_model=DeletedOut, dependencies=[AdminDep])
+def delete_document(document_id: int, rt: RuntimeDep) -> DeletedOut:
+    n = rt.ingestor.delete(document_id)
+    return DeletedOut(id=document_id, deleted=True, chunks=n)
+
+
+@router.get("/chunks/{chunk_id}", response_model=ChunkOut)
+def get_chunk(chunk_id: int, rt: RuntimeDep) -> ChunkOut:
+    with rt.sessions() as s:
+        c = s.get(Chunk, chunk_id)
+        if c is None:
+            raise NotFound(f"chunk {chunk_id} not found")
+        return ChunkOut(
+            id=c.id, ordinal=c.ordinal, heading=c.heading, token_count=c.token_count, cluster_id=c.cluster_id,
+            char_start=c.char_start, char_end=c.char_end, document_id=c.document_id, source=c.document.source,
+            title=c.document.title, text=c.text,
+        )  # fmt: skip

@@ -1,0 +1,96 @@
+"""Health, readiness, stats, jobs and search."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy import select
+from starlette.concurrency import run_in_threadpool
+
+from app.deps import RuntimeDep
+from app.models import Job
+from app.runtime import Runtime
+from app.schemas import JobOut, SearchHit, SearchIn, SearchOut, StatsOut
+from app.services.documents import NotFound
+from app.services.search import search
+
+router = APIRouter()
+
+
+@router.get("/healthz", tags=["system"])
+def healthz() -> dict[str, str]:
+    """The process is alive (it may still be loading)."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz", tags=["system"])
+def readyz(request: Request) -> JSONResponse:
+    """Model, database and index loaded: 200; otherwise 503 with what is missing."""
+    rt: Runtime = request.app.state.runtime
+    if not rt.ready:
+        body = {"status": "failed" if rt.error else "starting", "error": rt.error}
+        return JSONResponse(body, 503, headers={"Retry-After": "2"})
+    idx = rt.indexes.index
+    return JSONResponse(
+        {
+            "status": "ready",
+            "model": {"name": rt.embedder.name, "dim": rt.embedder.dim, "dtype": rt.embedder.dtype_name},
+            "database": rt.engine.dialect.name,
+            "index": {
+                "version": idx.version,
+                "clusters": idx.nlist,
+                "vectors": idx.ntotal,
+                "opened": rt.index_status,
+            },
+        }
+    )
+
+
+@router.get("/stats", response_model=StatsOut, tags=["system"])
+def stats(rt: RuntimeDep) -> StatsOut:
+    return StatsOut(**rt.stats())
+
+
+@router.get("/jobs", response_model=list[JobOut], tags=["jobs"])
+def list_jobs(rt: RuntimeDep, limit: Annotated[int, Query(ge=1, le=200)] = 20) -> list[JobOut]:
+    with rt.sessions() as s:
+        jobs = s.scalars(select(Job).order_by(Job.id.desc()).limit(limit)).all()
+        return [JobOut.model_validate(j) for j in jobs]
+
+
+@router.get("/jobs/{job_id}", response_model=JobOut, tags=["jobs"])
+def get_job(job_id: int, rt: RuntimeDep) -> JobOut:
+    with rt.sessions() as s:
+        job = s.get(Job, job_id)
+        if job is None:
+            raise NotFound(f"job {job_id} not found")
+        return JobOut.model_validate(job)
+
+
+@router.post("/search", response_model=SearchOut, tags=["search"])
+async def search_chunks(body: SearchIn, rt: RuntimeDep) -> SearchOut:
+    """Dense retrieval: every cluster (exact) or only the given clusters (scoped)."""
+
+    def run() -> SearchOut:
+        with rt.sessions() as s:
+            result = search(s, rt.embedder, rt.indexes, body.query, body.k, body.clusters)
+            hits = [
+                SearchHit(
+                    chunk_id=h.chunk.id,
+                    document_id=h.chunk.document_id,
+                    source=h.chunk.document.source,
+                    title=h.chunk.document.title,
+                    heading=h.chunk.heading,
+                    cluster_id=h.chunk.cluster_id,
+                    score=h.score,
+                    text=h.chunk.text,
+                )
+                for h in result.hits
+            ]
+            return SearchOut(
+                hits=hits, clusters_scanned=result.clusters_scanned, vectors_scanned=result.vectors_scanned
+            )
+
+    return await run_in_threadpool(run)

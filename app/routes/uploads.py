@@ -1,0 +1,78 @@
+"""Turn a request (multipart `file` or JSON text) into an Upload, enforcing the size limit."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from fastapi import Request
+from pydantic import ValidationError
+from starlette.datastructures import UploadFile
+
+from app.errors import ApiError
+from app.schemas import TextDocumentIn
+from app.services.documents import Upload
+
+_FORMAT_TYPES = {"txt": "text/plain", "md": "text/markdown", "html": "text/html"}
+
+
+def check_declared_length(request: Request, limit: int) -> None:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise ApiError(413, "too_large", f"the request is {declared} bytes; the limit is {limit}")
+
+
+async def read_upload_file(file: UploadFile, limit: int) -> bytes:
+    data = bytearray()
+    while block := await file.read(1 << 20):
+        data += block
+        if len(data) > limit:
+            raise ApiError(
+                413, "too_large", f"{file.filename or 'the upload'} exceeds the limit of {limit} bytes"
+            )
+    return bytes(data)
+
+
+async def upload_from_request(request: Request, limit: int) -> Upload:
+    # Multipart framing adds a little; the file itself is held to `limit` below.
+    check_declared_length(request, limit + 64 * 1024)
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype == "multipart/form-data":
+        form = await request.form(max_files=1, max_fields=10)
+        file = form.get("file")
+        if not isinstance(file, UploadFile):
+            raise ApiError(422, "missing_file", "send the document in a multipart field named 'file'")
+        data = await read_upload_file(file, limit)
+        filename = file.filename or "upload"
+        source = _form_str(form.get("source")) or filename
+        return Upload(
+            data=data, source=source[:1024], filename=filename, title=_form_str(form.get("title")),
+            content_type=file.content_type,
+        )  # fmt: skip
+    if ctype in ("application/json", ""):
+        body = await request.body()
+        if len(body) > limit:
+            raise ApiError(413, "too_large", f"the request exceeds the limit of {limit} bytes")
+        try:
+            payload: Any = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise ApiError(400, "malformed_json", "the request body is not valid JSON") from None
+        try:
+            doc = TextDocumentIn.model_validate(payload)
+        except ValidationError as exc:
+            details = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            raise ApiError(422, "invalid_request", details) from None
+        data = doc.text.encode("utf-8")
+        source = doc.source or f"text:{hashlib.sha256(data).hexdigest()[:12]}"
+        return Upload(
+            data=data, source=source, filename=None, title=doc.title, content_type=_FORMAT_TYPES[doc.format],
+            metadata=doc.metadata,
+        )  # fmt: skip
+    raise ApiError(
+        415, "unsupported_media_type", "send multipart/form-data with a 'file' field, or JSON text"
+    )
+
+
+def _form_str(value: object) -> str | None:
+    return value.strip() or None if isinstance(value, str) else None

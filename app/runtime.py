@@ -1,0 +1,155 @@
+"""Everything a running moerag holds: settings, database, model, index, jobs."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import threading
+import time
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.auth import load_or_create_token
+from app.db import make_engine, make_sessionmaker
+from app.locking import DataDirLock
+from app.migrate import upgrade
+from app.models import Chunk, Cluster, Document, Job
+from app.services.bulk import bulk_handler
+from app.services.documents import Ingestor
+from app.services.indexing import IndexManager
+from app.services.jobs import JobContext, JobRunner
+from app.settings import Settings
+from engine.chunking import ChunkingConfig
+from engine.embedder import Embedder
+
+log = logging.getLogger(__name__)
+
+
+class Runtime:
+    def __init__(self, settings: Settings, *, embedder: Embedder | None = None) -> None:
+        self.settings = settings
+        self.engine = make_engine(settings.db_url)
+        self.sessions: sessionmaker[Session] = make_sessionmaker(self.engine)
+        self._lock = DataDirLock(settings.resolved_data_dir)
+        self._embedder = embedder
+        self._indexes: IndexManager | None = None
+        self._ingestor: Ingestor | None = None
+        self._jobs: JobRunner | None = None
+        self.admin_token = ""
+        self.ready = False
+        self.error: str | None = None
+        self.index_status = ""
+        self._stop = threading.Event()
+        self._checkpointer: threading.Thread | None = None
+
+    # ---- parts, available once started ----------------------------------------------------------
+
+    @property
+    def embedder(self) -> Embedder:
+        assert self._embedder is not None, "runtime not started"
+        return self._embedder
+
+    @property
+    def indexes(self) -> IndexManager:
+        assert self._indexes is not None, "runtime not started"
+        return self._indexes
+
+    @property
+    def ingestor(self) -> Ingestor:
+        assert self._ingestor is not None, "runtime not started"
+        return self._ingestor
+
+    @property
+    def jobs(self) -> JobRunner:
+        assert self._jobs is not None, "runtime not started"
+        return self._jobs
+
+    # ---- life cycle ----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Lock the data dir, migrate, load the model, verify the index, resume jobs."""
+        try:
+            s = self.settings
+            s.resolved_data_dir.mkdir(parents=True, exist_ok=True)
+            self._lock.acquire()
+            t0 = time.perf_counter()
+            upgrade(self.engine)
+            self.admin_token = load_or_create_token(
+                s.admin_token.get_secret_value() if s.admin_token else None, s.token_file
+            )
+            if self._embedder is None:
+                self._embedder = Embedder(s.model_path, dtype=s.embed_dtype, batch_size=s.embed_batch_size)
+            emb = self._embedder
+            self._indexes = IndexManager(s, self.sessions, emb.dim, emb.name)
+            self.index_status = self._indexes.open()
+            max_tokens = emb.max_tokens
+            target = min(s.chunk_target_tokens, max_tokens)
+            chunking = ChunkingConfig(
+                max_tokens=max_tokens, target_tokens=target, min_tokens=min(48, target),
+                overlap_tokens=min(s.chunk_overlap_tokens, target // 2),
+            )  # fmt: skip
+            self._ingestor = Ingestor(self.sessions, emb, self._indexes, chunking)
+            self._jobs = JobRunner(
+                self.sessions, {"ingest": bulk_handler(self._ingestor), "recluster": self._recluster_job}
+            )
+            self._clean_spool()
+            self._jobs.start()
+            self._checkpointer = threading.Thread(
+                target=self._checkpoint_loop, name="moerag-checkpoint", daemon=True
+            )
+            self._checkpointer.start()
+            self.ready = True
+            log.info("moerag ready in %.1fs (index %s)", time.perf_counter() - t0, self.index_status)
+        except Exception as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
+            log.error("start-up failed: %s", self.error)
+            raise
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._jobs is not None:
+            self._jobs.stop()
+        if self._checkpointer is not None:
+            self._checkpointer.join(10)
+        if self._indexes is not None and self.ready:
+            self._indexes.checkpoint()
+        self.ready = False
+        self._lock.release()
+        self.engine.dispose()
+
+    def _checkpoint_loop(self) -> None:
+        while not self._stop.wait(self.settings.checkpoint_seconds):
+            try:
+                self.indexes.checkpoint()
+            except Exception:  # a full disk must not kill the thread; SQL stays the truth
+                log.exception("index checkpoint failed")
+
+    def _recluster_job(self, ctx: JobContext) -> dict[str, Any]:
+        return self.indexes.recluster(lambda done, total: ctx.progress(done, total))
+
+    def _clean_spool(self) -> None:
+        """Spool folders that no unfinished job refers to are leftovers of a crash mid-upload."""
+        root = self.settings.spool_dir
+        if not root.exists():
+            return
+        with self.sessions() as s:
+            live = {
+                str(j.params.get("spool"))
+                for j in s.scalars(select(Job).where(Job.status.in_(("queued", "running"))))
+            }
+        for folder in root.iterdir():
+            if str(folder) not in live:
+                shutil.rmtree(folder, ignore_errors=True)
+
+    # ---- facts --------------------------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        with self.sessions() as s:
+            return {
+                "documents": s.scalar(select(func.count(Document.id))) or 0,
+                "chunks": s.scalar(select(func.count(Chunk.id))) or 0,
+                "clusters": s.scalar(select(func.count(Cluster.id))) or 0,
+                "index_vectors": self.indexes.index.ntotal,
+            }

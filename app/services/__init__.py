@@ -1,0 +1,1 @@
+"""Use cases: each owns its transaction and keeps SQL and the index in step."""

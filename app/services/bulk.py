@@ -1,0 +1,72 @@
+"""Bulk ingestion: uploads are spooled to disk first, then ingested by a resumable job."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from app.services.documents import Ingestor, Upload
+from app.services.jobs import JobContext
+from engine.errors import EmptyDocument
+
+_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def new_spool(spool_root: Path) -> Path:
+    path = spool_root / uuid.uuid4().hex
+    path.mkdir(parents=True)
+    return path
+
+
+def spool_file(spool: Path, position: int, filename: str, data: bytes) -> Path:
+    """Write one upload durably, so an accepted bulk request loses nothing on a crash."""
+    path = spool / f"{position:06d}-{_SAFE.sub('_', filename)[-100:] or 'upload'}"
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return path
+
+
+def bulk_handler(ingestor: Ingestor) -> Callable[[JobContext], dict[str, Any]]:
+    def run(ctx: JobContext) -> dict[str, Any]:
+        files: list[dict[str, Any]] = ctx.params["files"]
+        total = len(files)
+        counts = {"created": 0, "duplicate": 0, "failed": 0, "chunks": 0}
+        failures: list[dict[str, str]] = []
+
+        def thunks() -> Iterator[Callable[[], Upload]]:
+            for f in files:
+                yield partial(_read, f)
+
+        ctx.progress(0, total, force=True)
+        for done, outcome in enumerate(ingestor.ingest_many(thunks()), start=1):
+            counts[outcome.status] = counts.get(outcome.status, 0) + 1
+            counts["chunks"] += outcome.chunks
+            if outcome.error is not None:
+                failures.append({"source": files[done - 1]["source"], "error": outcome.error.message})
+            ctx.progress(done, total)
+        ctx.progress(total, total, force=True)
+        spool = ctx.params.get("spool")
+        if spool:
+            shutil.rmtree(spool, ignore_errors=True)
+        return {**counts, "failures": failures[:100]}
+
+    return run
+
+
+def _read(f: dict[str, Any]) -> Upload:
+    try:
+        data = Path(f["path"]).read_bytes()
+    except OSError as exc:
+        raise EmptyDocument(f"cannot read {f['source']}: {exc.strerror}") from exc
+    return Upload(
+        data=data, source=f["source"], filename=f.get("filename"), title=f.get("title"),
+        content_type=f.get("content_type"),
+    )  # fmt: skip

@@ -1,0 +1,253 @@
+"""Ingest, update and delete documents: parse -> chunk -> embed -> one transaction -> index."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+from sqlalchemy import delete, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.models import Chunk, Document
+from app.services.indexing import IndexManager
+from engine.chunking import Chunk as TextChunk
+from engine.chunking import ChunkingConfig, chunk_document
+from engine.embedder import Embedder, Vectors
+from engine.errors import InputError
+from engine.parsing import ParsedDocument, parse
+
+log = logging.getLogger(__name__)
+
+# Chunks gathered across documents before one encode call: small documents alone would
+# give the model tiny batches and waste most of its throughput.
+EMBED_GROUP = 256
+
+
+class NotFound(LookupError):
+    pass
+
+
+class Conflict(RuntimeError):
+    pass
+
+
+@dataclass
+class Upload:
+    data: bytes
+    source: str
+    filename: str | None = None
+    title: str | None = None
+    content_type: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def content_hash(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+
+Status = Literal["created", "duplicate", "updated", "unchanged", "failed"]
+
+
+@dataclass
+class Outcome:
+    """What happened to one upload."""
+
+    status: Status
+    source: str
+    document_id: int | None = None
+    chunks: int = 0
+    error: InputError | None = None
+
+
+@dataclass
+class _Prepared:
+    upload: Upload
+    content_hash: str
+    parsed: ParsedDocument
+    chunks: list[TextChunk]
+
+
+@dataclass
+class Ingestor:
+    sessions: Callable[[], Session]
+    embedder: Embedder
+    indexes: IndexManager
+    chunking: ChunkingConfig
+
+    # ---- shared steps -------------------------------------------------------------------------
+
+    def _prepare(self, upload: Upload) -> _Prepared:
+        parsed = parse(upload.data, upload.filename, upload.content_type)
+        chunks = chunk_document(parsed, self.embedder.count_tokens, self.chunking)
+        return _Prepared(upload, upload.content_hash, parsed, chunks)
+
+    def _embed(self, batch: list[_Prepared]) -> list[Vectors]:
+        texts = [c.embed_text for p in batch for c in p.chunks]
+        vectors = self.embedder.encode(texts)  # [N, D]
+        out, pos = [], 0
+        for p in batch:
+            out.append(vectors[pos : pos + len(p.chunks)])
+            pos += len(p.chunks)
+        return out
+
+    def _chunk_rows(
+        self, p: _Prepared, vectors: Vectors, clusters: np.ndarray, document_id: int
+    ) -> list[Chunk]:
+        return [
+            Chunk(
+                document_id=document_id,
+                ordinal=c.ordinal,
+                text=c.text,
+                heading=c.heading,
+                char_start=c.start,
+                char_end=c.end,
+                token_count=c.token_count,
+                cluster_id=int(cl),
+                embedding=v.tobytes(),
+            )
+            for c, v, cl in zip(p.chunks, vectors, clusters, strict=True)
+        ]
+
+    def _existing(self, content_hash: str) -> Document | None:
+        with self.sessions() as s:
+            return s.scalars(select(Document).where(Document.content_hash == content_hash)).first()
+
+    # ---- create ---------------------------------------------------------------------------------
+
+    def _commit_new(self, p: _Prepared, vectors: Vectors) -> Outcome:
+        up = p.upload
+        with self.indexes.write_lock:
+            clusters = self.indexes.index.assign(vectors)  # [N]
+            try:
+                with self.sessions() as s, s.begin():
+                    title = up.title or p.parsed.title or up.filename or up.source
+                    doc = Document(
+                        source=up.source, title=title[:1024], mime=p.parsed.mime, content_hash=p.content_hash, size=len(up.data), status="ready",
+                        meta=up.metadata,
+                    )  # fmt: skip
+                    s.add(doc)
+                    s.flush()
+                    rows = self._chunk_rows(p, vectors, clusters, doc.id)
+                    s.add_all(rows)
+                    s.flush()
+                    ids = np.array([r.id for r in rows], dtype=np.int64)
+                    doc_id = doc.id
+            except IntegrityError:
+                # The same bytes arrived concurrently (or twice in one batch): the first one wins.
+                existing = self._existing(p.content_hash)
+                if existing is None:
+                    raise
+                return Outcome("duplicate", existing.source, existing.id, 0)
+            self.indexes.index.add(vectors, ids, clusters)
+            self.indexes.mark_dirty()
+        return Outcome("created", up.source, doc_id, len(ids))
+
+    def ingest(self, upload: Upload) -> Outcome:
+        """One document; bad input raises InputError and writes nothing."""
+        outcome = next(self.ingest_many([lambda: upload]))
+        if outcome.error is not None:
+            raise outcome.error
+        return outcome
+
+    def ingest_many(self, uploads: Iterable[Callable[[], Upload]]) -> Iterator[Outcome]:
+        """Many documents, embedded in groups; yields one outcome per upload, in order.
+
+        Each upload is a thunk so a bulk job reads one file at a time, not all of them at once.
+        """
+        pending: list[_Prepared] = []
+        queued: list[Outcome | _Prepared] = []
+        n_pending_chunks = 0
+
+        def flush() -> Iterator[Outcome]:
+            nonlocal n_pending_chunks
+            vectors = iter(self._embed(pending)) if pending else iter(())
+            for item in queued:
+                yield self._commit_new(item, next(vectors)) if isinstance(item, _Prepared) else item
+            pending.clear()
+            queued.clear()
+            n_pending_chunks = 0
+
+        for make in uploads:
+            try:
+                upload = make()
+            except InputError as exc:
+                queued.append(Outcome("failed", "", error=exc))
+                continue
+            existing = self._existing(upload.content_hash)
+            if existing is not None:
+                queued.append(Outcome("duplicate", existing.source, existing.id, 0))
+            else:
+                try:
+                    prepared = self._prepare(upload)
+                except InputError as exc:
+                    queued.append(Outcome("failed", upload.source, error=exc))
+                else:
+                    pending.append(prepared)
+                    queued.append(prepared)
+                    n_pending_chunks += len(prepared.chunks)
+            if n_pending_chunks >= EMBED_GROUP:
+                yield from flush()
+        yield from flush()
+
+    # ---- update and delete ------------------------------------------------------------------------
+
+    def update(self, document_id: int, upload: Upload) -> Outcome:
+        """New content, same id: old chunks leave SQL and the index in the same step new ones enter."""
+        with self.sessions() as s:
+            doc = s.get(Document, document_id)
+            if doc is None:
+                raise NotFound(f"document {document_id} not found")
+            if doc.content_hash == upload.content_hash:
+                n = len(doc.chunks)
+                return Outcome("unchanged", doc.source, doc.id, n)
+        other = self._existing(upload.content_hash)
+        if other is not None:
+            raise Conflict(f"document {other.id} already has exactly this content")
+        prepared = self._prepare(upload)
+        vectors = self._embed([prepared])[0]
+        with self.indexes.write_lock:
+            clusters = self.indexes.index.assign(vectors)
+            with self.sessions() as s, s.begin():
+                doc = s.get(Document, document_id)
+                if doc is None:
+                    raise NotFound(f"document {document_id} not found")
+                old_ids = list(s.scalars(select(Chunk.id).where(Chunk.document_id == document_id)))
+                s.execute(delete(Chunk).where(Chunk.document_id == document_id))
+                doc.content_hash, doc.size, doc.mime = (
+                    prepared.content_hash,
+                    len(upload.data),
+                    prepared.parsed.mime,
+                )
+                doc.title = (upload.title or prepared.parsed.title or doc.title)[:1024]
+                if upload.source:
+                    doc.source = upload.source
+                if upload.metadata:
+                    doc.meta = upload.metadata
+                rows = self._chunk_rows(prepared, vectors, clusters, document_id)
+                s.add_all(rows)
+                s.flush()
+                ids = np.array([r.id for r in rows], dtype=np.int64)
+                source = doc.source
+            self.indexes.index.remove(old_ids)
+            self.indexes.index.add(vectors, ids, clusters)
+            self.indexes.mark_dirty()
+        return Outcome("updated", source, document_id, len(ids))
+
+    def delete(self, document_id: int) -> int:
+        """Remove a document; returns how many chunks left SQL and the index."""
+        with self.indexes.write_lock:
+            with self.sessions() as s, s.begin():
+                doc = s.get(Document, document_id)
+                if doc is None:
+                    raise NotFound(f"document {document_id} not found")
+                ids = list(s.scalars(select(Chunk.id).where(Chunk.document_id == document_id)))
+                s.execute(delete(Chunk).where(Chunk.document_id == document_id))
+                s.delete(doc)
+            self.indexes.index.remove(ids)
+            self.indexes.mark_dirty()
+        return len(ids)

@@ -1,0 +1,53 @@
+"""Dense search over the whole store or a set of clusters, resolved to chunk rows."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from app.models import Chunk
+from app.services.indexing import IndexManager
+from engine.embedder import Embedder
+
+
+@dataclass(frozen=True)
+class Hit:
+    chunk: Chunk
+    score: float
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    hits: list[Hit]
+    clusters_scanned: int
+    vectors_scanned: int
+
+
+def search(
+    s: Session, embedder: Embedder, indexes: IndexManager, query: str, k: int, clusters: Sequence[int] | None
+) -> SearchResult:
+    q = embedder.encode([query])  # [1, D]
+    index = indexes.index
+    sizes = index.list_sizes()  # [C]
+    scores, ids = index.search(q, k, clusters)  # [1, K], [1, K]
+    if clusters is None:
+        scanned_lists = index.nlist
+        scanned = int(sizes.sum())
+    else:
+        lists = np.unique(np.asarray([c for c in clusters if 0 <= c < index.nlist], dtype=np.int64))
+        scanned_lists = len(lists)
+        scanned = int(sizes[lists].sum()) if len(lists) else 0
+    found = [(int(i), float(sc)) for i, sc in zip(ids[0], scores[0], strict=True) if i >= 0]
+    rows = {
+        c.id: c
+        for c in s.scalars(
+            select(Chunk).options(selectinload(Chunk.document)).where(Chunk.id.in_([i for i, _ in found]))
+        )
+    }
+    # An id the index returns but SQL no longer has (a delete racing this search) is skipped.
+    hits = [Hit(rows[i], sc) for i, sc in found if i in rows]
+    return SearchResult(hits, scanned_lists, scanned)

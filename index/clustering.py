@@ -1,0 +1,39 @@
+"""k-means over stored embeddings (faiss) and the automatic cluster count."""
+
+from __future__ import annotations
+
+import math
+
+import faiss
+import numpy as np
+import numpy.typing as npt
+
+# FAISS warns below 39 training points per centroid: fewer gives unstable centroids.
+MIN_POINTS_PER_CLUSTER = 39
+# Below this many chunks a corpus stays one cluster and search is exact.
+MIN_CHUNKS_TO_CLUSTER = 512
+
+
+def auto_cluster_count(n: int, *, requested: int = 0) -> int:
+    """sqrt(N) lists (the usual IVF rule), bounded so each list has enough training points."""
+    if requested > 0:  # the operator's choice; k-means still needs a point per list
+        return max(1, min(requested, n))
+    if n < MIN_CHUNKS_TO_CLUSTER:
+        return 1
+    return max(1, min(round(math.sqrt(n)), n // MIN_POINTS_PER_CLUSTER))
+
+
+def kmeans(
+    x: npt.NDArray[np.float32], k: int, *, seed: int = 20250601, niter: int = 20
+) -> npt.NDArray[np.float32]:
+    """Spherical k-means: [N, D] normalised vectors -> [C, D] unit centroids (C = k)."""
+    n, d = x.shape
+    if k <= 1 or n < 2:
+        centroid = x.mean(axis=0, keepdims=True) if n else np.zeros((1, d), dtype=np.float32)  # [1, D]
+        norm = float(np.linalg.norm(centroid))
+        return np.ascontiguousarray(centroid / norm if norm > 0 else centroid, dtype=np.float32)
+    km = faiss.Kmeans(
+        d, k, niter=niter, seed=seed, spherical=True, max_points_per_centroid=256, verbose=False
+    )
+    km.train(np.ascontiguousarray(x, dtype=np.float32))
+    return np.ascontiguousarray(km.centroids, dtype=np.float32)  # [C, D]

@@ -1,0 +1,203 @@
+"""A FAISS IVF index on inner product whose inverted lists are clusters.
+
+- chunk id == FAISS id; every vector lives in exactly one list (its cluster);
+- search is global (every list: exactly a flat search) or scoped to a set of lists
+  (`search_preassigned`), so an expert that owns some clusters scans only those;
+- persistence is atomic (temp file, fsync, rename, fsync of the directory).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import faiss
+import numpy as np
+import numpy.typing as npt
+
+Floats = npt.NDArray[np.float32]
+Ints = npt.NDArray[np.int64]
+
+
+class IndexCorrupt(RuntimeError):
+    """The file on disk is not a readable index of the expected kind."""
+
+
+class ClusteredIndex:
+    def __init__(self, ivf: faiss.IndexIVFFlat, version: str) -> None:
+        # Any: faiss's generated stubs describe the C++ signatures, not the numpy wrappers.
+        self._ivf: Any = ivf
+        # Probe every list by default: a global search is then exact, and scoped searches pass
+        # their lists padded with -1 to this width, so no per-call state is mutated.
+        self._ivf.nprobe = ivf.nlist
+        self._ivf.parallel_mode = 0
+        self.version = version
+        self._lock = threading.RLock()
+
+    # ---- construction -------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, centroids: Floats, version: str) -> ClusteredIndex:
+        """An empty index with the given [C, D] centroids as its lists."""
+        c, d = centroids.shape
+        quantizer: Any = faiss.IndexFlatIP(d)
+        quantizer.add(np.ascontiguousarray(centroids, dtype=np.float32))
+        ivf = faiss.IndexIVFFlat(quantizer, d, c, faiss.METRIC_INNER_PRODUCT)
+        ivf.own_fields = True
+        quantizer.this.disown()
+        ivf.is_trained = True
+        return cls(ivf, version)
+
+    @classmethod
+    def single(cls, dim: int, version: str) -> ClusteredIndex:
+        """One list holding everything: the layout of a corpus too small to cluster."""
+        return cls.create(np.zeros((1, dim), dtype=np.float32), version)
+
+    # ---- facts ------------------------------------------------------------------------------
+
+    @property
+    def dim(self) -> int:
+        return int(self._ivf.d)
+
+    @property
+    def nlist(self) -> int:
+        return int(self._ivf.nlist)
+
+    @property
+    def ntotal(self) -> int:
+        return int(self._ivf.ntotal)
+
+    def centroids(self) -> Floats:
+        """[C, D]"""
+        return np.asarray(self._ivf.quantizer.reconstruct_n(0, self.nlist), dtype=np.float32)
+
+    def list_sizes(self) -> Ints:
+        """[C] vectors per cluster"""
+        invlists = self._ivf.invlists
+        return np.array([invlists.list_size(c) for c in range(self.nlist)], dtype=np.int64)
+
+    def assignments(self) -> tuple[Ints, Ints]:
+        """(ids [N], clusters [N]) of every vector in the index, sorted by id."""
+        with self._lock:
+            invlists = self._ivf.invlists
+            ids_parts, cluster_parts = [], []
+            for c in range(self.nlist):
+                size = invlists.list_size(c)
+                if size:
+                    ids_parts.append(faiss.rev_swig_ptr(invlists.get_ids(c), size).copy())
+                    cluster_parts.append(np.full(size, c, dtype=np.int64))
+        if not ids_parts:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        ids, clusters = np.concatenate(ids_parts), np.concatenate(cluster_parts)
+        order = np.argsort(ids, kind="stable")
+        return ids[order], clusters[order]
+
+    # ---- writes -----------------------------------------------------------------------------
+
+    def assign(self, x: Floats) -> Ints:
+        """[N, D] -> [N] nearest cluster of each vector."""
+        if len(x) == 0:
+            return np.zeros(0, dtype=np.int64)
+        _, nearest = self._ivf.quantizer.search(np.ascontiguousarray(x, dtype=np.float32), 1)  # [N, 1]
+        return nearest[:, 0].astype(np.int64)
+
+    def add(self, x: Floats, ids: Ints, clusters: Ints) -> None:
+        """Put vectors [N, D] with ids [N] into the given clusters [N]."""
+        n = len(ids)
+        if n == 0:
+            return
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        clusters = np.ascontiguousarray(clusters, dtype=np.int64)
+        if x.shape != (n, self.dim) or clusters.shape != (n,):
+            raise ValueError(f"shape mismatch: x {x.shape}, ids {ids.shape}, clusters {clusters.shape}")
+        if n and (clusters.min() < 0 or clusters.max() >= self.nlist):
+            raise ValueError(f"cluster out of range 0..{self.nlist - 1}")
+        with self._lock:
+            self._ivf.add_core(n, faiss.swig_ptr(x), faiss.swig_ptr(ids), faiss.swig_ptr(clusters))
+
+    def remove(self, ids: Iterable[int]) -> int:
+        arr = np.fromiter(ids, dtype=np.int64)
+        if arr.size == 0:
+            return 0
+        with self._lock:
+            return int(self._ivf.remove_ids(faiss.IDSelectorBatch(arr.size, faiss.swig_ptr(arr))))
+
+    # ---- search -----------------------------------------------------------------------------
+
+    def search(self, q: Floats, k: int, clusters: Iterable[int] | None = None) -> tuple[Floats, Ints]:
+        """Top-k by inner product. q [Q, D] -> (scores [Q, K], ids [Q, K]); missing slots get id -1.
+
+        clusters=None searches every list (exact); otherwise only the given lists are scanned.
+        """
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        if q.ndim != 2 or q.shape[1] != self.dim:
+            raise ValueError(f"queries must be [Q, {self.dim}], got {q.shape}")
+        if k <= 0:
+            raise ValueError("k must be positive")
+        with self._lock:
+            if clusters is None:
+                scores, ids = self._ivf.search(q, k)
+                return scores, ids
+            lists = np.unique(np.fromiter(clusters, dtype=np.int64))
+            lists = lists[(lists >= 0) & (lists < self.nlist)]
+            nq = len(q)
+            if lists.size == 0:
+                return np.full((nq, k), -np.inf, dtype=np.float32), np.full((nq, k), -1, dtype=np.int64)
+            probe = np.full((nq, self.nlist), -1, dtype=np.int64)  # [Q, C], -1 = no list
+            probe[:, : lists.size] = lists
+            scores, ids = self._ivf.search_preassigned(q, k, probe, None)
+            return scores, ids
+
+    # ---- persistence -------------------------------------------------------------------------
+
+    def to_bytes(self) -> bytes:
+        with self._lock:
+            return faiss.serialize_index(self._ivf).tobytes()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, version: str) -> ClusteredIndex:
+        try:
+            ivf = faiss.deserialize_index(np.frombuffer(data, dtype=np.uint8))
+        except RuntimeError as exc:
+            raise IndexCorrupt(f"unreadable index: {exc}") from exc
+        # deserialize_index already returns the concrete class; downcasting again would hand
+        # ownership to a temporary proxy and free the index under us.
+        if not isinstance(ivf, faiss.IndexIVFFlat) or ivf.metric_type != faiss.METRIC_INNER_PRODUCT:
+            raise IndexCorrupt(f"expected an inner-product IndexIVFFlat, got {type(ivf).__name__}")
+        return cls(ivf, version)
+
+    def save(self, path: Path) -> None:
+        write_atomic(path, self.to_bytes())
+
+    @classmethod
+    def load(cls, path: Path, version: str) -> ClusteredIndex:
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise IndexCorrupt(f"cannot read {path}: {exc}") from exc
+        return cls.from_bytes(data, version)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write-then-rename so a crash leaves either the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)

@@ -1,0 +1,1 @@
+"""Alembic migrations (a package so they ship with the install)."""

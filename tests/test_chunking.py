@@ -1,0 +1,72 @@
+import itertools
+import pydoc
+
+import pytest
+
+from engine.chunking import ChunkingConfig, chunk_document
+from engine.embedder import Embedder
+from engine.parsing import parse, parse_markdown
+
+
+def test_every_chunk_fits_the_model_window(embedder: Embedder) -> None:
+    import json
+    import pathlib
+
+    docs = [
+        parse(pydoc.render_doc(m, renderer=pydoc.plaintext).encode(), f"{m.__name__}.txt")
+        for m in (json, pathlib)
+    ]
+    # A paragraph far over the window, a single giant "word", and long headings.
+    docs.append(
+        parse_markdown("# " + "very long heading " * 40 + "\n\n" + "word " * 2000 + "\n\n" + "x" * 5000)
+    )
+    cfg = ChunkingConfig(max_tokens=embedder.max_tokens)
+    for doc in docs:
+        chunks = chunk_document(doc, embedder.count_tokens, cfg)
+        assert chunks
+        real = embedder.count_tokens([c.embed_text for c in chunks])
+        assert max(real) <= embedder.max_tokens
+        for c, n in zip(chunks, real, strict=True):
+            assert c.text == doc.text[c.start : c.end]
+            assert n <= c.token_count + 2  # the recorded count is (almost) exact
+        # Nothing is lost: every block's text is covered by some chunk span.
+        for b in doc.blocks:
+            assert (
+                any(c.start <= b.start and b.end <= c.end for c in chunks)
+                or sum(max(0, min(c.end, b.end) - max(c.start, b.start)) for c in chunks)
+                >= (b.end - b.start) * 0.99
+            )
+
+
+def test_chunks_follow_sections_and_keep_heading_paths(embedder: Embedder) -> None:
+    body = " ".join(f"Sentence {i} explains the install step in detail." for i in range(12))
+    md = f"# Manual\n\n## Install\n\n{body}\n\n## Remove\n\n{body.replace('install', 'remove')}\n"
+    chunks = chunk_document(parse_markdown(md), embedder.count_tokens, ChunkingConfig(target_tokens=120))
+    headings = [c.headings for c in chunks]
+    assert ("Manual", "Install") in headings and ("Manual", "Remove") in headings
+    for c in chunks:  # no chunk mixes the two sections
+        assert not ("install" in c.text and "remove" in c.text)
+        assert c.embed_text.startswith("Manual > ")
+
+
+def test_long_sections_overlap_by_a_few_sentences(embedder: Embedder) -> None:
+    body = " ".join(f"Fact number {i} is stated here." for i in range(120))
+    chunks = chunk_document(parse_markdown(f"# T\n\n{body}"), embedder.count_tokens, ChunkingConfig())
+    assert len(chunks) >= 3
+    overlaps = [a.end - b.start for a, b in itertools.pairwise(chunks)]
+    assert all(o > 0 for o in overlaps), overlaps
+    for a, b in itertools.pairwise(chunks):
+        assert embedder.count_tokens([a.text[b.start - a.start :]])[0] <= ChunkingConfig().overlap_tokens
+
+
+def test_small_sections_merge_instead_of_tiny_chunks(embedder: Embedder) -> None:
+    md = "# A\n\nshort.\n\n# B\n\nalso short.\n\n# C\n\n" + "filler words here " * 30
+    chunks = chunk_document(parse_markdown(md), embedder.count_tokens)
+    assert len(chunks) == 1 and chunks[0].headings == ()
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(ValueError):
+        ChunkingConfig(max_tokens=100, target_tokens=200)
+    with pytest.raises(ValueError):
+        ChunkingConfig(overlap_tokens=500)

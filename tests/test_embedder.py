@@ -1,0 +1,34 @@
+import numpy as np
+import pytest
+import torch
+
+from engine.embedder import Embedder, choose_dtype
+
+
+def test_vectors_are_normalised_and_semantic(embedder: Embedder) -> None:
+    v = embedder.encode(["How do I install a package?", "Installing software packages", "Bananas are yellow"])
+    assert v.shape == (3, 384) and v.dtype == np.float32
+    assert np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
+    sims = v @ v.T
+    assert sims[0, 1] > sims[0, 2] + 0.2
+    assert embedder.encode([]).shape == (0, 384)
+
+
+def test_bfloat16_stays_within_tolerance_of_float32(embedder: Embedder) -> None:
+    texts = [f"Sentence number {i} about databases, indexes and query planning." for i in range(16)]
+    f32 = Embedder(dtype="float32").encode(texts)
+    bf16 = Embedder(dtype="bfloat16").encode(texts)
+    cos = (f32 * bf16).sum(axis=1)
+    assert cos.min() >= 0.99, cos.min()
+
+
+def test_dtype_choice() -> None:
+    assert choose_dtype("float32", "cpu") == torch.float32
+    assert choose_dtype("bfloat16", "cpu") == torch.bfloat16
+    with pytest.raises(ValueError):
+        choose_dtype("int8", "cpu")
+
+
+def test_missing_model_path_is_a_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(FileNotFoundError, match="not found"):
+        Embedder(tmp_path / "nope")

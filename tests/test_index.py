@@ -1,0 +1,133 @@
+import faiss
+import numpy as np
+import pytest
+
+from index import ClusteredIndex, IndexCorrupt, auto_cluster_count, kmeans
+
+
+def unit(rng: np.random.Generator, n: int, d: int = 32) -> np.ndarray:
+    x = rng.standard_normal((n, d)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+@pytest.fixture
+def populated() -> tuple[ClusteredIndex, np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(7)
+    x = unit(rng, 3000)
+    idx = ClusteredIndex.create(kmeans(x, 24), "v1")
+    ids = np.arange(3000, dtype=np.int64) * 3 + 5  # ids unrelated to positions
+    clusters = idx.assign(x)
+    idx.add(x, ids, clusters)
+    return idx, x, ids, clusters
+
+
+def flat_search(x: np.ndarray, ids: np.ndarray, q: np.ndarray, k: int) -> np.ndarray:
+    flat = faiss.IndexFlatIP(x.shape[1])
+    flat.add(x)
+    _, pos = flat.search(q, k)
+    return ids[pos]
+
+
+def test_global_and_all_clusters_search_equal_flat_search(populated) -> None:  # type: ignore[no-untyped-def]
+    idx, x, ids, _ = populated
+    q = unit(np.random.default_rng(1), 50)
+    expected = flat_search(x, ids, q, 10)
+    _, got = idx.search(q, 10)
+    assert np.array_equal(got, expected)
+    _, got_all = idx.search(q, 10, clusters=range(idx.nlist))
+    assert np.array_equal(got_all, expected)
+
+
+def test_scoped_search_returns_only_chosen_clusters(populated) -> None:  # type: ignore[no-untyped-def]
+    idx, x, ids, clusters = populated
+    chosen = {3, 11, 17}
+    q = unit(np.random.default_rng(2), 20)
+    scores, got = idx.search(q, 25, clusters=chosen)
+    cluster_of = dict(zip(ids.tolist(), clusters.tolist(), strict=True))
+    assert all(cluster_of[i] in chosen for i in got[got >= 0].tolist())
+    # ... and they are exactly the best of those clusters.
+    mask = np.isin(clusters, list(chosen))
+    assert np.array_equal(got, flat_search(x[mask], ids[mask], q, 25))
+    assert np.all(np.diff(scores, axis=1) <= 1e-6)
+
+
+def test_recall_never_drops_as_more_clusters_are_searched(populated) -> None:  # type: ignore[no-untyped-def]
+    idx, x, ids, _ = populated
+    q = unit(np.random.default_rng(3), 30)
+    truth = flat_search(x, ids, q, 10)
+    order = np.argsort(-(q @ idx.centroids().T), axis=1)  # [Q, C] clusters by closeness
+    previous = -1.0
+    for nprobe in (1, 2, 4, 8, 16, 24):
+        hits = 0
+        for qi in range(len(q)):
+            _, got = idx.search(q[qi : qi + 1], 10, clusters=order[qi, :nprobe])
+            hits += len(set(got[0].tolist()) & set(truth[qi].tolist()))
+        recall = hits / truth.size
+        assert recall >= previous
+        previous = recall
+    assert previous == 1.0
+
+
+def test_empty_scope_and_padding(populated) -> None:  # type: ignore[no-untyped-def]
+    idx, *_ = populated
+    q = unit(np.random.default_rng(4), 2)
+    _scores, got = idx.search(q, 5, clusters=[])
+    assert (got == -1).all()
+    _, got = idx.search(q, 5, clusters=[-1, 999])
+    assert (got == -1).all()
+    small = ClusteredIndex.single(32, "s")
+    small.add(q, np.array([1, 2]), np.array([0, 0]))
+    _, got = small.search(q, 5)
+    assert sorted(got[0][got[0] >= 0].tolist()) == [1, 2]
+
+
+def test_remove_takes_ids_out_of_every_search(populated) -> None:  # type: ignore[no-untyped-def]
+    idx, x, ids, _ = populated
+    gone = ids[:100]
+    assert idx.remove(gone.tolist()) == 100
+    _, got = idx.search(x[:100], 5)
+    assert not set(got.ravel().tolist()) & set(gone.tolist())
+    assert idx.ntotal == 2900
+
+
+def test_roundtrip_and_assignments(populated, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    idx, _x, ids, clusters = populated
+    path = tmp_path / "i.faiss"
+    idx.save(path)
+    loaded = ClusteredIndex.load(path, "v1")
+    got_ids, got_clusters = loaded.assignments()
+    order = np.argsort(ids)
+    assert np.array_equal(got_ids, ids[order]) and np.array_equal(got_clusters, clusters[order])
+    assert np.allclose(loaded.centroids(), idx.centroids())
+    assert list(tmp_path.iterdir()) == [path]  # no temp file left behind
+    path.write_bytes(path.read_bytes()[:500])
+    with pytest.raises(IndexCorrupt):
+        ClusteredIndex.load(path, "v1")
+    with pytest.raises(IndexCorrupt):
+        ClusteredIndex.load(tmp_path / "missing.faiss", "v1")
+
+
+def test_real_embeddings_scoped_equals_filtered_flat(embedder) -> None:  # type: ignore[no-untyped-def]
+    topics = ["sqlite", "git branches", "python lists", "debian packages"]
+    texts = [f"{t} note {i}: how {t} behave in case {i}" for t in topics for i in range(40)]
+    x = embedder.encode(texts)
+    idx = ClusteredIndex.create(kmeans(x, 4), "real")
+    ids = np.arange(len(texts), dtype=np.int64)
+    clusters = idx.assign(x)
+    idx.add(x, ids, clusters)
+    q = embedder.encode(["how do git branches work", "sqlite journal"])
+    _, got = idx.search(q, 8)
+    assert np.array_equal(got, flat_search(x, ids, q, 8))
+    target = int(clusters[0])
+    _, scoped = idx.search(q, 8, clusters=[target])
+    assert set(clusters[scoped[scoped >= 0]].tolist()) == {target}
+
+
+def test_auto_cluster_count() -> None:
+    assert auto_cluster_count(10) == 1
+    assert auto_cluster_count(511) == 1
+    assert auto_cluster_count(34_367) == 185
+    assert auto_cluster_count(1000) == 25  # bounded by 39 points per list
+    assert auto_cluster_count(1000, requested=40) == 40
+    assert auto_cluster_count(2, requested=3) == 2
+    assert auto_cluster_count(0, requested=3) == 1

@@ -1,0 +1,99 @@
+import io
+
+import pytest
+
+from engine.errors import CorruptDocument, EmptyDocument, UndecodableDocument, UnsupportedType
+from engine.parsing import decode_text, parse, sniff
+
+
+def make_pdf(pages: list[str]) -> bytes:
+    from reportlab.pdfgen import canvas
+
+    buf = io.BytesIO()
+    c = canvas.Canvas(buf)
+    for page in pages:
+        y = 800
+        for line in page.split("\n"):
+            c.drawString(50, y, line)
+            y -= 14
+        c.showPage()
+    c.save()
+    return buf.getvalue()
+
+
+def test_sniff_by_magic_name_and_type() -> None:
+    assert sniff(b"%PDF-1.7 ...", "whatever.bin") == "pdf"
+    assert sniff(b"# t", "notes.md") == "md"
+    assert sniff(b"<p>x</p>", "page.HTM") == "html"
+    assert sniff(b"<!DOCTYPE html><html></html>", None) == "html"
+    assert sniff(b"plain words", None) == "txt"
+    assert sniff(b"x", None, "text/markdown; charset=utf-8") == "md"
+    with pytest.raises(UnsupportedType):
+        sniff(b"PK\x03\x04", "report.docx")
+    with pytest.raises(UnsupportedType):
+        sniff(b"\x89PNG\r\n\x1a\n\x00\x00", None)
+    with pytest.raises(CorruptDocument):
+        sniff(b"not a pdf at all", "fake.pdf")
+
+
+def test_decode_text_accepts_utf8_bom_and_latin1_refuses_empty_and_binary() -> None:
+    assert decode_text("héllo".encode()) == "héllo"
+    assert decode_text(b"\xef\xbb\xbfhi") == "hi"
+    assert "café" in decode_text("Le café est très bon, naïve façade à côté.".encode("latin-1"))
+    with pytest.raises(EmptyDocument):
+        decode_text(b"   \n ")
+    with pytest.raises(UndecodableDocument):
+        decode_text(b"\x00\xff\x00\xfe" * 50 + b"\xc3")
+
+
+def test_markdown_keeps_heading_paths_and_code_fences() -> None:
+    md = (
+        "# Guide\n\nIntro text.\n\n## Install\n\nRun it.\n\n"
+        "```\n# not a heading\n```\n\n### Linux\n\nUse apt.\n"
+    )
+    doc = parse(md.encode(), "guide.md")
+    assert doc.kind == "md" and doc.title == "Guide"
+    by_text = {b.text: b.headings for b in doc.blocks}
+    assert by_text["Intro text."] == ("Guide",)
+    assert by_text["Run it."] == ("Guide", "Install")
+    assert by_text["```\n# not a heading\n```"] == ("Guide", "Install")
+    assert by_text["Use apt."] == ("Guide", "Install", "Linux")
+    for b in doc.blocks:  # spans index the plain text exactly
+        assert doc.text[b.start : b.end] == b.text
+
+
+def test_html_drops_chrome_and_tracks_headings() -> None:
+    html = """<!doctype html><html><head><title>The Page</title><style>p{}</style></head><body>
+    <nav><ul><li>Home<li>Other</ul></nav>
+    <h1>Main</h1><p>First   paragraph
+    text.</p><script>var x = 1;</script>
+    <div class="toc"><ul><li>toc entry</li></ul></div>
+    <h2>Sub &amp; more</h2><ul><li>item one</li><li>item two</li></ul>
+    <footer>copyright</footer></body></html>"""
+    doc = parse(html.encode(), "p.html")
+    texts = [b.text for b in doc.blocks]
+    assert doc.title == "The Page"
+    assert texts == ["First paragraph text.", "item one", "item two"]
+    assert doc.blocks[1].headings == ("Main", "Sub & more")
+    joined = doc.text
+    for junk in ("Home", "var x", "toc entry", "copyright"):
+        assert junk not in joined
+
+
+def test_pdf_pages_become_blocks_and_corrupt_pdf_is_refused() -> None:
+    data = make_pdf(["Alpha page text here.", "Beta page text here."])
+    doc = parse(data, "two.pdf")
+    assert doc.kind == "pdf"
+    assert [b.headings for b in doc.blocks] == [("page 1",), ("page 2",)]
+    assert "Beta page" in doc.text
+    with pytest.raises(CorruptDocument):
+        parse(data[:200], "broken.pdf")
+    with pytest.raises(EmptyDocument):
+        parse(make_pdf([""]), "blank.pdf")
+
+
+def test_text_paragraphs() -> None:
+    doc = parse(b"para one\nstill one\n\n\npara two", "a.txt")
+    assert [b.text for b in doc.blocks] == ["para one\nstill one", "para two"]
+    with pytest.raises(EmptyDocument):
+        parse(b"<html><script>x</script></html>", "empty.html")
