@@ -127,8 +127,8 @@ class Ingestor:
                 with self.sessions() as s, s.begin():
                     title = up.title or p.parsed.title or up.filename or up.source
                     doc = Document(
-                        source=up.source, title=title[:1024], mime=p.parsed.mime, content_hash=p.content_hash, size=len(up.data), status="ready",
-                        meta=up.metadata,
+                        source=up.source, title=title[:1024], mime=p.parsed.mime, content_hash=p.content_hash,
+                        size=len(up.data), status="ready", meta=up.metadata,
                     )  # fmt: skip
                     s.add(doc)
                     s.flush()
