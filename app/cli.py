@@ -285,7 +285,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     level = os.environ.get("MOERAG_LOG_LEVEL", "INFO").upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("httpx", "sentence_transformers", "transformers", "faiss"):
+    for noisy in ("httpx", "sentence_transformers", "transformers", "faiss", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     args.func(args)
 

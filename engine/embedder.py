@@ -69,6 +69,9 @@ class Embedder:
         device: str = "cpu",
     ) -> None:
         from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # a weight-loading bar in every server log helps no one
 
         path = Path(model_path) if model_path else packaged_model_path()
         if not path.is_dir():

@@ -1,0 +1,59 @@
+"""A real `moerag serve` process on 127.0.0.1 for tests that need one (or need to kill one)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    def __init__(self, data_dir: Path, token: str, log: Path, **env: str) -> None:
+        self.data_dir, self.token, self.log_path = data_dir, token, log
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.env = {**os.environ, "MOERAG_ADMIN_TOKEN": token, "MOERAG_DATA_DIR": str(data_dir), **env}
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 180) -> httpx.Client:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
+        cmd = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)]
+        self.proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        client = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=60)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log_path.read_text()[-3000:]}")
+            try:
+                if client.get("/readyz").status_code == 200:
+                    return client
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"server not ready: {self.log_path.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)

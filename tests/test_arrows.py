@@ -1,0 +1,32 @@
+"""Dependencies point one way: app -> engine -> index, kernels."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FORBIDDEN = {
+    "engine": {"app", "fastapi", "sqlalchemy", "starlette", "uvicorn", "alembic"},
+    "index": {"app", "engine", "kernels", "fastapi", "sqlalchemy"},
+    "kernels": {"app", "engine", "index", "fastapi", "sqlalchemy"},
+}
+
+
+def imported_roots(path: Path) -> set[str]:
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            roots |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_package_imports_point_one_way(package: str) -> None:
+    files = list((ROOT / package).rglob("*.py"))
+    assert files
+    for f in files:
+        bad = imported_roots(f) & FORBIDDEN[package]
+        assert not bad, f"{f.relative_to(ROOT)} imports {sorted(bad)}"

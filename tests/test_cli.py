@@ -1,0 +1,53 @@
+import json
+from pathlib import Path
+
+import pytest
+
+from app.cli import collect_files, main
+from app.sample import build_sample_corpus
+from tests.helpers import topic_doc
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    main(list(argv))
+    return capsys.readouterr().out
+
+
+def test_ingest_folder_twice_then_rebuild_and_search(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MOERAG_ADMIN_TOKEN", "t")
+    docs = tmp_path / "docs"
+    (docs / "sub").mkdir(parents=True)
+    (docs / ".hidden").mkdir()
+    for i, t in enumerate(["sqlite", "git", "debian"]):
+        (docs / f"{t}.md").write_text(topic_doc(t, i))
+    (docs / "sub" / "python.txt").write_text(topic_doc("python", 9))
+    (docs / "sub" / "image.png").write_bytes(b"\x89PNG")  # skipped: unsupported type in a folder
+    (docs / ".hidden" / "secret.txt").write_text("not for the index")
+    assert len(collect_files([str(docs)])) == 4
+
+    data = str(tmp_path / "data")
+    first = json.loads(run(capsys, "--data-dir", data, "ingest", "--quiet", str(docs)).strip().splitlines()[-1])
+    assert first["created"] == 4 and first["chunks"] >= 4
+    second = json.loads(run(capsys, "--data-dir", data, "ingest", "--quiet", str(docs)).strip().splitlines()[-1])
+    assert second == {"created": 0, "duplicate": 4, "failed": 0, "chunks": 0}
+
+    rebuilt = json.loads(run(capsys, "--data-dir", data, "index", "rebuild").strip().splitlines()[-1])
+    assert rebuilt["vectors"] == first["chunks"]
+    out = run(capsys, "--data-dir", data, "search", "git rebase and merge", "-k", "1")
+    assert "git.md" in out
+    recl = json.loads(run(capsys, "--data-dir", data, "recluster").strip().splitlines()[-1])
+    assert recl["clusters"] == 1 and recl["chunks"] == first["chunks"]  # too small to split
+    assert "upgraded" in run(capsys, "--data-dir", data, "db", "upgrade")
+
+
+def test_missing_path_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="no such file"):
+        main(["--data-dir", str(tmp_path / "d"), "ingest", str(tmp_path / "nope")])
+
+
+def test_sample_corpus_is_built_from_pydoc(tmp_path: Path) -> None:
+    paths = build_sample_corpus(tmp_path, modules=("json", "csv", "heapq", "no_such_module_xyz"))
+    assert sorted(p.name for p in paths) == ["csv.md", "heapq.md", "json.html"]
+    assert "JSONDecoder" in (tmp_path / "json.html").read_text()

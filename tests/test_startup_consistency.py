@@ -1,0 +1,105 @@
+"""At start-up an index that does not match SQL is rebuilt from stored embeddings, never trusted."""
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import delete, select, update
+
+from app.main import create_app
+from app.models import Chunk, IndexState
+from app.runtime import Runtime
+from app.services.documents import Upload
+from app.services.indexing import ModelMismatch
+from app.settings import Settings
+from engine.embedder import Embedder
+from tests.helpers import topic_doc
+
+
+def fill(settings: Settings, embedder: Embedder) -> Path:
+    rt = Runtime(settings, embedder=embedder)
+    rt.start()
+    for i, t in enumerate(["sqlite", "git", "debian", "python"] * 2):
+        rt.ingestor.ingest(Upload(data=topic_doc(t, i).encode(), source=f"{t}-{i}.md", filename=f"{t}-{i}.md"))
+    path = rt.indexes.path_for(rt.indexes.index.version)
+    rt.close()  # checkpoints
+    assert path.exists()
+    return path
+
+
+def reopen(settings: Settings, embedder: Embedder) -> Runtime:
+    rt = Runtime(settings, embedder=embedder)
+    rt.start()
+    return rt
+
+
+def assert_consistent(rt: Runtime) -> None:
+    with rt.sessions() as s:
+        db_ids = np.array(sorted(s.scalars(select(Chunk.id))), dtype=np.int64)
+    ix_ids, _ = rt.indexes.index.assignments()
+    assert np.array_equal(db_ids, ix_ids)
+
+
+def test_clean_restart_trusts_the_file(settings: Settings, embedder: Embedder) -> None:
+    fill(settings, embedder)
+    rt = reopen(settings, embedder)
+    try:
+        assert rt.index_status == "loaded"
+        assert_consistent(rt)
+    finally:
+        rt.close()
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated", "garbage"])
+def test_damaged_file_is_rebuilt(settings: Settings, embedder: Embedder, damage: str) -> None:
+    path = fill(settings, embedder)
+    if damage == "missing":
+        path.unlink()
+    elif damage == "truncated":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    else:
+        path.write_bytes(b"\x00" * 4096)
+    rt = reopen(settings, embedder)
+    try:
+        assert rt.index_status.startswith("rebuilt")
+        assert_consistent(rt)
+        assert rt.stats()["chunks"] > 0
+    finally:
+        rt.close()
+
+
+def test_rows_changed_behind_the_index_are_detected(settings: Settings, embedder: Embedder) -> None:
+    fill(settings, embedder)
+    rt = Runtime(settings, embedder=embedder)
+    with rt.sessions.begin() as s:  # as if a crash hit between the SQL commit and the index write
+        first = s.scalars(select(Chunk.id).order_by(Chunk.id)).first()
+        s.execute(delete(Chunk).where(Chunk.id == first))
+        s.execute(update(Chunk).where(Chunk.id == first + 1).values(cluster_id=0))
+    rt.start()
+    try:
+        assert rt.index_status.startswith("rebuilt")
+        assert_consistent(rt)
+    finally:
+        rt.close()
+
+
+def test_model_mismatch_is_a_clear_error_not_a_crash_loop(settings: Settings, embedder: Embedder) -> None:
+    fill(settings, embedder)
+    rt = Runtime(settings, embedder=embedder)
+    with rt.sessions.begin() as s:
+        s.execute(update(IndexState).values(model="some-other-model"))
+    with pytest.raises(ModelMismatch, match="some-other-model"):
+        rt.start()
+    rt.close()
+    app = create_app(settings, runtime=Runtime(settings, embedder=embedder))
+    with TestClient(app) as client:
+        deadline = 100
+        while deadline and client.get("/readyz").json().get("status") == "starting":
+            time.sleep(0.1)
+            deadline -= 1
+        r = client.get("/readyz")
+        assert r.status_code == 503 and "some-other-model" in r.json()["error"]
+        assert client.get("/healthz").status_code == 200
+        assert client.get("/documents").status_code == 503
