@@ -9,6 +9,8 @@ import time
 from typing import Any
 
 from sqlalchemy import func, select
+
+import kernels
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.auth import load_or_create_token
@@ -41,6 +43,7 @@ class Runtime:
         self.ready = False
         self.error: str | None = None
         self.index_status = ""
+        self.kernel_backend = ""
         self._stop = threading.Event()
         self._checkpointer: threading.Thread | None = None
 
@@ -76,6 +79,7 @@ class Runtime:
             self._lock.acquire()
             t0 = time.perf_counter()
             upgrade(self.engine)
+            self.kernel_backend = kernels.configure(s.kernel_backend)
             self.admin_token = load_or_create_token(
                 s.admin_token.get_secret_value() if s.admin_token else None, s.token_file
             )

@@ -25,6 +25,9 @@ class Settings(BaseSettings):
     chunk_overlap_tokens: int = Field(32, ge=0)
     clusters: int = Field(0, ge=0, description="IVF lists at recluster; 0 picks sqrt(chunks).")
     checkpoint_seconds: float = Field(5.0, gt=0, description="Longest delay before index changes hit disk.")
+    kernel_backend: Literal["auto", "torch", "triton"] = Field(
+        "auto", description="Gate and scoped-search kernels: Triton on CUDA, torch twins otherwise."
+    )
     log_level: str = "INFO"
 
     @cached_property

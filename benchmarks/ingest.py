@@ -18,14 +18,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.cli import collect_files  # noqa: E402
-from app.runtime import Runtime  # noqa: E402
-from app.sample import SAMPLE_MODULES, build_sample_corpus  # noqa: E402
-from app.services.documents import Upload  # noqa: E402
-from app.settings import Settings  # noqa: E402
-from engine.chunking import chunk_document  # noqa: E402
-from engine.embedder import Embedder  # noqa: E402
-from engine.parsing import parse  # noqa: E402
+from app.cli import collect_files
+from app.runtime import Runtime
+from app.sample import SAMPLE_MODULES, build_sample_corpus
+from app.services.documents import Upload
+from app.settings import Settings
+from engine.chunking import chunk_document
+from engine.embedder import Embedder
+from engine.parsing import parse
 
 
 def raw_encode(embedder: Embedder, texts: list[str]) -> float:

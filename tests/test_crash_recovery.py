@@ -73,10 +73,18 @@ def test_sigkill_mid_bulk_ingest_then_restart(tmp_path: Path) -> None:
         folder.mkdir()
         for _, (name, data, _) in files[:20]:
             (folder / name).write_bytes(data)
-        out = subprocess.run(
-            [sys.executable, "-m", "app.cli", "ingest", "--server", server.url, "--token", TOKEN, str(folder)],
-            capture_output=True, text=True, timeout=300, check=True,
-        )  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "ingest",
+            "--server",
+            server.url,
+            "--token",
+            TOKEN,
+            str(folder),
+        ]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True)
         assert '"created": 0' in out.stdout and '"duplicate": 20' in out.stdout
         server.stop()  # a clean stop checkpoints
 

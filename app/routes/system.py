@@ -38,6 +38,7 @@ def readyz(request: Request) -> JSONResponse:
             "status": "ready",
             "model": {"name": rt.embedder.name, "dim": rt.embedder.dim, "dtype": rt.embedder.dtype_name},
             "database": rt.engine.dialect.name,
+            "kernels": rt.kernel_backend,
             "index": {
                 "version": idx.version,
                 "clusters": idx.nlist,
