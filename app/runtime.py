@@ -9,10 +9,9 @@ import time
 from typing import Any
 
 from sqlalchemy import func, select
-
-import kernels
 from sqlalchemy.orm import Session, sessionmaker
 
+import kernels
 from app.auth import load_or_create_token
 from app.db import make_engine, make_sessionmaker
 from app.locking import DataDirLock
