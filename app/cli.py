@@ -242,9 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the HTTP API")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument(
-        "--sample", action="store_true", help="ingest the pydoc sample corpus if the store is empty"
-    )
+    serve.add_argument("--sample", action="store_true", help="ingest the pydoc sample corpus if the store is empty")
     serve.set_defaults(func=cmd_serve)
 
     ingest = sub.add_parser("ingest", help="ingest files and folders (txt, md, html, pdf)")
@@ -254,9 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("--quiet", action="store_true", help="no progress bar")
     ingest.set_defaults(func=cmd_ingest)
 
-    sub.add_parser("recluster", help="k-means the stored embeddings into new clusters").set_defaults(
-        func=cmd_recluster
-    )
+    sub.add_parser("recluster", help="k-means the stored embeddings into new clusters").set_defaults(func=cmd_recluster)
 
     index = sub.add_parser("index", help="index maintenance")
     index_sub = index.add_subparsers(dest="action", required=True)

@@ -14,9 +14,7 @@ from app.runtime import Runtime
 def get_runtime(request: Request) -> Runtime:
     rt: Runtime = request.app.state.runtime
     if not rt.ready:
-        message = (
-            f"start-up failed: {rt.error}" if rt.error else "moerag is starting (loading model and index)"
-        )
+        message = f"start-up failed: {rt.error}" if rt.error else "moerag is starting (loading model and index)"
         raise ApiError(503, "not_ready", message, headers={"Retry-After": "2"})
     return rt
 
@@ -27,9 +25,11 @@ RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 def require_admin(rt: RuntimeDep, authorization: Annotated[str | None, Header()] = None) -> None:
     if not token_matches(rt.admin_token, authorization):
         raise ApiError(
-            401, "unauthorized", "this endpoint needs the admin token: Authorization: Bearer <token>",
+            401,
+            "unauthorized",
+            "this endpoint needs the admin token: Authorization: Bearer <token>",
             headers={"WWW-Authenticate": "Bearer"},
-        )  # fmt: skip
+        )
 
 
 AdminDep = Depends(require_admin)

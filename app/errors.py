@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.services.documents import Conflict, NotFound
+from app.services.routing import NotTrainable
 from engine.errors import InputError
 
 
@@ -36,6 +37,10 @@ def install(app: FastAPI) -> None:
     async def _missing(_: Request, exc: NotFound) -> JSONResponse:
         return JSONResponse(error_body("not_found", str(exc)), 404)
 
+    @app.exception_handler(NotTrainable)
+    async def _untrainable(_: Request, exc: NotTrainable) -> JSONResponse:
+        return JSONResponse(error_body("not_trainable", str(exc)), 409)
+
     @app.exception_handler(Conflict)
     async def _conflict(_: Request, exc: Conflict) -> JSONResponse:
         return JSONResponse(error_body("conflict", str(exc)), 409)
@@ -50,7 +55,5 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}.get(
-            exc.status_code, "http_error"
-        )
+        code = {404: "not_found", 405: "method_not_allowed", 401: "unauthorized"}.get(exc.status_code, "http_error")
         return JSONResponse(error_body(code, str(exc.detail)), exc.status_code, headers=exc.headers)

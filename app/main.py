@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from app import errors
-from app.routes import admin, documents, system
+from app.routes import admin, ask, documents, system
 from app.runtime import Runtime
 from app.settings import Settings
 
@@ -28,9 +28,7 @@ def create_app(
         starter: threading.Thread | None = None
         if not rt.ready:
             if start_in_background:
-                starter = threading.Thread(
-                    target=_start_quietly, args=(rt,), name="moerag-start", daemon=True
-                )
+                starter = threading.Thread(target=_start_quietly, args=(rt,), name="moerag-start", daemon=True)
                 starter.start()
             else:
                 rt.start()
@@ -51,6 +49,7 @@ def create_app(
     errors.install(app)
     app.include_router(system.router)
     app.include_router(documents.router)
+    app.include_router(ask.router)
     app.include_router(admin.router)
     return app
 

@@ -8,6 +8,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -74,9 +75,7 @@ class Chunk(Base):
     char_end: Mapped[int] = mapped_column(Integer)
     token_count: Mapped[int] = mapped_column(Integer)
     cluster_id: Mapped[int] = mapped_column(Integer, index=True)
-    embedding: Mapped[bytes] = mapped_column(
-        LargeBinary
-    )  # float32 [D], so the index rebuilds without the model
+    embedding: Mapped[bytes] = mapped_column(LargeBinary)  # float32 [D], so the index rebuilds without the model
 
     document: Mapped[Document] = relationship(back_populates="chunks")
 
@@ -133,3 +132,49 @@ class Job(Base):
     result: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+
+class RouterVersion(Base):
+    """A trained gate: weights, calibration and the metrics it was accepted on."""
+
+    __tablename__ = "router_version"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    weights: Mapped[bytes] = mapped_column(LargeBinary)  # torch state_dict
+    dim: Mapped[int] = mapped_column(Integer)
+    hidden: Mapped[int] = mapped_column(Integer)
+    expert_ids: Mapped[list[int]] = mapped_column(JSON)  # output position -> expert id; last = none
+    temperature: Mapped[float] = mapped_column(Float)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    active: Mapped[bool] = mapped_column(Boolean, default=False, index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class RouterExample(Base):
+    """A labelled question: from the admin API or an operator's correction in the query log."""
+
+    __tablename__ = "router_example"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    question: Mapped[str] = mapped_column(Text)
+    expert_id: Mapped[int] = mapped_column(ForeignKey("expert.id", ondelete="CASCADE"), index=True)
+    origin: Mapped[str] = mapped_column(String(16), default="api")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class QueryLog(Base):
+    __tablename__ = "query_log"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    question: Mapped[str] = mapped_column(Text)
+    path: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(String(32))
+    expert_id: Mapped[int | None] = mapped_column(ForeignKey("expert.id", ondelete="SET NULL"), nullable=True)
+    confidence: Mapped[float | None] = mapped_column(Float, nullable=True)
+    top: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list)
+    cited: Mapped[list[int]] = mapped_column(JSON, default=list)
+    timings: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)
+    vectors_scanned: Mapped[int] = mapped_column(Integer, default=0)
+    router_version_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    feedback_expert_id: Mapped[int | None] = mapped_column(ForeignKey("expert.id", ondelete="SET NULL"), nullable=True)

@@ -15,15 +15,22 @@ import kernels
 from app.auth import load_or_create_token
 from app.db import make_engine, make_sessionmaker
 from app.locking import DataDirLock
+from app.metrics import Metrics
 from app.migrate import upgrade
 from app.models import Chunk, Cluster, Document, Job
+from app.services.ask import SqlChunkStore
 from app.services.bulk import bulk_handler
 from app.services.documents import Ingestor
+from app.services.experts import ExpertDirectory
 from app.services.indexing import IndexManager
 from app.services.jobs import JobContext, JobRunner
+from app.services.lexical import LexicalManager
+from app.services.routing import RouterManager
 from app.settings import Settings
 from engine.chunking import ChunkingConfig
 from engine.embedder import Embedder
+from engine.generators import ExtractiveGenerator, Generator, GeneratorError, OpenAIGenerator
+from engine.pipeline import AskPipeline, PipelineConfig
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +45,11 @@ class Runtime:
         self._indexes: IndexManager | None = None
         self._ingestor: Ingestor | None = None
         self._jobs: JobRunner | None = None
+        self._routers: RouterManager | None = None
+        self._pipeline: AskPipeline | None = None
+        self.lexical = LexicalManager(self.sessions)
+        self.experts = ExpertDirectory(self.sessions)
+        self.metrics = Metrics()
         self.admin_token = ""
         self.ready = False
         self.error: str | None = None
@@ -68,6 +80,29 @@ class Runtime:
         assert self._jobs is not None, "runtime not started"
         return self._jobs
 
+    @property
+    def routers(self) -> RouterManager:
+        assert self._routers is not None, "runtime not started"
+        return self._routers
+
+    @property
+    def pipeline(self) -> AskPipeline:
+        assert self._pipeline is not None, "runtime not started"
+        return self._pipeline
+
+    def generator(self, name: str) -> Generator:
+        """'extractive' (default), or 'openai' / 'openai:MODEL' on the configured server."""
+        if name in ("", "extractive"):
+            return ExtractiveGenerator()
+        if name == "openai" or name.startswith("openai:"):
+            s = self.settings
+            if not s.openai_base_url:
+                raise GeneratorError(f"generator {name!r} needs MOERAG_OPENAI_BASE_URL")
+            model = name.partition(":")[2] or s.openai_model
+            key = s.openai_api_key.get_secret_value() if s.openai_api_key else ""
+            return OpenAIGenerator(s.openai_base_url, model, key)
+        raise GeneratorError(f"unknown generator {name!r}; use extractive, openai or openai:MODEL")
+
     # ---- life cycle ----------------------------------------------------------------------------------
 
     def start(self) -> None:
@@ -90,18 +125,37 @@ class Runtime:
             max_tokens = emb.max_tokens
             target = min(s.chunk_target_tokens, max_tokens)
             chunking = ChunkingConfig(
-                max_tokens=max_tokens, target_tokens=target, min_tokens=min(48, target),
+                max_tokens=max_tokens,
+                target_tokens=target,
+                min_tokens=min(48, target),
                 overlap_tokens=min(s.chunk_overlap_tokens, target // 2),
-            )  # fmt: skip
+            )
             self._ingestor = Ingestor(self.sessions, emb, self._indexes, chunking)
+            self._indexes.listeners.append(self.lexical.mark_dirty)
+            self.lexical.refresh(force=True)
+            self._routers = RouterManager(s, self.sessions, emb)
+            self._routers.reload()
+            self._pipeline = AskPipeline(
+                embedder=emb,
+                index=lambda: self.indexes.index,
+                lexical=self.lexical.current,
+                router=self._routers.current,
+                experts=self.experts.profiles,
+                store=SqlChunkStore(self.sessions),
+                generator=self.generator,
+                config=PipelineConfig(threshold=s.route_threshold, expert_min_score=s.expert_min_score),
+            )
             self._jobs = JobRunner(
-                self.sessions, {"ingest": bulk_handler(self._ingestor), "recluster": self._recluster_job}
+                self.sessions,
+                {
+                    "ingest": bulk_handler(self._ingestor),
+                    "recluster": self._recluster_job,
+                    "train": self._train_job,
+                },
             )
             self._clean_spool()
             self._jobs.start()
-            self._checkpointer = threading.Thread(
-                target=self._checkpoint_loop, name="moerag-checkpoint", daemon=True
-            )
+            self._checkpointer = threading.Thread(target=self._checkpoint_loop, name="moerag-checkpoint", daemon=True)
             self._checkpointer.start()
             self.ready = True
             log.info("moerag ready in %.1fs (index %s)", time.perf_counter() - t0, self.index_status)
@@ -126,11 +180,22 @@ class Runtime:
         while not self._stop.wait(self.settings.checkpoint_seconds):
             try:
                 self.indexes.checkpoint()
+                self.lexical.refresh()
             except Exception:  # a full disk must not kill the thread; SQL stays the truth
                 log.exception("index checkpoint failed")
 
     def _recluster_job(self, ctx: JobContext) -> dict[str, Any]:
-        return self.indexes.recluster(lambda done, total: ctx.progress(done, total))
+        result = self.indexes.recluster(lambda done, total: ctx.progress(done, total))
+        self.experts.invalidate()
+        if self.routers.current() is not None:
+            # The mapping carried over by majority vote; the router relearns it on the new clusters.
+            result["train_job"] = self.jobs.submit("train", {"activate": True}, total=100).id
+        return result
+
+    def _train_job(self, ctx: JobContext) -> dict[str, Any]:
+        return self.routers.train(
+            lambda done, total: ctx.progress(done, total), activate=bool(ctx.params.get("activate", True))
+        )
 
     def _clean_spool(self) -> None:
         """Spool folders that no unfinished job refers to are leftovers of a crash mid-upload."""
@@ -139,8 +204,7 @@ class Runtime:
             return
         with self.sessions() as s:
             live = {
-                str(j.params.get("spool"))
-                for j in s.scalars(select(Job).where(Job.status.in_(("queued", "running"))))
+                str(j.params.get("spool")) for j in s.scalars(select(Job).where(Job.status.in_(("queued", "running"))))
             }
         for folder in root.iterdir():
             if str(folder) not in live:

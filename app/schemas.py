@@ -126,3 +126,140 @@ class StatsOut(BaseModel):
     chunks: int
     clusters: int
     index_vectors: int
+
+
+class AskIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    question: str = Field(min_length=1)
+    top_k: int | None = Field(None, ge=1)
+    mode: Literal["auto", "expert", "fallback"] = "auto"
+    expert: int | None = Field(None, description="Expert id for mode=expert (default: the router's top expert).")
+    generate: bool = True
+    stream: bool = False
+
+
+class CitationOut(BaseModel):
+    n: int
+    document_id: int
+    source: str
+    title: str
+    chunk_id: int
+    heading: str
+    score: float
+    text: str
+
+
+class AskOut(BaseModel):
+    answer: str | None
+    citations: list[CitationOut]
+    route: dict[str, Any]
+    timings_ms: dict[str, float]
+    query_id: int
+
+
+class ExpertIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200)
+    description: str = ""
+    system_prompt: str = ""
+    generator: str = "extractive"
+    top_k: int = Field(5, ge=1, le=50)
+    threshold: float | None = Field(None, ge=0, le=1)
+
+
+class ExpertPatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(None, min_length=1, max_length=200)
+    description: str | None = None
+    system_prompt: str | None = None
+    generator: str | None = None
+    top_k: int | None = Field(None, ge=1, le=50)
+    threshold: float | None = Field(None, ge=0, le=1)
+
+
+class ExpertOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    description: str
+    system_prompt: str
+    generator: str
+    top_k: int
+    threshold: float | None
+    clusters: list[int] = Field(default_factory=list)
+
+
+class ClusterSample(BaseModel):
+    chunk_id: int
+    document_id: int
+    source: str
+    text: str
+
+
+class ClusterDetail(ClusterOut):
+    samples: list[ClusterSample]
+
+
+class ClusterPut(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    expert_id: int | None
+
+
+class AssignIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    cluster_ids: list[int] = Field(min_length=1)
+    expert_id: int | None
+
+
+class ProposeIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    n: int = Field(6, ge=1, le=500)
+    apply: bool = Field(False, description="Create the proposed experts and map their clusters.")
+
+
+class ExampleIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    question: str = Field(min_length=1, max_length=4000)
+    expert_id: int
+
+
+class TrainIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    activate: bool = True
+
+
+class RouterVersionOut(BaseModel):
+    id: int
+    active: bool
+    created_at: datetime
+    temperature: float
+    expert_ids: list[int]
+    metrics: dict[str, Any]
+
+
+class QuestionOut(BaseModel):
+    id: int
+    created_at: datetime
+    question: str
+    path: str
+    reason: str
+    expert_id: int | None
+    confidence: float | None
+    top: list[dict[str, Any]]
+    timings: dict[str, float]
+    feedback_expert_id: int | None
+
+
+class LabelIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    expert_id: int

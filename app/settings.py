@@ -25,6 +25,17 @@ class Settings(BaseSettings):
     chunk_overlap_tokens: int = Field(32, ge=0)
     clusters: int = Field(0, ge=0, description="IVF lists at recluster; 0 picks sqrt(chunks).")
     checkpoint_seconds: float = Field(5.0, gt=0, description="Longest delay before index changes hit disk.")
+    route_threshold: float = Field(0.7, ge=0, le=1, description="Calibrated confidence for the expert path.")
+    expert_min_score: float = Field(0.2, description="Best scoped score under this falls back to global search.")
+    router_samples: int = Field(3000, ge=0, description="Query-like samples drawn from chunks per training.")
+    router_holdout: float = Field(0.3, gt=0, lt=1, description="Share of samples held out for calibration.")
+    router_seed: int = 0
+    router_refresh_seconds: float = Field(1.0, gt=0, description="How often a worker checks the active router.")
+    max_question_chars: int = Field(2000, ge=1)
+    max_top_k: int = Field(50, ge=1)
+    openai_base_url: str | None = Field(None, description="OpenAI-compatible server, e.g. http://127.0.0.1:8080/v1")
+    openai_model: str = "default"
+    openai_api_key: SecretStr | None = None
     kernel_backend: Literal["auto", "torch", "triton"] = Field(
         "auto", description="Gate and scoped-search kernels: Triton on CUDA, torch twins otherwise."
     )

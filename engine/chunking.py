@@ -135,9 +135,7 @@ def _common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
     return a[:n]
 
 
-def chunk_document(
-    doc: ParsedDocument, count: TokenCounter, config: ChunkingConfig | None = None
-) -> list[Chunk]:
+def chunk_document(doc: ParsedDocument, count: TokenCounter, config: ChunkingConfig | None = None) -> list[Chunk]:
     cfg = config or ChunkingConfig()
     text = doc.text
     heading_paths = sorted({b.headings for b in doc.blocks})
@@ -206,9 +204,7 @@ def chunk_document(
     return chunks
 
 
-def _overlap(
-    text: str, previous: list[_Piece], nxt: _Piece, cfg: ChunkingConfig, count: TokenCounter
-) -> list[_Piece]:
+def _overlap(text: str, previous: list[_Piece], nxt: _Piece, cfg: ChunkingConfig, count: TokenCounter) -> list[_Piece]:
     """The previous chunk's trailing sentences that fit the overlap budget and leave room."""
     last = previous[-1]
     if cfg.overlap_tokens == 0 or nxt.tokens + min(last.tokens, cfg.overlap_tokens) > cfg.target_tokens:

@@ -96,9 +96,13 @@ class Embedder:
         if not texts:
             return []
         enc = self.model.tokenizer(
-            list(texts), add_special_tokens=False, truncation=False, return_attention_mask=False,
-            return_token_type_ids=False, verbose=False,
-        )  # fmt: skip
+            list(texts),
+            add_special_tokens=False,
+            truncation=False,
+            return_attention_mask=False,
+            return_token_type_ids=False,
+            verbose=False,
+        )
         return [len(ids) for ids in enc["input_ids"]]
 
     def encode(self, texts: Sequence[str]) -> Vectors:
@@ -107,9 +111,12 @@ class Embedder:
             return np.zeros((0, self.dim), dtype=np.float32)
         with torch.inference_mode():
             out = self.model.encode(
-                list(texts), batch_size=self.batch_size, convert_to_tensor=True,
-                show_progress_bar=False, normalize_embeddings=False,
-            )  # fmt: skip
+                list(texts),
+                batch_size=self.batch_size,
+                convert_to_tensor=True,
+                show_progress_bar=False,
+                normalize_embeddings=False,
+            )
         vecs = out.float().cpu().numpy()  # [N, D]
         norms = np.linalg.norm(vecs, axis=1, keepdims=True)  # [N, 1]
         return np.ascontiguousarray(vecs / np.maximum(norms, 1e-12), dtype=np.float32)

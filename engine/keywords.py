@@ -17,9 +17,12 @@ def cluster_keywords(
     if len(texts) == 0:
         return [[] for _ in range(n_clusters)]
     vectorizer = CountVectorizer(
-        stop_words="english", token_pattern=r"(?u)\b[a-zA-Z][a-zA-Z0-9_]{2,}\b", lowercase=True,
-        min_df=2 if len(texts) > 50 else 1, max_features=50_000,
-    )  # fmt: skip
+        stop_words="english",
+        token_pattern=r"(?u)\b[a-zA-Z][a-zA-Z0-9_]{2,}\b",
+        lowercase=True,
+        min_df=2 if len(texts) > 50 else 1,
+        max_features=50_000,
+    )
     try:
         counts = vectorizer.fit_transform(texts)  # [N, V]
     except ValueError:  # only stop words: no vocabulary

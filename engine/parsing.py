@@ -203,9 +203,58 @@ def parse_markdown(text: str, fallback_title: str = "") -> ParsedDocument:
 _SKIP_TAGS = {"script", "style", "nav", "header", "footer", "aside", "noscript", "template", "svg", "form"}
 _HEADING_TAGS = {"h1": 1, "h2": 2, "h3": 3, "h4": 4, "h5": 5, "h6": 6}
 _BLOCK_TAGS = {
-    "p", "div", "li", "ul", "ol", "pre", "blockquote", "table", "tr", "td", "th", "dt", "dd", "dl",
-    "section", "article", "main", "body", "br", "hr", "figure", "figcaption", "caption", "address",
-}  # fmt: skip
+    "p",
+    "div",
+    "li",
+    "ul",
+    "ol",
+    "pre",
+    "blockquote",
+    "table",
+    "tr",
+    "td",
+    "th",
+    "dt",
+    "dd",
+    "dl",
+    "section",
+    "article",
+    "main",
+    "body",
+    "br",
+    "hr",
+    "figure",
+    "figcaption",
+    "caption",
+    "address",
+}
+# Navigation, menus and in-page tables of contents, by the class or id names that common
+# generators (Sphinx, DocBook, Doxygen-like sites, Node's docs, SQLite's site) give them.
+_CHROME_NAMES = {
+    "nosearch",
+    "menu",
+    "mainmenu",
+    "submenu",
+    "searchmenu",
+    "navheader",
+    "navfooter",
+    "navbar",
+    "navigation",
+    "sphinxsidebar",
+    "sphinxsidebarwrapper",
+    "related",
+    "footer",
+    "header",
+    "header-container",
+    "sidebar",
+    "breadcrumb",
+    "breadcrumbs",
+    "skip-link",
+    "tagline",
+    "gtoc",
+    "column2",
+    "toc",
+}
 _VOID_TAGS = {"br", "hr", "img", "meta", "link", "input", "area", "base", "col", "embed", "source", "wbr"}
 
 
@@ -234,12 +283,16 @@ class _HtmlExtractor(HTMLParser):
     def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         attributes = dict(attrs)
         role = (attributes.get("role") or "").lower()
-        classes = (attributes.get("class") or "").lower().split()
+        names = (attributes.get("class") or "").lower().split() + (attributes.get("id") or "").lower().split()
         if self.skip_depth:
             if tag == self.skip_tag:
                 self.skip_depth += 1
             return
-        if tag in _SKIP_TAGS or role in ("navigation", "banner", "contentinfo") or "toc" in classes:
+        if (
+            tag in _SKIP_TAGS
+            or role in ("navigation", "banner", "contentinfo")
+            or any(n in _CHROME_NAMES or n.startswith(("fancy-toc", "fancy_toc")) for n in names)
+        ):
             if tag not in _VOID_TAGS:
                 self.skip_tag, self.skip_depth = tag, 1
             return
@@ -262,7 +315,7 @@ class _HtmlExtractor(HTMLParser):
         if tag == "title":
             self.in_title = False
         elif tag in _HEADING_TAGS and self.heading_buffer is not None:
-            title = re.sub(r"\s+", " ", "".join(self.heading_buffer)).strip().rstrip("¶").strip()
+            title = re.sub(r"\s+", " ", "".join(self.heading_buffer)).strip().rstrip("¶#").strip()
             self.heading_buffer = None
             level = self.heading_level
             del self.headings[level - 1 :]

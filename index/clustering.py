@@ -23,17 +23,13 @@ def auto_cluster_count(n: int, *, requested: int = 0) -> int:
     return max(1, min(round(math.sqrt(n)), n // MIN_POINTS_PER_CLUSTER))
 
 
-def kmeans(
-    x: npt.NDArray[np.float32], k: int, *, seed: int = 20250601, niter: int = 20
-) -> npt.NDArray[np.float32]:
+def kmeans(x: npt.NDArray[np.float32], k: int, *, seed: int = 20250601, niter: int = 20) -> npt.NDArray[np.float32]:
     """Spherical k-means: [N, D] normalised vectors -> [C, D] unit centroids (C = k)."""
     n, d = x.shape
     if k <= 1 or n < 2:
         centroid = x.mean(axis=0, keepdims=True) if n else np.zeros((1, d), dtype=np.float32)  # [1, D]
         norm = float(np.linalg.norm(centroid))
         return np.ascontiguousarray(centroid / norm if norm > 0 else centroid, dtype=np.float32)
-    km = faiss.Kmeans(
-        d, k, niter=niter, seed=seed, spherical=True, max_points_per_centroid=256, verbose=False
-    )
+    km = faiss.Kmeans(d, k, niter=niter, seed=seed, spherical=True, max_points_per_centroid=256, verbose=False)
     km.train(np.ascontiguousarray(x, dtype=np.float32))
     return np.ascontiguousarray(km.centroids, dtype=np.float32)  # [C, D]

@@ -15,9 +15,16 @@ from kernels import backend
 
 @triton.jit
 def _gate_topk_kernel(  # type: ignore[no-untyped-def]  # Triton types come from the launch
-    logits_ptr, weights_ptr, ids_ptr, E, stride_q, inv_t,
-    BLOCK_E: tl.constexpr, K: tl.constexpr, RENORM: tl.constexpr,
-):  # fmt: skip
+    logits_ptr,
+    weights_ptr,
+    ids_ptr,
+    E,
+    stride_q,
+    inv_t,
+    BLOCK_E: tl.constexpr,
+    K: tl.constexpr,
+    RENORM: tl.constexpr,
+):
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK_E)  # [BLOCK_E]; lanes >= E are masked
     mask = offs < E
@@ -61,9 +68,16 @@ def gate_topk_triton(
     ids = torch.empty((q, k), dtype=torch.int64, device=logits.device)  # [Q, K]
     if q:
         _gate_topk_kernel[(q,)](
-            logits, weights, ids, e, logits.stride(0), 1.0 / temperature,
-            BLOCK_E=triton.next_power_of_2(e), K=k, RENORM=renormalize,
-        )  # fmt: skip
+            logits,
+            weights,
+            ids,
+            e,
+            logits.stride(0),
+            1.0 / temperature,
+            BLOCK_E=triton.next_power_of_2(e),
+            K=k,
+            RENORM=renormalize,
+        )
     return weights, ids
 
 

@@ -18,10 +18,22 @@ from kernels import backend
 
 @triton.jit
 def _scoped_topr_kernel(  # type: ignore[no-untyped-def]  # Triton types come from the launch
-    x_ptr, q_ptr, offsets_ptr, experts_ptr, out_s_ptr, out_i_ptr,
-    D, S, stride_x, stride_q, stride_e,
-    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, R: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    q_ptr,
+    offsets_ptr,
+    experts_ptr,
+    out_s_ptr,
+    out_i_ptr,
+    D,
+    S,
+    stride_x,
+    stride_q,
+    stride_e,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    R: tl.constexpr,
+):
     qi = tl.program_id(0)
     si = tl.program_id(1)
     offs_d = tl.arange(0, BLOCK_D)
@@ -40,8 +52,9 @@ def _scoped_topr_kernel(  # type: ignore[no-untyped-def]  # Triton types come fr
             valid = rows < end
             tile = tl.load(
                 x_ptr + rows[:, None] * stride_x + offs_d[None, :],
-                mask=valid[:, None] & (offs_d[None, :] < D), other=0.0,
-            ).to(tl.float32)  # [BLOCK_N, BLOCK_D]  # fmt: skip
+                mask=valid[:, None] & (offs_d[None, :] < D),
+                other=0.0,
+            ).to(tl.float32)  # [BLOCK_N, BLOCK_D]
             scores = tl.sum(tile * query[None, :], axis=1)  # [BLOCK_N]
             scores = tl.where(valid, scores, -float("inf"))
             for _ in tl.static_range(R):
@@ -58,9 +71,7 @@ def _scoped_topr_kernel(  # type: ignore[no-untyped-def]  # Triton types come fr
     tl.store(out_i_ptr + out, best_i, mask=offs_r < R)
 
 
-def _check(
-    x: torch.Tensor, queries: torch.Tensor, offsets: torch.Tensor, experts: torch.Tensor, r: int
-) -> None:
+def _check(x: torch.Tensor, queries: torch.Tensor, offsets: torch.Tensor, experts: torch.Tensor, r: int) -> None:
     if x.ndim != 2 or queries.ndim != 2 or x.shape[1] != queries.shape[1]:
         raise ValueError(f"need x [N, D] and queries [Q, D], got {tuple(x.shape)} and {tuple(queries.shape)}")
     if offsets.ndim != 1 or experts.ndim != 2 or experts.shape[0] != queries.shape[0]:
@@ -99,10 +110,22 @@ def scoped_search_triton(
     cand_i = torch.empty((q, s * r), dtype=torch.int64, device=x.device)  # [Q, S*R]
     if q and s:
         _scoped_topr_kernel[(q, s)](
-            x, queries, offsets, experts, cand_s, cand_i,
-            x.shape[1], s, x.stride(0), queries.stride(0), experts.stride(0),
-            BLOCK_N=64, BLOCK_D=triton.next_power_of_2(x.shape[1]), BLOCK_R=triton.next_power_of_2(r), R=r,
-        )  # fmt: skip
+            x,
+            queries,
+            offsets,
+            experts,
+            cand_s,
+            cand_i,
+            x.shape[1],
+            s,
+            x.stride(0),
+            queries.stride(0),
+            experts.stride(0),
+            BLOCK_N=64,
+            BLOCK_D=triton.next_power_of_2(x.shape[1]),
+            BLOCK_R=triton.next_power_of_2(r),
+            R=r,
+        )
     return _merge(cand_s, cand_i, r)
 
 

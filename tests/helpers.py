@@ -24,9 +24,7 @@ def topic_doc(topic: str, n: int, paragraphs: int = 3) -> str:
     return f"# {topic} note {n}\n\n" + "\n\n".join(f"{base} (variant {n}.{p})" for p in range(paragraphs))
 
 
-def wait_job(
-    client: TestClient, job_id: int, headers: dict[str, str] | None = None, timeout: float = 120
-) -> Any:
+def wait_job(client: TestClient, job_id: int, headers: dict[str, str] | None = None, timeout: float = 120) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         job = client.get(f"/jobs/{job_id}", headers=headers or {}).json()

@@ -31,15 +31,11 @@ class Server:
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
         cmd = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)]
         self.proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT)
-        client = httpx.Client(
-            base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=60
-        )
+        client = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=60)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"server exited with {self.proc.returncode}: {self.log_path.read_text()[-3000:]}"
-                )
+                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log_path.read_text()[-3000:]}")
             try:
                 if client.get("/readyz").status_code == 200:
                     return client

@@ -31,9 +31,7 @@ def test_writes_need_the_admin_token(client: TestClient) -> None:
         r = client.request(method.upper(), path, json={"text": "x"})
         assert r.status_code == 401, (method, path)
         assert r.json()["error"]["code"] == "unauthorized"
-        r = client.request(
-            method.upper(), path, json={"text": "x"}, headers={"Authorization": "Bearer wrong"}
-        )
+        r = client.request(method.upper(), path, json={"text": "x"}, headers={"Authorization": "Bearer wrong"})
         assert r.status_code == 401
     assert stats(client)["documents"] == 0
 
@@ -43,8 +41,7 @@ def test_upload_every_format_dedup_and_read_back(client: TestClient) -> None:
         "a.txt": (b"Plain text about sqlite journals.\n\nSecond paragraph about WAL.", "text/plain"),
         "b.md": (topic_doc("git", 1).encode(), "text/markdown"),
         "c.html": (
-            b"<html><head><title>Deb</title></head>"
-            b"<body><h1>Apt</h1><p>apt installs packages.</p></body></html>",
+            b"<html><head><title>Deb</title></head><body><h1>Apt</h1><p>apt installs packages.</p></body></html>",
             "text/html",
         ),
         "d.pdf": (make_pdf(["Python lists are mutable.", "Tuples are not."]), "application/pdf"),
@@ -58,9 +55,7 @@ def test_upload_every_format_dedup_and_read_back(client: TestClient) -> None:
         ids[name] = body["id"]
     # The same bytes again: same document, no new chunks.
     before = stats(client)
-    r = client.post(
-        "/documents", files={"file": ("renamed.md", files["b.md"][0], "text/markdown")}, headers=AUTH
-    )
+    r = client.post("/documents", files={"file": ("renamed.md", files["b.md"][0], "text/markdown")}, headers=AUTH)
     assert r.status_code == 200 and r.json() == {
         "id": ids["b.md"],
         "source": "b.md",
@@ -149,9 +144,7 @@ def test_update_keeps_id_and_replaces_chunks(client: TestClient) -> None:
     assert not set(old_chunks) & set(new_chunks)
     hits = client.post("/search", json={"query": "write-ahead log checkpoint", "k": 10}).json()["hits"]
     assert all(h["chunk_id"] in new_chunks for h in hits)
-    again = client.put(
-        f"/documents/{doc_id}", json={"text": topic_doc("git", 2), "format": "md"}, headers=AUTH
-    )
+    again = client.put(f"/documents/{doc_id}", json={"text": topic_doc("git", 2), "format": "md"}, headers=AUTH)
     assert again.json()["status"] == "unchanged"
     other = client.post("/documents", json={"text": "another"}, headers=AUTH).json()["id"]
     r = client.put(f"/documents/{other}", json={"text": topic_doc("git", 2), "format": "md"}, headers=AUTH)
@@ -207,9 +200,7 @@ def test_bulk_job_reports_progress_and_recluster_maps_clusters(client: TestClien
     res = client.post("/search", json={"query": "packages", "k": 20, "clusters": [target]}).json()
     assert res["hits"] and {h["cluster_id"] for h in res["hits"]} == {target}
     assert res["vectors_scanned"] < stats(client)["chunks"]
-    everything = client.post(
-        "/search", json={"query": "packages", "k": 20, "clusters": [c["id"] for c in clusters]}
-    )
+    everything = client.post("/search", json={"query": "packages", "k": 20, "clusters": [c["id"] for c in clusters]})
     glob = client.post("/search", json={"query": "packages", "k": 20})
     assert [h["chunk_id"] for h in everything.json()["hits"]] == [h["chunk_id"] for h in glob.json()["hits"]]
     assert np.isclose(glob.json()["hits"][0]["score"], everything.json()["hits"][0]["score"])

@@ -12,14 +12,9 @@ def test_every_chunk_fits_the_model_window(embedder: Embedder) -> None:
     import json
     import pathlib
 
-    docs = [
-        parse(pydoc.render_doc(m, renderer=pydoc.plaintext).encode(), f"{m.__name__}.txt")
-        for m in (json, pathlib)
-    ]
+    docs = [parse(pydoc.render_doc(m, renderer=pydoc.plaintext).encode(), f"{m.__name__}.txt") for m in (json, pathlib)]
     # A paragraph far over the window, a single giant "word", and long headings.
-    docs.append(
-        parse_markdown("# " + "very long heading " * 40 + "\n\n" + "word " * 2000 + "\n\n" + "x" * 5000)
-    )
+    docs.append(parse_markdown("# " + "very long heading " * 40 + "\n\n" + "word " * 2000 + "\n\n" + "x" * 5000))
     cfg = ChunkingConfig(max_tokens=embedder.max_tokens)
     for doc in docs:
         chunks = chunk_document(doc, embedder.count_tokens, cfg)
@@ -33,8 +28,7 @@ def test_every_chunk_fits_the_model_window(embedder: Embedder) -> None:
         for b in doc.blocks:
             assert (
                 any(c.start <= b.start and b.end <= c.end for c in chunks)
-                or sum(max(0, min(c.end, b.end) - max(c.start, b.start)) for c in chunks)
-                >= (b.end - b.start) * 0.99
+                or sum(max(0, min(c.end, b.end) - max(c.start, b.start)) for c in chunks) >= (b.end - b.start) * 0.99
             )
 
 

@@ -28,13 +28,9 @@ def test_ingest_folder_twice_then_rebuild_and_search(
     assert len(collect_files([str(docs)])) == 4
 
     data = str(tmp_path / "data")
-    first = json.loads(
-        run(capsys, "--data-dir", data, "ingest", "--quiet", str(docs)).strip().splitlines()[-1]
-    )
+    first = json.loads(run(capsys, "--data-dir", data, "ingest", "--quiet", str(docs)).strip().splitlines()[-1])
     assert first["created"] == 4 and first["chunks"] >= 4
-    second = json.loads(
-        run(capsys, "--data-dir", data, "ingest", "--quiet", str(docs)).strip().splitlines()[-1]
-    )
+    second = json.loads(run(capsys, "--data-dir", data, "ingest", "--quiet", str(docs)).strip().splitlines()[-1])
     assert second == {"created": 0, "duplicate": 4, "failed": 0, "chunks": 0}
 
     rebuilt = json.loads(run(capsys, "--data-dir", data, "index", "rebuild").strip().splitlines()[-1])

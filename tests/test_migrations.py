@@ -23,9 +23,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 def test_upgrade_downgrade_upgrade_and_no_drift(db_url: str) -> None:
     engine = make_engine(db_url)
     upgrade(engine)
-    assert {"document", "chunk", "cluster", "expert", "job", "index_state"} <= set(
-        inspect(engine).get_table_names()
-    )
+    assert {"document", "chunk", "cluster", "expert", "job", "index_state"} <= set(inspect(engine).get_table_names())
     downgrade(engine, "base")
     assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
     upgrade(engine)

@@ -47,10 +47,7 @@ def test_decode_text_accepts_utf8_bom_and_latin1_refuses_empty_and_binary() -> N
 
 
 def test_markdown_keeps_heading_paths_and_code_fences() -> None:
-    md = (
-        "# Guide\n\nIntro text.\n\n## Install\n\nRun it.\n\n"
-        "```\n# not a heading\n```\n\n### Linux\n\nUse apt.\n"
-    )
+    md = "# Guide\n\nIntro text.\n\n## Install\n\nRun it.\n\n```\n# not a heading\n```\n\n### Linux\n\nUse apt.\n"
     doc = parse(md.encode(), "guide.md")
     assert doc.kind == "md" and doc.title == "Guide"
     by_text = {b.text: b.headings for b in doc.blocks}

@@ -22,9 +22,7 @@ def fill(settings: Settings, embedder: Embedder) -> Path:
     rt = Runtime(settings, embedder=embedder)
     rt.start()
     for i, t in enumerate(["sqlite", "git", "debian", "python"] * 2):
-        rt.ingestor.ingest(
-            Upload(data=topic_doc(t, i).encode(), source=f"{t}-{i}.md", filename=f"{t}-{i}.md")
-        )
+        rt.ingestor.ingest(Upload(data=topic_doc(t, i).encode(), source=f"{t}-{i}.md", filename=f"{t}-{i}.md"))
     path = rt.indexes.path_for(rt.indexes.index.version)
     rt.close()  # checkpoints
     assert path.exists()

@@ -1,15 +1,40 @@
-"""Admin JSON API (admin token on every route)."""
+"""Admin JSON API (admin token on every route): clusters, experts, router, questions."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
 from sqlalchemy import func, select
+from starlette.concurrency import run_in_threadpool
 
 from app.deps import AdminDep, RuntimeDep
-from app.models import Chunk, Cluster
-from app.schemas import ClusterOut, JobOut
+from app.errors import ApiError
+from app.models import Chunk, Cluster, Document, Expert, QueryLog, RouterExample, RouterVersion
+from app.schemas import (
+    AssignIn,
+    ClusterDetail,
+    ClusterOut,
+    ClusterPut,
+    ClusterSample,
+    ExampleIn,
+    ExpertIn,
+    ExpertOut,
+    ExpertPatch,
+    JobOut,
+    LabelIn,
+    ProposeIn,
+    QuestionOut,
+    RouterVersionOut,
+    TrainIn,
+)
+from app.services import experts as expert_service
+from app.services.documents import NotFound
 
 router = APIRouter(prefix="/admin/api", tags=["admin"], dependencies=[AdminDep])
+
+
+# ---- clusters -----------------------------------------------------------------------------------------
 
 
 @router.post("/recluster", response_model=JobOut, status_code=202)
@@ -18,12 +43,208 @@ def recluster(rt: RuntimeDep) -> JobOut:
     return JobOut.model_validate(rt.jobs.submit("recluster", {}, total=4))
 
 
-@router.get("/clusters", response_model=list[ClusterOut])
-def clusters(rt: RuntimeDep) -> list[ClusterOut]:
+def _sizes(rt: RuntimeDep) -> dict[int, int]:
     with rt.sessions() as s:
         counts = s.execute(select(Chunk.cluster_id, func.count(Chunk.id)).group_by(Chunk.cluster_id))
-        sizes = {cluster: n for cluster, n in counts}
+        return {cluster: n for cluster, n in counts}
+
+
+@router.get("/clusters", response_model=list[ClusterOut])
+def clusters(rt: RuntimeDep) -> list[ClusterOut]:
+    sizes = _sizes(rt)
+    with rt.sessions() as s:
         return [
             ClusterOut(id=c.id, size=sizes.get(c.id, 0), keywords=c.keywords or [], expert_id=c.expert_id)
             for c in s.scalars(select(Cluster).order_by(Cluster.id))
         ]
+
+
+@router.get("/clusters/{cluster_id}", response_model=ClusterDetail)
+def cluster_detail(cluster_id: int, rt: RuntimeDep, samples: Annotated[int, Query(ge=0, le=50)] = 5) -> ClusterDetail:
+    with rt.sessions() as s:
+        c = s.get(Cluster, cluster_id)
+        if c is None:
+            raise NotFound(f"cluster {cluster_id} not found")
+        size = s.scalar(select(func.count(Chunk.id)).where(Chunk.cluster_id == cluster_id)) or 0
+        rows = s.execute(
+            select(Chunk.id, Chunk.document_id, Document.source, Chunk.text)
+            .join(Document, Document.id == Chunk.document_id)
+            .where(Chunk.cluster_id == cluster_id)
+            .order_by(Chunk.id)
+            .limit(samples)
+        ).all()
+        return ClusterDetail(
+            id=c.id,
+            size=size,
+            keywords=c.keywords or [],
+            expert_id=c.expert_id,
+            samples=[ClusterSample(chunk_id=r[0], document_id=r[1], source=r[2], text=r[3]) for r in rows],
+        )
+
+
+@router.put("/clusters/{cluster_id}", response_model=ClusterOut)
+def put_cluster(cluster_id: int, body: ClusterPut, rt: RuntimeDep) -> ClusterOut:
+    with rt.sessions.begin() as s:
+        expert_service.assign_clusters(s, [cluster_id], body.expert_id)
+    rt.experts.invalidate()
+    return next(c for c in clusters(rt) if c.id == cluster_id)
+
+
+@router.post("/clusters/assign")
+def assign(body: AssignIn, rt: RuntimeDep) -> dict[str, int]:
+    with rt.sessions.begin() as s:
+        n = expert_service.assign_clusters(s, body.cluster_ids, body.expert_id)
+    rt.experts.invalidate()
+    return {"assigned": n}
+
+
+# ---- experts ------------------------------------------------------------------------------------------
+
+
+def _expert_out(e: Expert, owned: dict[int, list[int]]) -> ExpertOut:
+    out = ExpertOut.model_validate(e)
+    out.clusters = sorted(owned.get(e.id, []))
+    return out
+
+
+def _owned(rt: RuntimeDep) -> dict[int, list[int]]:
+    return {e: list(p.clusters) for e, p in rt.experts.profiles().items()}
+
+
+@router.get("/experts", response_model=list[ExpertOut])
+def list_experts(rt: RuntimeDep) -> list[ExpertOut]:
+    rt.experts.invalidate()
+    owned = _owned(rt)
+    with rt.sessions() as s:
+        return [_expert_out(e, owned) for e in s.scalars(select(Expert).order_by(Expert.id))]
+
+
+@router.post("/experts", response_model=ExpertOut, status_code=201)
+def create_expert(body: ExpertIn, rt: RuntimeDep) -> ExpertOut:
+    with rt.sessions.begin() as s:
+        e = expert_service.create_expert(s, body.model_dump())
+        out = _expert_out(e, {})
+    rt.experts.invalidate()
+    return out
+
+
+@router.patch("/experts/{expert_id}", response_model=ExpertOut)
+def patch_expert(expert_id: int, body: ExpertPatch, rt: RuntimeDep) -> ExpertOut:
+    with rt.sessions.begin() as s:
+        expert_service.update_expert(s, expert_id, body.model_dump(exclude_unset=True))
+    rt.experts.invalidate()
+    return next(e for e in list_experts(rt) if e.id == expert_id)
+
+
+@router.delete("/experts/{expert_id}", status_code=204)
+def delete_expert(expert_id: int, rt: RuntimeDep) -> Response:
+    with rt.sessions.begin() as s:
+        expert_service.delete_expert(s, expert_id)
+    rt.experts.invalidate()
+    return Response(status_code=204)
+
+
+@router.post("/experts/propose")
+def propose(body: ProposeIn, rt: RuntimeDep) -> dict[str, object]:
+    """Group clusters into N experts by centroid; `apply` creates them and maps their clusters."""
+    with rt.sessions.begin() as s:
+        proposals = expert_service.propose(s, body.n, rt.embedder.dim)
+        if body.apply:
+            taken = set(s.scalars(select(Expert.name)))
+            for p in proposals:
+                name, i = p["name"], 2
+                while name in taken:
+                    name, i = f"{p['name']} ({i})", i + 1
+                taken.add(name)
+                e = expert_service.create_expert(s, {"name": name, "description": ", ".join(p["keywords"])})
+                expert_service.assign_clusters(s, p["cluster_ids"], e.id)
+                p["expert_id"] = e.id
+    rt.experts.invalidate()
+    return {"proposals": proposals, "applied": body.apply}
+
+
+# ---- router -------------------------------------------------------------------------------------------
+
+
+@router.post("/router/train", response_model=JobOut, status_code=202)
+def train_router(rt: RuntimeDep, body: TrainIn | None = None) -> JobOut:
+    return JobOut.model_validate(rt.jobs.submit("train", {"activate": body.activate if body else True}, total=100))
+
+
+@router.get("/router/versions", response_model=list[RouterVersionOut])
+def router_versions(rt: RuntimeDep) -> list[RouterVersionOut]:
+    with rt.sessions() as s:
+        return [
+            RouterVersionOut(
+                id=v.id,
+                active=v.active,
+                created_at=v.created_at,
+                temperature=v.temperature,
+                expert_ids=v.expert_ids,
+                metrics=v.metrics,
+            )
+            for v in s.scalars(select(RouterVersion).order_by(RouterVersion.id.desc()))
+        ]
+
+
+@router.post("/router/versions/{version_id}/activate")
+async def activate(version_id: int, rt: RuntimeDep) -> dict[str, int]:
+    try:
+        await run_in_threadpool(rt.routers.activate, version_id)
+    except LookupError as exc:
+        raise NotFound(str(exc)) from None
+    return {"active": version_id}
+
+
+@router.post("/router/examples", status_code=201)
+def add_examples(body: list[ExampleIn], rt: RuntimeDep) -> dict[str, int]:
+    """Labelled questions: training data for the next router version."""
+    with rt.sessions.begin() as s:
+        known = set(s.scalars(select(Expert.id)))
+        unknown = sorted({e.expert_id for e in body} - known)
+        if unknown:
+            raise ApiError(422, "unknown_expert", f"experts not found: {unknown}")
+        s.add_all(RouterExample(question=e.question, expert_id=e.expert_id, origin="api") for e in body)
+    return {"added": len(body)}
+
+
+# ---- questions ----------------------------------------------------------------------------------------
+
+
+@router.get("/questions", response_model=list[QuestionOut])
+def questions(
+    rt: RuntimeDep,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> list[QuestionOut]:
+    with rt.sessions() as s:
+        rows = s.scalars(select(QueryLog).order_by(QueryLog.id.desc()).offset(offset).limit(limit))
+        return [
+            QuestionOut(
+                id=q.id,
+                created_at=q.created_at,
+                question=q.question,
+                path=q.path,
+                reason=q.reason,
+                expert_id=q.expert_id,
+                confidence=q.confidence,
+                top=q.top,
+                timings=q.timings,
+                feedback_expert_id=q.feedback_expert_id,
+            )
+            for q in rows
+        ]
+
+
+@router.post("/questions/{query_id}/label")
+def label_question(query_id: int, body: LabelIn, rt: RuntimeDep) -> dict[str, int]:
+    """An operator marks the right expert: the question becomes router training data."""
+    with rt.sessions.begin() as s:
+        q = s.get(QueryLog, query_id)
+        if q is None:
+            raise NotFound(f"question {query_id} not found")
+        if s.get(Expert, body.expert_id) is None:
+            raise NotFound(f"expert {body.expert_id} not found")
+        q.feedback_expert_id = body.expert_id
+        s.add(RouterExample(question=q.question, expert_id=body.expert_id, origin="feedback"))
+    return {"labelled": query_id}

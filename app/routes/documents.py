@@ -49,10 +49,18 @@ _UPLOAD_BODY = {
 
 def _out(doc: Document, n_chunks: int) -> DocumentOut:
     return DocumentOut(
-        id=doc.id, source=doc.source, title=doc.title, mime=doc.mime, size=doc.size, status=doc.status,
-        chunks=n_chunks, metadata=doc.meta or {}, content_hash=doc.content_hash, created_at=doc.created_at,
+        id=doc.id,
+        source=doc.source,
+        title=doc.title,
+        mime=doc.mime,
+        size=doc.size,
+        status=doc.status,
+        chunks=n_chunks,
+        metadata=doc.meta or {},
+        content_hash=doc.content_hash,
+        created_at=doc.created_at,
         updated_at=doc.updated_at,
-    )  # fmt: skip
+    )
 
 
 @router.post(
@@ -84,9 +92,7 @@ async def bulk_ingest(request: Request, rt: RuntimeDep) -> JobOut:
     check_declared_length(request, s.max_upload_bytes * s.max_bulk_files)
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype != "multipart/form-data":
-        raise ApiError(
-            415, "unsupported_media_type", "send multipart/form-data with one or more 'files' fields"
-        )
+        raise ApiError(415, "unsupported_media_type", "send multipart/form-data with one or more 'files' fields")
     form = await request.form(max_files=s.max_bulk_files, max_fields=s.max_bulk_files + 10)
     uploads = [f for f in form.getlist("files") if isinstance(f, UploadFile)]
     if not uploads:
@@ -98,9 +104,7 @@ async def bulk_ingest(request: Request, rt: RuntimeDep) -> JobOut:
             data = await read_upload_file(f, s.max_upload_bytes)
             name = f.filename or f"upload-{i}"
             path = spool_file(spool, i, name, data)
-            files.append(
-                {"path": str(path), "filename": name, "source": name, "content_type": f.content_type}
-            )
+            files.append({"path": str(path), "filename": name, "source": name, "content_type": f.content_type})
     except BaseException:
         shutil.rmtree(spool, ignore_errors=True)
         raise
@@ -116,9 +120,7 @@ def list_documents(
 ) -> DocumentPage:
     with rt.sessions() as s:
         total = s.scalar(select(func.count(Document.id))) or 0
-        counts = (
-            select(Chunk.document_id, func.count(Chunk.id).label("n")).group_by(Chunk.document_id).subquery()
-        )
+        counts = select(Chunk.document_id, func.count(Chunk.id).label("n")).group_by(Chunk.document_id).subquery()
         rows = s.execute(
             select(Document, func.coalesce(counts.c.n, 0))
             .outerjoin(counts, counts.c.document_id == Document.id)
@@ -151,9 +153,7 @@ def get_document(document_id: int, rt: RuntimeDep) -> DocumentDetail:
         return DocumentDetail(**_out(doc, len(summaries)).model_dump(), chunk_list=summaries)
 
 
-@router.put(
-    "/documents/{document_id}", response_model=IngestOut, dependencies=[AdminDep], openapi_extra=_UPLOAD_BODY
-)
+@router.put("/documents/{document_id}", response_model=IngestOut, dependencies=[AdminDep], openapi_extra=_UPLOAD_BODY)
 async def replace_document(document_id: int, request: Request, rt: RuntimeDep) -> IngestOut:
     """New content for an existing document; its id stays, its chunks are replaced."""
     upload = await upload_from_request(request, rt.settings.max_upload_bytes)
@@ -174,7 +174,15 @@ def get_chunk(chunk_id: int, rt: RuntimeDep) -> ChunkOut:
         if c is None:
             raise NotFound(f"chunk {chunk_id} not found")
         return ChunkOut(
-            id=c.id, ordinal=c.ordinal, heading=c.heading, token_count=c.token_count, cluster_id=c.cluster_id,
-            char_start=c.char_start, char_end=c.char_end, document_id=c.document_id, source=c.document.source,
-            title=c.document.title, text=c.text,
-        )  # fmt: skip
+            id=c.id,
+            ordinal=c.ordinal,
+            heading=c.heading,
+            token_count=c.token_count,
+            cluster_id=c.cluster_id,
+            char_start=c.char_start,
+            char_end=c.char_end,
+            document_id=c.document_id,
+            source=c.document.source,
+            title=c.document.title,
+            text=c.text,
+        )

@@ -28,9 +28,7 @@ async def read_upload_file(file: UploadFile, limit: int) -> bytes:
     while block := await file.read(1 << 20):
         data += block
         if len(data) > limit:
-            raise ApiError(
-                413, "too_large", f"{file.filename or 'the upload'} exceeds the limit of {limit} bytes"
-            )
+            raise ApiError(413, "too_large", f"{file.filename or 'the upload'} exceeds the limit of {limit} bytes")
     return bytes(data)
 
 
@@ -47,9 +45,12 @@ async def upload_from_request(request: Request, limit: int) -> Upload:
         filename = file.filename or "upload"
         source = _form_str(form.get("source")) or filename
         return Upload(
-            data=data, source=source[:1024], filename=filename, title=_form_str(form.get("title")),
+            data=data,
+            source=source[:1024],
+            filename=filename,
+            title=_form_str(form.get("title")),
             content_type=file.content_type,
-        )  # fmt: skip
+        )
     if ctype in ("application/json", ""):
         body = await request.body()
         if len(body) > limit:
@@ -66,12 +67,14 @@ async def upload_from_request(request: Request, limit: int) -> Upload:
         data = doc.text.encode("utf-8")
         source = doc.source or f"text:{hashlib.sha256(data).hexdigest()[:12]}"
         return Upload(
-            data=data, source=source, filename=None, title=doc.title, content_type=_FORMAT_TYPES[doc.format],
+            data=data,
+            source=source,
+            filename=None,
+            title=doc.title,
+            content_type=_FORMAT_TYPES[doc.format],
             metadata=doc.metadata,
-        )  # fmt: skip
-    raise ApiError(
-        415, "unsupported_media_type", "send multipart/form-data with a 'file' field, or JSON text"
-    )
+        )
+    raise ApiError(415, "unsupported_media_type", "send multipart/form-data with a 'file' field, or JSON text")
 
 
 def _form_str(value: object) -> str | None:

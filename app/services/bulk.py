@@ -67,6 +67,9 @@ def _read(f: dict[str, Any]) -> Upload:
     except OSError as exc:
         raise EmptyDocument(f"cannot read {f['source']}: {exc.strerror}") from exc
     return Upload(
-        data=data, source=f["source"], filename=f.get("filename"), title=f.get("title"),
+        data=data,
+        source=f["source"],
+        filename=f.get("filename"),
+        title=f.get("title"),
         content_type=f.get("content_type"),
-    )  # fmt: skip
+    )

@@ -95,9 +95,7 @@ class Ingestor:
             pos += len(p.chunks)
         return out
 
-    def _chunk_rows(
-        self, p: _Prepared, vectors: Vectors, clusters: np.ndarray, document_id: int
-    ) -> list[Chunk]:
+    def _chunk_rows(self, p: _Prepared, vectors: Vectors, clusters: np.ndarray, document_id: int) -> list[Chunk]:
         return [
             Chunk(
                 document_id=document_id,
@@ -127,9 +125,14 @@ class Ingestor:
                 with self.sessions() as s, s.begin():
                     title = up.title or p.parsed.title or up.filename or up.source
                     doc = Document(
-                        source=up.source, title=title[:1024], mime=p.parsed.mime, content_hash=p.content_hash,
-                        size=len(up.data), status="ready", meta=up.metadata,
-                    )  # fmt: skip
+                        source=up.source,
+                        title=title[:1024],
+                        mime=p.parsed.mime,
+                        content_hash=p.content_hash,
+                        size=len(up.data),
+                        status="ready",
+                        meta=up.metadata,
+                    )
                     s.add(doc)
                     s.flush()
                     rows = self._chunk_rows(p, vectors, clusters, doc.id)

@@ -41,6 +41,7 @@ class IndexManager:
         self.write_lock = threading.RLock()
         self.index: ClusteredIndex = ClusteredIndex.single(dim, "unopened")
         self._dirty = False
+        self.listeners: list[Callable[[], None]] = []  # told when chunks change (e.g. BM25 upkeep)
 
     def path_for(self, version: str) -> Path:
         return self.settings.index_dir / f"ivf-{version}.faiss"
@@ -77,9 +78,7 @@ class IndexManager:
                 raise IndexCorrupt(f"no index file for version {version}")
             loaded = ClusteredIndex.load(path, version)
             if loaded.nlist != nlist or loaded.dim != self.dim:
-                raise IndexCorrupt(
-                    f"index has {loaded.nlist} lists of dim {loaded.dim}, expected {nlist}/{self.dim}"
-                )
+                raise IndexCorrupt(f"index has {loaded.nlist} lists of dim {loaded.dim}, expected {nlist}/{self.dim}")
             ix_ids, ix_clusters = loaded.assignments()
             if not (np.array_equal(ix_ids, db_ids) and np.array_equal(ix_clusters, db_clusters)):
                 raise IndexCorrupt(
@@ -125,6 +124,8 @@ class IndexManager:
 
     def mark_dirty(self) -> None:
         self._dirty = True
+        for listener in self.listeners:
+            listener()
 
     def checkpoint(self) -> bool:
         """Write the index if it changed since the last write. SQL stays the truth meanwhile."""
@@ -178,9 +179,7 @@ class IndexManager:
                 )
                 if n:
                     s.connection().execute(
-                        update(Chunk)
-                        .where(Chunk.id == bindparam("cid"))
-                        .execution_options(synchronize_session=False),
+                        update(Chunk).where(Chunk.id == bindparam("cid")).execution_options(synchronize_session=False),
                         [{"cid": int(i), "cluster_id": int(c)} for i, c in zip(ids, assigned, strict=True)],
                     )
                 state.version, state.nlist = fresh.version, k

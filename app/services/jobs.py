@@ -70,9 +70,7 @@ class JobRunner:
 
     def start(self) -> None:
         with self.sessions.begin() as s:
-            unfinished = s.scalars(
-                select(Job).where(Job.status.in_(("queued", "running"))).order_by(Job.id)
-            ).all()
+            unfinished = s.scalars(select(Job).where(Job.status.in_(("queued", "running"))).order_by(Job.id)).all()
             for job in unfinished:
                 if job.status == "running":
                     log.warning("job %d (%s) was interrupted; resuming it", job.id, job.kind)

@@ -1,0 +1,108 @@
+"""POST /ask (JSON or SSE stream) and GET /metrics."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+from fastapi import APIRouter
+from fastapi.responses import Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.concurrency import run_in_threadpool
+
+from app.deps import RuntimeDep
+from app.errors import ApiError
+from app.runtime import Runtime
+from app.schemas import AskIn, AskOut, CitationOut
+from app.services.ask import log_question, route_json
+from engine.generators import GeneratorError
+from engine.pipeline import AskRequest, Prepared
+
+router = APIRouter(tags=["ask"])
+
+
+def _citations(p: Prepared) -> list[CitationOut]:
+    return [
+        CitationOut(
+            n=c.n,
+            document_id=c.chunk.document_id,
+            source=c.chunk.source,
+            title=c.chunk.title,
+            chunk_id=c.chunk.id,
+            heading=c.chunk.heading,
+            score=c.score,
+            text=c.chunk.text,
+        )
+        for c in p.citations
+    ]
+
+
+def _prepare(rt: Runtime, body: AskIn) -> Prepared:
+    s = rt.settings
+    if len(body.question) > s.max_question_chars:
+        raise ApiError(422, "question_too_long", f"questions are limited to {s.max_question_chars} characters")
+    if body.top_k is not None and body.top_k > s.max_top_k:
+        raise ApiError(422, "top_k_too_large", f"top_k is limited to {s.max_top_k}")
+    if body.mode != "expert" and body.expert is not None:
+        raise ApiError(422, "invalid_request", "'expert' is only meaningful with mode='expert'")
+    try:
+        return rt.pipeline.prepare(AskRequest(body.question, body.top_k, body.mode, body.expert))
+    except GeneratorError as exc:
+        raise ApiError(503, "generator_unavailable", str(exc)) from None
+
+
+def _finish(rt: Runtime, prepared: Prepared) -> int:
+    prepared.timings_ms.setdefault("generate", 0.0)
+    prepared.timings_ms.setdefault("total", sum(v for k, v in prepared.timings_ms.items() if k != "total"))
+    rt.metrics.observe(prepared.route, prepared.timings_ms)
+    return log_question(rt.sessions, prepared)
+
+
+@router.post("/ask", response_model=AskOut)
+async def ask(body: AskIn, rt: RuntimeDep) -> AskOut | StreamingResponse:
+    """Route the question, retrieve, answer with numbered citations; the route says which path and why."""
+    prepared = await run_in_threadpool(_prepare, rt, body)
+    if body.stream:
+        return StreamingResponse(_sse(rt, prepared, body.generate), media_type="text/event-stream")
+
+    def run() -> AskOut:
+        answer = None
+        if body.generate:
+            try:
+                answer = "".join(prepared.answer_stream())
+            except GeneratorError as exc:
+                raise ApiError(502, "generator_failed", str(exc)) from None
+        query_id = _finish(rt, prepared)
+        return AskOut(
+            answer=answer,
+            citations=_citations(prepared),
+            route=route_json(prepared.route),
+            timings_ms={k: round(v, 3) for k, v in prepared.timings_ms.items()},
+            query_id=query_id,
+        )
+
+    return await run_in_threadpool(run)
+
+
+def _sse(rt: Runtime, prepared: Prepared, generate: bool) -> Iterator[str]:
+    def event(name: str, data: object) -> str:
+        return f"event: {name}\ndata: {json.dumps(data)}\n\n"
+
+    yield event(
+        "route",
+        {"route": route_json(prepared.route), "citations": [c.model_dump() for c in _citations(prepared)]},
+    )
+    if generate:
+        try:
+            for delta in prepared.answer_stream():
+                yield event("token", {"text": delta})
+        except GeneratorError as exc:
+            yield event("error", {"code": "generator_failed", "message": str(exc)})
+    query_id = _finish(rt, prepared)
+    yield event("done", {"timings_ms": prepared.timings_ms, "query_id": query_id})
+
+
+@router.get("/metrics", tags=["system"])
+def metrics(rt: RuntimeDep) -> Response:
+    """Prometheus exposition: requests by path and expert, confidence and latency histograms, balance."""
+    return Response(generate_latest(rt.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,76 @@
+"""The /ask use case: run the engine's pipeline, then log the question with its route."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.models import Chunk, Document, QueryLog
+from engine.pipeline import ChunkRecord, Prepared, Route
+
+
+class SqlChunkStore:
+    """The engine's ChunkStore, read from SQL."""
+
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
+        self.sessions = sessions
+
+    def fetch(self, ids: Sequence[int]) -> dict[int, ChunkRecord]:
+        if not ids:
+            return {}
+        with self.sessions() as s:
+            rows = s.execute(
+                select(
+                    Chunk.id,
+                    Chunk.document_id,
+                    Document.source,
+                    Document.title,
+                    Chunk.heading,
+                    Chunk.text,
+                    Chunk.cluster_id,
+                )
+                .join(Document, Document.id == Chunk.document_id)
+                .where(Chunk.id.in_(list(ids)))
+            ).all()
+        return {r[0]: ChunkRecord(*r) for r in rows}
+
+
+def route_json(route: Route) -> dict[str, Any]:
+    def expert(e: Any) -> dict[str, Any] | None:
+        return {"id": e.id, "name": e.name} if e is not None else None
+
+    return {
+        "path": route.path,
+        "expert": expert(route.expert) if route.path == "expert" else None,
+        "confidence": route.confidence,
+        "top": [{"expert": expert(e), "p": p} for e, p in route.top],
+        "threshold": route.threshold,
+        "reason": route.reason,
+        "detail": route.detail,
+        "router_version": route.router_version,
+        "clusters_scanned": route.clusters_scanned,
+        "vectors_scanned": route.vectors_scanned,
+    }
+
+
+def log_question(sessions: sessionmaker[Session], prepared: Prepared) -> int:
+    route = prepared.route
+    with sessions.begin() as s:
+        entry = QueryLog(
+            question=prepared.question[:4000],
+            path=route.path,
+            reason=route.reason,
+            expert_id=route.expert.id if route.path == "expert" and route.expert else None,
+            confidence=route.confidence,
+            top=route_json(route)["top"],
+            cited=[c.chunk.id for c in prepared.citations],
+            timings={k: round(v, 3) for k, v in prepared.timings_ms.items()},
+            vectors_scanned=route.vectors_scanned,
+            router_version_id=route.router_version,
+        )
+        s.add(entry)
+        s.flush()
+        return entry.id

@@ -1,0 +1,127 @@
+"""Experts: CRUD, cluster mapping, automatic proposals, and the profiles the engine routes to."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import numpy as np
+from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.models import Cluster, Expert
+from app.services.documents import Conflict, NotFound
+from engine.pipeline import ExpertProfile
+from index import kmeans
+
+EXPERT_FIELDS = ("name", "description", "system_prompt", "generator", "top_k", "threshold")
+
+
+def create_expert(s: Session, fields: dict[str, Any]) -> Expert:
+    expert = Expert(**{k: v for k, v in fields.items() if k in EXPERT_FIELDS})
+    s.add(expert)
+    try:
+        s.flush()
+    except IntegrityError:
+        raise Conflict(f"an expert named {fields.get('name')!r} already exists") from None
+    return expert
+
+
+def update_expert(s: Session, expert_id: int, fields: dict[str, Any]) -> Expert:
+    expert = s.get(Expert, expert_id)
+    if expert is None:
+        raise NotFound(f"expert {expert_id} not found")
+    for k, v in fields.items():
+        if k in EXPERT_FIELDS:
+            setattr(expert, k, v)
+    try:
+        s.flush()
+    except IntegrityError:
+        raise Conflict(f"an expert named {fields.get('name')!r} already exists") from None
+    return expert
+
+
+def delete_expert(s: Session, expert_id: int) -> None:
+    expert = s.get(Expert, expert_id)
+    if expert is None:
+        raise NotFound(f"expert {expert_id} not found")
+    s.execute(update(Cluster).where(Cluster.expert_id == expert_id).values(expert_id=None))
+    s.delete(expert)
+
+
+def assign_clusters(s: Session, cluster_ids: list[int], expert_id: int | None) -> int:
+    """Map clusters to an expert (None: unmap). Unknown ids are an error, and nothing changes."""
+    if expert_id is not None and s.get(Expert, expert_id) is None:
+        raise NotFound(f"expert {expert_id} not found")
+    known = set(s.scalars(select(Cluster.id).where(Cluster.id.in_(cluster_ids))))
+    missing = sorted(set(cluster_ids) - known)
+    if missing:
+        raise NotFound(f"clusters not found: {missing[:20]}")
+    s.execute(update(Cluster).where(Cluster.id.in_(cluster_ids)).values(expert_id=expert_id))
+    return len(known)
+
+
+def propose(s: Session, n: int, dim: int) -> list[dict[str, Any]]:
+    """Group the clusters into n proposed experts by their centroids, named by distinctive keywords."""
+    clusters = s.scalars(select(Cluster).order_by(Cluster.id)).all()
+    if not clusters:
+        return []
+    n = max(1, min(n, len(clusters)))
+    centroids = np.frombuffer(b"".join(c.centroid for c in clusters), dtype=np.float32).reshape(-1, dim)
+    groups = kmeans(centroids, n, niter=50)  # [n, D]
+    assign = np.argmax(centroids @ groups.T, axis=1)  # [C]
+    counts: list[Counter[str]] = [Counter() for _ in range(n)]
+    for c, g in zip(clusters, assign, strict=True):
+        counts[g].update(c.keywords or [])
+    document_freq = Counter(k for cnt in counts for k in cnt)
+    proposals = []
+    for g in range(n):
+        members = [c.id for c, a in zip(clusters, assign, strict=True) if a == g]
+        if not members:
+            continue
+        # Distinctive: frequent in this group, rare in the others.
+        ranked = sorted(counts[g], key=lambda k: (-counts[g][k] / document_freq[k], -counts[g][k], k))
+        keywords = ranked[:5]
+        proposals.append(
+            {"name": " / ".join(keywords[:3]) or f"group {g}", "keywords": keywords, "cluster_ids": members}
+        )
+    return proposals
+
+
+class ExpertDirectory:
+    """Expert profiles for routing, cached briefly so /ask does not query experts every time."""
+
+    def __init__(self, sessions: sessionmaker[Session], ttl: float = 2.0) -> None:
+        self.sessions, self.ttl = sessions, ttl
+        self._cache: dict[int, ExpertProfile] = {}
+        self._at = float("-inf")
+        self._lock = threading.Lock()
+
+    def invalidate(self) -> None:
+        self._at = float("-inf")
+
+    def profiles(self) -> dict[int, ExpertProfile]:
+        if time.monotonic() - self._at < self.ttl:
+            return self._cache
+        with self._lock, self.sessions() as s:
+            owned: dict[int, list[int]] = {}
+            for cid, eid in s.execute(select(Cluster.id, Cluster.expert_id).where(Cluster.expert_id.is_not(None))):
+                if eid is not None:
+                    owned.setdefault(eid, []).append(cid)
+            self._cache = {
+                e.id: ExpertProfile(
+                    e.id,
+                    e.name,
+                    e.system_prompt,
+                    e.generator,
+                    e.top_k,
+                    e.threshold,
+                    tuple(sorted(owned.get(e.id, []))),
+                )
+                for e in s.scalars(select(Expert))
+            }
+            self._at = time.monotonic()
+        return self._cache

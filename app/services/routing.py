@@ -1,0 +1,166 @@
+"""Router versions: training (a job), storage, atomic activation, and hot reload in every worker."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.models import Chunk, Cluster, Expert, RouterExample, RouterVersion
+from app.settings import Settings
+from engine.embedder import Embedder
+from engine.router import Router, TrainConfig, TrainingSet, train
+from engine.samples import query_like_samples
+
+log = logging.getLogger(__name__)
+Progress = Callable[[int, int], None]
+
+
+class NotTrainable(ValueError):
+    pass
+
+
+class RouterManager:
+    def __init__(self, settings: Settings, sessions: sessionmaker[Session], embedder: Embedder) -> None:
+        self.settings, self.sessions, self.embedder = settings, sessions, embedder
+        self._router: Router | None = None
+        self._checked = 0.0
+        self._lock = threading.Lock()
+
+    # ---- the active version, shared by every worker through the database ------------------------------
+
+    def current(self) -> Router | None:
+        """The active router; the database is asked at most once per refresh interval."""
+        now = time.monotonic()
+        if now - self._checked >= self.settings.router_refresh_seconds:
+            self._checked = now
+            with self.sessions() as s:
+                active = s.scalar(select(RouterVersion.id).where(RouterVersion.active))
+            loaded = self._router.version_id if self._router else None
+            if active != loaded:
+                self.reload()
+        return self._router
+
+    def reload(self) -> Router | None:
+        with self._lock, self.sessions() as s:
+            v = s.scalars(select(RouterVersion).where(RouterVersion.active)).first()
+            router = (
+                Router.from_state(
+                    v.weights,
+                    dim=v.dim,
+                    hidden=v.hidden,
+                    expert_ids=v.expert_ids,
+                    temperature=v.temperature,
+                    version_id=v.id,
+                )
+                if v is not None
+                else None
+            )
+            if router is not None and v is not None:
+                router.metrics = v.metrics
+            self._router = router  # one reference swap: requests see the old or the new router, whole
+            self._checked = time.monotonic()
+        log.info("router version %s active", router.version_id if router else None)
+        return router
+
+    def activate(self, version_id: int) -> None:
+        """Exactly one version is active after this transaction, in every worker within a second."""
+        with self.sessions.begin() as s:
+            if s.get(RouterVersion, version_id) is None:
+                raise LookupError(f"router version {version_id} not found")
+            s.execute(update(RouterVersion).values(active=False))
+            s.execute(update(RouterVersion).where(RouterVersion.id == version_id).values(active=True))
+        self.reload()
+
+    # ---- training --------------------------------------------------------------------------------------
+
+    def training_set(self, progress: Progress | None = None) -> tuple[TrainingSet, list[int], dict[str, int]]:
+        """Chunks labelled by their cluster's expert, query-like samples from them, labelled questions."""
+        report = progress or (lambda d, t: None)
+        with self.sessions() as s:
+            expert_ids = list(s.scalars(select(Expert.id).order_by(Expert.id)))
+            mapping = {c: e for c, e in s.execute(select(Cluster.id, Cluster.expert_id))}
+            rows = s.execute(select(Chunk.cluster_id, Chunk.embedding, Chunk.text, Chunk.heading)).all()
+            examples = s.execute(select(RouterExample.question, RouterExample.expert_id)).all()
+        if not expert_ids or not any(e is not None for e in mapping.values()):
+            raise NotTrainable("map at least one cluster to an expert before training the router")
+        position = {e: i for i, e in enumerate(expert_ids)}
+        none = len(expert_ids)
+        cluster_expert = {c: position[e] for c, e in mapping.items() if e is not None}
+        labels = np.array([cluster_expert.get(r[0], none) for r in rows], dtype=np.int64)
+        dim = self.embedder.dim
+        chunk_x = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), dim)
+
+        rng = np.random.default_rng(self.settings.router_seed)
+        samples = query_like_samples(
+            [r[2] for r in rows],
+            [r[3] for r in rows],
+            self.settings.router_samples,
+            seed=self.settings.router_seed,
+        )
+        texts = [smp.text for smp in samples] + [q for q, _ in examples]
+        vectors = np.zeros((0, dim), dtype=np.float32)
+        for start in range(0, len(texts), 256):  # embedded in slices so progress can be shown
+            vectors = np.concatenate([vectors, self.embedder.encode(texts[start : start + 256])])
+            report(min(start + 256, len(texts)), len(texts))
+        sample_y = np.array([labels[smp.source] for smp in samples], dtype=np.int64)
+        example_y = np.array([position.get(e, none) for _, e in examples], dtype=np.int64)
+        # Held out: a share of the query-like samples and of the labelled questions (never chunks):
+        # the temperature is fitted on text shaped like questions, where it will be used.
+        share = self.settings.router_holdout
+        sample_calib = rng.random(len(samples)) < share
+        example_calib = rng.random(len(examples)) < share
+        x = np.concatenate([chunk_x, vectors]) if len(vectors) else chunk_x
+        y = np.concatenate([labels, sample_y, example_y])
+        calib = np.concatenate([np.zeros(len(rows), dtype=bool), sample_calib, example_calib])
+        info = {
+            "chunks": len(rows),
+            "samples": len(samples),
+            "examples": len(examples),
+            "holdout": int(calib.sum()),
+        }
+        return TrainingSet(x.astype(np.float32), y, calib, none + 1), expert_ids, info
+
+    def train(self, progress: Progress | None = None, *, activate: bool = True) -> dict[str, Any]:
+        report = progress or (lambda d, t: None)
+        # Progress: embedding the samples is the first half, the epochs the second.
+        data, expert_ids, info = self.training_set(lambda d, t: report(d * 50 // max(t, 1), 100))
+        cfg = TrainConfig(threshold=self.settings.route_threshold, seed=self.settings.router_seed)
+        net, temperature, metrics = train(data, cfg, lambda d, t: report(50 + d * 50 // t, 100))
+        metrics.update(info)
+        router = Router(net, temperature, expert_ids)
+        with self.sessions.begin() as s:
+            version = RouterVersion(
+                weights=router.state_bytes(),
+                dim=data.x.shape[1],
+                hidden=cfg.hidden,
+                expert_ids=expert_ids,
+                temperature=temperature,
+                metrics=metrics,
+                active=False,
+            )
+            s.add(version)
+            s.flush()
+            version_id = version.id
+        if activate:
+            self.activate(version_id)
+        log.info(
+            "router version %d trained: accuracy %.3f, ECE %.3f -> %.3f, coverage@%.2f %.3f",
+            version_id,
+            metrics["accuracy"],
+            metrics["ece_before"],
+            metrics["ece_after"],
+            cfg.threshold,
+            metrics["coverage_at_threshold"],
+        )
+        return {"version": version_id, "active": activate, **{k: v for k, v in metrics.items() if _scalar(v)}}
+
+
+def _scalar(v: object) -> bool:
+    return isinstance(v, int | float | str | bool)

@@ -1,0 +1,85 @@
+"""Temperature scaling and the reliability metrics reported with every router version."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import torch
+
+ECE_BINS = 15
+
+
+def fit_temperature(logits: torch.Tensor, labels: torch.Tensor, max_iter: int = 200) -> float:
+    """The T > 0 minimising NLL of softmax(logits / T) on held-out data. logits [N, C], labels [N]."""
+    if len(labels) == 0:
+        return 1.0
+    log_t = torch.zeros(1, requires_grad=True)
+    opt = torch.optim.LBFGS([log_t], lr=0.1, max_iter=max_iter, line_search_fn="strong_wolfe")
+    nll = torch.nn.CrossEntropyLoss()
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = nll(logits / log_t.exp(), labels)
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    t = float(log_t.exp().item())
+    return t if math.isfinite(t) and t > 0 else 1.0
+
+
+def expected_calibration_error(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS) -> float:
+    """ECE with equal-width confidence bins. probs [N, C], labels [N]."""
+    if len(labels) == 0:
+        return 0.0
+    conf, pred = probs.max(dim=1)  # [N], [N]
+    correct = (pred == labels).float()  # [N]
+    edges = torch.linspace(0, 1, bins + 1)
+    ece = torch.zeros(())
+    for lo, hi in itertools.pairwise(edges):
+        in_bin = (conf > lo) & (conf <= hi) if lo > 0 else (conf >= lo) & (conf <= hi)
+        if in_bin.any():
+            ece += in_bin.float().mean() * (conf[in_bin].mean() - correct[in_bin].mean()).abs()
+    return float(ece)
+
+
+def reliability(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS) -> list[dict[str, float]]:
+    """Per-bin confidence, accuracy and count, for the console's reliability diagram."""
+    conf, pred = probs.max(dim=1)
+    correct = (pred == labels).float()
+    edges = torch.linspace(0, 1, bins + 1)
+    out = []
+    for lo, hi in itertools.pairwise(edges):
+        in_bin = (conf > lo) & (conf <= hi)
+        n = int(in_bin.sum())
+        out.append(
+            {
+                "lo": float(lo),
+                "hi": float(hi),
+                "count": n,
+                "confidence": float(conf[in_bin].mean()) if n else 0.0,
+                "accuracy": float(correct[in_bin].mean()) if n else 0.0,
+            }
+        )
+    return out
+
+
+def coverage_at(probs: torch.Tensor, labels: torch.Tensor, threshold: float) -> tuple[float, float]:
+    """(share of samples with confidence >= threshold, accuracy among them)."""
+    if len(labels) == 0:
+        return 0.0, 0.0
+    conf, pred = probs.max(dim=1)
+    kept = conf >= threshold
+    if not kept.any():
+        return 0.0, 0.0
+    return float(kept.float().mean()), float((pred[kept] == labels[kept]).float().mean())
+
+
+def coverage_curve(probs: torch.Tensor, labels: torch.Tensor, steps: int = 21) -> list[dict[str, float]]:
+    out = []
+    for i in range(steps):
+        t = i / (steps - 1)
+        cov, acc = coverage_at(probs, labels, t)
+        out.append({"threshold": t, "coverage": cov, "accuracy": acc})
+    return out

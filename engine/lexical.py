@@ -1,0 +1,59 @@
+"""BM25 over chunk texts (bm25s), the lexical half of the fallback's hybrid retrieval."""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Sequence
+
+import bm25s
+import numpy as np
+
+_TOKEN = re.compile(r"[a-z0-9_]+")
+STOPWORDS = frozenset(
+    """
+    a an and are as at be but by can do does for from how i
+    if in into is it its me my no not of on or should so than
+    that the their then there these they this to was we what when where which who
+    why will with you your
+    """.split()
+)
+)
+
+
+def tokenize(text: str) -> list[str]:
+    return [t for t in _TOKEN.findall(text.lower()) if t not in STOPWORDS and len(t) > 1]
+
+
+class LexicalIndex:
+    """Immutable once built; the app rebuilds it when chunks change and swaps it in."""
+
+    def __init__(self, ids: Sequence[int], texts: Sequence[str]) -> None:
+        self.ids = np.asarray(ids, dtype=np.int64)  # [N]
+        self._lock = threading.Lock()  # bm25s's retrieve is not documented as thread-safe
+        self._bm25: bm25s.BM25 | None = None
+        if len(texts):
+            self._bm25 = bm25s.BM25()
+            self._bm25.index([tokenize(t) or ["_"] for t in texts], show_progress=False)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def search(self, query: str, k: int) -> list[tuple[int, float]]:
+        """[(chunk id, score)] best first; only chunks sharing a term with the query."""
+        tokens = tokenize(query)
+        if self._bm25 is None or not tokens:
+            return []
+        k = min(k, len(self.ids))
+        with self._lock:
+            docs, scores = self._bm25.retrieve([tokens], k=k, show_progress=False)  # [1, K], [1, K]
+        return [(int(self.ids[d]), float(s)) for d, s in zip(docs[0], scores[0], strict=True) if s > 0]
+
+
+def reciprocal_rank_fusion(rankings: Sequence[Sequence[int]], k: int = 60) -> list[tuple[int, float]]:
+    """RRF: score(d) = sum over rankings of 1 / (k + rank). Ties keep first-seen order."""
+    scores: dict[int, float] = {}
+    for ranking in rankings:
+        for rank, doc in enumerate(ranking, start=1):
+            scores[doc] = scores.get(doc, 0.0) + 1.0 / (k + rank)
+    return sorted(scores.items(), key=lambda kv: -kv[1])

@@ -1,0 +1,235 @@
+"""The ask flow: embed -> gate -> expert path (scoped search) or fallback (hybrid) -> answer.
+
+The engine does not know SQL: it reads chunks through `ChunkStore` and experts through a
+provider, both supplied by `app`. "No confident route" is a value (a fallback with a reason),
+never an exception.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+import numpy as np
+
+from engine.embedder import Embedder
+from engine.generators import GENERIC_SYSTEM_PROMPT, Generator, Passage
+from engine.lexical import LexicalIndex, reciprocal_rank_fusion
+from engine.router import Router
+from index import ClusteredIndex
+
+Mode = Literal["auto", "expert", "fallback"]
+
+
+@dataclass(frozen=True)
+class ChunkRecord:
+    id: int
+    document_id: int
+    source: str
+    title: str
+    heading: str
+    text: str
+    cluster_id: int
+
+
+class ChunkStore(Protocol):
+    def fetch(self, ids: Sequence[int]) -> dict[int, ChunkRecord]: ...
+
+
+@dataclass(frozen=True)
+class ExpertProfile:
+    id: int
+    name: str
+    system_prompt: str
+    generator: str
+    top_k: int
+    threshold: float | None
+    clusters: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class AskRequest:
+    question: str
+    top_k: int | None = None
+    mode: Mode = "auto"
+    expert_id: int | None = None
+
+
+@dataclass
+class Citation:
+    n: int
+    chunk: ChunkRecord
+    score: float
+
+
+@dataclass
+class Route:
+    path: Literal["expert", "fallback"]
+    reason: str  # a code: confident, forced, no_router, none_class, low_confidence, ...
+    detail: str  # the same in words
+    expert: ExpertProfile | None
+    confidence: float | None
+    top: list[tuple[ExpertProfile | None, float]]
+    threshold: float
+    router_version: int | None
+    entropy: float | None = None
+    clusters_scanned: int = 0
+    vectors_scanned: int = 0
+
+
+@dataclass
+class Prepared:
+    """Everything up to generation; `answer_stream` produces the text."""
+
+    question: str
+    route: Route
+    citations: list[Citation]
+    generator: Generator
+    system_prompt: str
+    timings_ms: dict[str, float] = field(default_factory=dict)
+    started: float = 0.0
+
+    def passages(self) -> list[Passage]:
+        return [Passage(c.n, c.chunk.source, c.chunk.title, c.chunk.text) for c in self.citations]
+
+    def answer_stream(self) -> Iterator[str]:
+        t0 = time.perf_counter()
+        yield from self.generator.stream(self.question, self.passages(), self.system_prompt)
+        self.timings_ms["generate"] = (time.perf_counter() - t0) * 1000
+        self.timings_ms["total"] = (time.perf_counter() - self.started) * 1000
+
+
+@dataclass
+class PipelineConfig:
+    threshold: float = 0.7
+    default_top_k: int = 5
+    expert_min_score: float = 0.2  # best scoped cosine below this: the expert has nothing good
+    candidates: int = 50  # per retriever, before fusion
+
+
+class AskPipeline:
+    def __init__(
+        self,
+        *,
+        embedder: Embedder,
+        index: Callable[[], ClusteredIndex],
+        lexical: Callable[[], LexicalIndex | None],
+        router: Callable[[], Router | None],
+        experts: Callable[[], dict[int, ExpertProfile]],
+        store: ChunkStore,
+        generator: Callable[[str], Generator],
+        config: PipelineConfig | None = None,
+    ) -> None:
+        self.embedder, self.index, self.lexical, self.router = embedder, index, lexical, router
+        self.experts, self.store, self.generator = experts, store, generator
+        self.config = config or PipelineConfig()
+
+    def prepare(self, req: AskRequest) -> Prepared:
+        cfg = self.config
+        started = time.perf_counter()
+        timings: dict[str, float] = {}
+
+        t = time.perf_counter()
+        q = self.embedder.encode([req.question])  # [1, D]
+        timings["embed"] = (time.perf_counter() - t) * 1000
+
+        t = time.perf_counter()
+        route = self._route(q, req)
+        timings["route"] = (time.perf_counter() - t) * 1000
+
+        t = time.perf_counter()
+        index = self.index()
+        sizes = index.list_sizes()  # [C]
+        citations: list[Citation] = []
+        if route.path == "expert" and route.expert is not None:
+            k = req.top_k or route.expert.top_k or cfg.default_top_k
+            clusters = [c for c in route.expert.clusters if 0 <= c < index.nlist]
+            scores, ids = index.search(q, k, clusters)  # [1, K]
+            route.clusters_scanned = len(clusters)
+            route.vectors_scanned = int(sizes[clusters].sum()) if clusters else 0
+            hits = [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True) if i >= 0]
+            best = hits[0][1] if hits else float("-inf")
+            if best < cfg.expert_min_score and req.mode != "expert":
+                route.path, route.reason = "fallback", "weak_expert_results"
+                route.detail = f"best scoped score {best:.2f} < {cfg.expert_min_score:.2f}: searched everything"
+            else:
+                citations = self._citations(hits)
+        if route.path == "fallback":
+            k = req.top_k or cfg.default_top_k
+            citations = self._hybrid(q, req.question, k, index)
+            route.clusters_scanned = index.nlist
+            route.vectors_scanned = int(sizes.sum())
+        timings["retrieve"] = (time.perf_counter() - t) * 1000
+
+        expert = route.expert if route.path == "expert" else None
+        generator = self.generator(expert.generator if expert and expert.generator else "extractive")
+        system_prompt = expert.system_prompt if expert and expert.system_prompt else GENERIC_SYSTEM_PROMPT
+        return Prepared(req.question, route, citations, generator, system_prompt, timings, started)
+
+    def _route(self, q: np.ndarray, req: AskRequest) -> Route:
+        cfg = self.config
+        experts = self.experts()
+        router = self.router()
+        decision = router.route(q, k=3)[0] if router is not None else None
+        top: list[tuple[ExpertProfile | None, float]] = []
+        if decision is not None and router is not None:
+            for cls, p in zip(decision.classes, decision.probs, strict=True):
+                eid = router.expert_of(cls)
+                top.append((experts.get(eid) if eid is not None else None, p))
+        confidence = top[0][1] if top else None
+        version = router.version_id if router is not None else None
+        entropy = decision.entropy if decision is not None else None
+
+        def make(
+            path: Literal["expert", "fallback"],
+            reason: str,
+            detail: str,
+            expert: ExpertProfile | None,
+            threshold: float = cfg.threshold,
+        ) -> Route:
+            return Route(path, reason, detail, expert, confidence, top, threshold, version, entropy)
+
+        if req.mode == "fallback":
+            return make("fallback", "forced", "fallback requested", None)
+        if req.mode == "expert":
+            chosen = experts.get(req.expert_id) if req.expert_id is not None else (top[0][0] if top else None)
+            if chosen is None:
+                return make("fallback", "unknown_expert", f"no expert {req.expert_id}", None)
+            if not chosen.clusters:
+                return make("fallback", "expert_has_no_clusters", f"expert {chosen.name!r} owns no clusters", chosen)
+            return make("expert", "forced", f"expert {chosen.name!r} requested", chosen)
+        if router is None or not top:
+            return make("fallback", "no_router", "no router is trained and active yet", None)
+        best, p = top[0]
+        if best is None:
+            return make("fallback", "none_class", f"most likely no expert's domain (p={p:.2f})", None)
+        threshold = best.threshold if best.threshold is not None else cfg.threshold
+        if p < threshold:
+            return make("fallback", "low_confidence", f"confidence {p:.2f} < {threshold:.2f}", None, threshold)
+        if not best.clusters:
+            return make(
+                "fallback",
+                "expert_has_no_clusters",
+                f"expert {best.name!r} owns no clusters",
+                None,
+                threshold,
+            )
+        return make("expert", "confident", f"confidence {p:.2f} >= {threshold:.2f}", best, threshold)
+
+    def _citations(self, hits: Sequence[tuple[int, float]]) -> list[Citation]:
+        rows = self.store.fetch([i for i, _ in hits])
+        # An id the index returned but SQL no longer has (a racing delete) is skipped.
+        kept = [(rows[i], s) for i, s in hits if i in rows]
+        return [Citation(n, chunk, s) for n, (chunk, s) in enumerate(kept, start=1)]
+
+    def _hybrid(self, q: np.ndarray, question: str, k: int, index: ClusteredIndex) -> list[Citation]:
+        """Dense (exact, every cluster) + BM25, fused by reciprocal rank."""
+        n = max(self.config.candidates, k)
+        _, ids = index.search(q, n)  # [1, N]
+        dense = [int(i) for i in ids[0] if i >= 0]
+        lexical = self.lexical()
+        sparse = [i for i, _ in lexical.search(question, n)] if lexical is not None else []
+        fused = reciprocal_rank_fusion([dense, sparse])[:k]
+        return self._citations(fused)

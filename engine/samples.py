@@ -1,0 +1,53 @@
+"""Query-like training samples drawn from chunks: a sentence, a heading, a heading as a question.
+
+Questions are short and phrased unlike the passages that answer them; a router trained on
+whole chunks alone is under-confident on real questions. These samples move the training
+(and, above all, the calibration) data towards what users actually type.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+_WORDS = re.compile(r"\w+")
+_TEMPLATES = ("What is {}?", "How do I use {}?", "How does {} work?", "{}")
+_GENERIC = {"introduction", "overview", "description", "synopsis", "notes", "see also", "examples", "name"}
+
+
+@dataclass(frozen=True)
+class Sample:
+    text: str
+    source: int  # index of the chunk it was drawn from
+
+
+def _heading_tail(heading: str) -> str:
+    tail = heading.rsplit(" > ", 1)[-1].strip()
+    tail = re.sub(r"^[\d.]+\s+|^(Chapter|Section|Appendix)\s+[\w.]+\s*", "", tail).strip()
+    return tail if tail.lower() not in _GENERIC and len(_WORDS.findall(tail)) >= 1 else ""
+
+
+def query_like_samples(texts: Sequence[str], headings: Sequence[str], n: int, seed: int = 0) -> list[Sample]:
+    """Up to n samples, each from a random chunk: mostly sentences, some headings and questions."""
+    rng = random.Random(seed)
+    if not texts:
+        return []
+    out: list[Sample] = []
+    attempts = 0
+    while len(out) < n and attempts < n * 4:
+        attempts += 1
+        i = rng.randrange(len(texts))
+        roll = rng.random()
+        tail = _heading_tail(headings[i]) if headings[i] else ""
+        if roll < 0.3 and tail:
+            text = rng.choice(_TEMPLATES).format(tail)
+        else:
+            sentences = [s for s in _SENTENCE.split(texts[i]) if 5 <= len(_WORDS.findall(s)) <= 40]
+            if not sentences:
+                continue
+            text = rng.choice(sentences).strip()
+        out.append(Sample(text[:400], i))
+    return out
