@@ -18,7 +18,6 @@ STOPWORDS = frozenset(
     why will with you your
     """.split()
 )
-)
 
 
 def tokenize(text: str) -> list[str]:
