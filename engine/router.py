@@ -158,7 +158,7 @@ def train(
         if progress:
             progress(epoch + 1, cfg.epochs + 1)
     net.eval()
-    with torch.inference_mode():
+    with torch.no_grad():  # not inference_mode: the temperature fit needs autograd over these logits
         logits_ho = net(x_ho)  # [H, C]
         train_acc = float((net(x_tr).argmax(-1) == y_tr).float().mean()) if len(y_tr) else 0.0
     temperature = fit_temperature(logits_ho.detach(), y_ho)

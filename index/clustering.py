@@ -30,6 +30,11 @@ def kmeans(x: npt.NDArray[np.float32], k: int, *, seed: int = 20250601, niter: i
         centroid = x.mean(axis=0, keepdims=True) if n else np.zeros((1, d), dtype=np.float32)  # [1, D]
         norm = float(np.linalg.norm(centroid))
         return np.ascontiguousarray(centroid / norm if norm > 0 else centroid, dtype=np.float32)
-    km = faiss.Kmeans(d, k, niter=niter, seed=seed, spherical=True, max_points_per_centroid=256, verbose=False)
+    # Several restarts (best objective kept) where they are cheap: small corpora fall into poor
+    # local minima that merge two obvious topics and split a third.
+    nredo = 10 if n * k <= 2_000_000 else 1
+    km = faiss.Kmeans(
+        d, k, niter=niter, nredo=nredo, seed=seed, spherical=True, max_points_per_centroid=256, verbose=False
+    )
     km.train(np.ascontiguousarray(x, dtype=np.float32))
     return np.ascontiguousarray(km.centroids, dtype=np.float32)  # [C, D]

@@ -1,0 +1,75 @@
+"""The routing rule of AskPipeline with a real Router whose weights are set by hand."""
+
+import numpy as np
+import pytest
+import torch
+
+from engine.pipeline import AskPipeline, AskRequest, ExpertProfile
+from engine.router import GateNet, Router
+
+
+def router_with_logits(logits: list[float], expert_ids: list[int]) -> Router:
+    """A gate that outputs the given logits for any unit input (bias only)."""
+    net = GateNet(4, len(logits), hidden=2)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.zero_()
+        net.net[3].bias.copy_(torch.tensor(logits))
+    return Router(net, 1.0, expert_ids, version_id=7)
+
+
+class _Embed:
+    dim = 4
+
+    def encode(self, texts: list[str]) -> np.ndarray:
+        return np.ones((len(texts), 4), dtype=np.float32) / 2
+
+
+def pipeline(router: Router | None, experts: dict[int, ExpertProfile]) -> AskPipeline:
+    return AskPipeline(
+        embedder=_Embed(),  # type: ignore[arg-type]
+        index=lambda: None,  # type: ignore[arg-type,return-value]
+        lexical=lambda: None,
+        router=lambda: router,
+        experts=lambda: experts,
+        store=None,  # type: ignore[arg-type]
+        generator=lambda name: None,  # type: ignore[arg-type,return-value]
+    )
+
+
+EXPERTS = {
+    1: ExpertProfile(1, "git", "", "extractive", 5, None, (0, 1)),
+    2: ExpertProfile(2, "sqlite", "", "extractive", 5, 0.95, (2,)),
+    3: ExpertProfile(3, "empty", "", "extractive", 5, None, ()),
+}
+
+
+@pytest.mark.parametrize(
+    ("logits", "path", "reason", "expert"),
+    [
+        ([4.0, 0.0, 0.0, 0.0], "expert", "confident", 1),  # p(git) ~ 0.95 >= 0.7
+        ([1.0, 0.8, 0.0, 0.0], "fallback", "low_confidence", None),  # p(git) ~ 0.42
+        ([0.0, 0.0, 0.0, 5.0], "fallback", "none_class", None),  # "none" wins
+        ([0.0, 3.0, 0.0, 0.0], "fallback", "low_confidence", None),  # p ~ 0.87 < sqlite's own 0.95
+        ([0.0, 0.0, 5.0, 0.0], "fallback", "expert_has_no_clusters", None),
+    ],
+)
+def test_route_rule(logits: list[float], path: str, reason: str, expert: int | None) -> None:
+    p = pipeline(router_with_logits(logits, [1, 2, 3]), EXPERTS)
+    route = p._route(np.ones((1, 4), dtype=np.float32), AskRequest("q"))
+    assert (route.path, route.reason) == (path, reason), route.detail
+    assert (route.expert.id if route.expert and route.path == "expert" else None) == expert
+    assert route.router_version == 7 and len(route.top) == 3
+    probs = torch.softmax(torch.tensor(logits), 0).sort(descending=True).values[:3]
+    assert np.allclose([t[1] for t in route.top], probs.numpy(), atol=1e-6)
+
+
+def test_forced_and_missing_router() -> None:
+    p = pipeline(None, EXPERTS)
+    q = np.ones((1, 4), dtype=np.float32)
+    assert p._route(q, AskRequest("q")).reason == "no_router"
+    assert p._route(q, AskRequest("q", mode="fallback")).reason == "forced"
+    r = p._route(q, AskRequest("q", mode="expert", expert_id=2))
+    assert (r.path, r.reason, r.expert.id if r.expert else None) == ("expert", "forced", 2)
+    assert p._route(q, AskRequest("q", mode="expert", expert_id=3)).reason == "expert_has_no_clusters"
+    assert p._route(q, AskRequest("q", mode="expert")).reason == "unknown_expert"  # no router to pick one
