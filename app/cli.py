@@ -190,6 +190,95 @@ def cmd_search(args: argparse.Namespace) -> None:
         rt.close()
 
 
+def cmd_ask(args: argparse.Namespace) -> None:
+    from app.services.ask import route_json
+    from engine.pipeline import AskRequest
+
+    rt = _runtime(_settings(args))
+    try:
+        p = rt.pipeline.prepare(AskRequest(args.question, args.k, args.mode, args.expert))
+        answer = "".join(p.answer_stream())
+        if args.json:
+            cites = [
+                {"n": c.n, "chunk_id": c.chunk.id, "source": c.chunk.source, "score": c.score} for c in p.citations
+            ]
+            print(json.dumps({"answer": answer, "route": route_json(p.route), "citations": cites}))
+            return
+        r = p.route
+        who = f"expert {r.expert.name!r}" if r.path == "expert" and r.expert else "fallback"
+        print(f"{answer}\n\n[{who}: {r.detail}]")
+        for c in p.citations:
+            print(f"  [{c.n}] {c.score:.3f} {c.chunk.source} :: {c.chunk.heading}")
+    finally:
+        rt.close()
+
+
+def cmd_router_train(args: argparse.Namespace) -> None:
+    from tqdm import tqdm
+
+    from app.services.routing import NotTrainable
+
+    rt = _runtime(_settings(args))
+    try:
+        with tqdm(total=100, unit="%", desc="train router") as bar:
+
+            def progress(done: int, total: int) -> None:
+                bar.n = done * 100 // max(total, 1)
+                bar.refresh()
+
+            try:
+                result = rt.routers.train(progress, activate=not args.no_activate)
+            except NotTrainable as exc:
+                raise SystemExit(f"moerag: {exc}") from None
+        print(json.dumps(result))
+    finally:
+        rt.close()
+
+
+def cmd_router_eval(args: argparse.Namespace) -> None:
+    """Accuracy, ECE and coverage of the active router on labelled questions (JSONL: question, expert)."""
+    import torch
+
+    from engine.calibration import coverage_at, expected_calibration_error
+
+    rt = _runtime(_settings(args))
+    try:
+        router = rt.routers.current()
+        if router is None:
+            raise SystemExit("moerag: no active router; run `moerag router train` first")
+        profiles = rt.experts.profiles()
+        by_name = {p.name: p.id for p in profiles.values()}
+        rows = [json.loads(line) for line in Path(args.file).read_text().splitlines() if line.strip()]
+        position = {e: i for i, e in enumerate(router.expert_ids)}
+        labels, texts = [], []
+        for r in rows:
+            expert = r.get("expert", r.get("expert_id"))
+            eid = by_name.get(expert) if isinstance(expert, str) else expert
+            if eid not in position:
+                raise SystemExit(f"moerag: unknown expert {expert!r} in {args.file}")
+            labels.append(position[eid])
+            texts.append(r["question"])
+        logits = router.logits(rt.embedder.encode(texts))
+        y = torch.tensor(labels)
+        cal = torch.softmax(logits / router.temperature, -1)
+        cov, acc_at = coverage_at(cal, y, rt.settings.route_threshold)
+        print(
+            json.dumps(
+                {
+                    "questions": len(rows),
+                    "router_version": router.version_id,
+                    "accuracy": float((cal.argmax(-1) == y).float().mean()),
+                    "ece_before": expected_calibration_error(torch.softmax(logits, -1), y),
+                    "ece_after": expected_calibration_error(cal, y),
+                    "coverage_at_threshold": cov,
+                    "accuracy_at_threshold": acc_at,
+                }
+            )
+        )
+    finally:
+        rt.close()
+
+
 def cmd_sample(args: argparse.Namespace) -> None:
     from app.sample import build_sample_corpus
 
@@ -270,6 +359,23 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("-k", type=int, default=5)
     search.add_argument("--clusters", help="comma-separated cluster ids to scope the search")
     search.set_defaults(func=cmd_search)
+
+    ask = sub.add_parser("ask", help="ask a question (route, retrieve, answer)")
+    ask.add_argument("question")
+    ask.add_argument("-k", type=int, default=None, help="passages to cite")
+    ask.add_argument("--mode", choices=["auto", "expert", "fallback"], default="auto")
+    ask.add_argument("--expert", type=int, help="expert id for --mode expert")
+    ask.add_argument("--json", action="store_true")
+    ask.set_defaults(func=cmd_ask)
+
+    router = sub.add_parser("router", help="train or evaluate the router")
+    router_sub = router.add_subparsers(dest="action", required=True)
+    train = router_sub.add_parser("train", help="train a new router version (activated unless --no-activate)")
+    train.add_argument("--no-activate", action="store_true")
+    train.set_defaults(func=cmd_router_train)
+    ev = router_sub.add_parser("eval", help="evaluate the active router on labelled questions")
+    ev.add_argument("file", help='JSONL with {"question": ..., "expert": name or id}')
+    ev.set_defaults(func=cmd_router_eval)
 
     sample = sub.add_parser("sample", help="write the pydoc sample corpus to a folder")
     sample.add_argument("target")

@@ -41,6 +41,28 @@ def test_ingest_folder_twice_then_rebuild_and_search(
     assert recl["clusters"] == 1 and recl["chunks"] == first["chunks"]  # too small to split
     assert "upgraded" in run(capsys, "--data-dir", data, "db", "upgrade")
 
+    # Ask before any router exists: the fallback says why.
+    answer = json.loads(run(capsys, "--data-dir", data, "ask", "--json", "git rebase and merge").splitlines()[-1])
+    assert answer["route"]["reason"] == "no_router" and answer["citations"]
+    with pytest.raises(SystemExit, match="map at least one cluster"):
+        main(["--data-dir", data, "router", "train"])
+    from app.db import make_engine, make_sessionmaker
+    from app.services.experts import assign_clusters, create_expert
+
+    engine = make_engine(f"sqlite:///{data}/moerag.db")
+    with make_sessionmaker(engine).begin() as s:
+        expert = create_expert(s, {"name": "everything"})
+        assign_clusters(s, [0], expert.id)
+    engine.dispose()
+    trained = json.loads(run(capsys, "--data-dir", data, "router", "train").strip().splitlines()[-1])
+    assert trained["active"] and trained["version"] == 1
+    answer = json.loads(run(capsys, "--data-dir", data, "ask", "--json", "git rebase").splitlines()[-1])
+    assert answer["route"]["path"] == "expert" and answer["route"]["expert"]["name"] == "everything"
+    labelled = tmp_path / "q.jsonl"
+    labelled.write_text('{"question": "how do I merge branches?", "expert": "everything"}\n')
+    ev = json.loads(run(capsys, "--data-dir", data, "router", "eval", str(labelled)).splitlines()[-1])
+    assert ev["questions"] == 1 and ev["accuracy"] == 1.0
+
 
 def test_missing_path_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(SystemExit, match="no such file"):

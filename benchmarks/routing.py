@@ -1,0 +1,196 @@
+"""Routed vs global vs oracle retrieval, router calibration and /ask latency on the FAQ dev set.
+
+    python benchmarks/evalcorpus.py build  --out /tmp/evalcorpus
+    python benchmarks/evalcorpus.py ingest --corpus /tmp/evalcorpus --data-dir /tmp/evaldata
+    python benchmarks/routing.py --data-dir /tmp/evaldata
+
+The six documentation domains become the experts: every cluster is mapped to the domain that
+holds most of its chunks, and the router is trained on the corpus alone (never on the
+questions). Results go to benchmarks/results/routing.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.evalcorpus import domain_of, is_hit, load_questions
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DOMAINS = ("debian", "git", "nodejs", "postgresql", "python", "sqlite")
+
+
+def metrics_for(ranked: list[list[tuple[str, str]]], questions: list[dict[str, str]]) -> dict[str, float]:
+    """ranked[i] = [(chunk text, source)] best first, for question i."""
+    out = {"hit@1": 0.0, "hit@5": 0.0, "hit@10": 0.0, "mrr@10": 0.0}
+    for q, chunks in zip(questions, ranked, strict=True):
+        first = next((r for r, (text, src) in enumerate(chunks[:10], 1) if is_hit(text, src, q)), None)
+        if first is not None:
+            out["mrr@10"] += 1 / first
+            for k in (1, 5, 10):
+                out[f"hit@{k}"] += first <= k
+    return {k: round(v / len(questions), 3) for k, v in out.items()}
+
+
+def setup_experts(rt: Any) -> dict[str, int]:
+    """One expert per domain; each cluster to the domain holding most of its chunks."""
+    from sqlalchemy import select
+
+    from app.models import Chunk, Cluster, Document, Expert
+    from app.services import experts as svc
+
+    with rt.sessions.begin() as s:
+        votes: dict[int, Counter[str]] = {}
+        for cluster, source in s.execute(select(Chunk.cluster_id, Document.source).join(Document)):
+            votes.setdefault(cluster, Counter())[domain_of(source)] += 1
+        existing = {e.name: e.id for e in s.scalars(select(Expert))}
+        ids = {}
+        for d in DOMAINS:
+            ids[d] = existing.get(d) or svc.create_expert(s, {"name": d, "description": f"{d} documentation"}).id
+        for c in s.scalars(select(Cluster)):
+            c.expert_id = ids[votes[c.id].most_common(1)[0][0]] if c.id in votes else None
+    rt.experts.invalidate()
+    return ids
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data-dir", type=Path, required=True)
+    ap.add_argument("--questions", type=Path, help="default: ../shared/eval/faq-dev.jsonl")
+    ap.add_argument("--skip-train", action="store_true", help="evaluate the active router as it is")
+    ap.add_argument("--latency-questions", type=int, default=100)
+    args = ap.parse_args()
+
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from app.runtime import Runtime
+    from app.settings import Settings
+    from engine.calibration import coverage_at, expected_calibration_error
+    from engine.pipeline import AskRequest
+
+    questions = load_questions(args.questions)
+    settings = Settings(data_dir=args.data_dir)
+    rt = Runtime(settings)
+    rt.start()
+    try:
+        stats = rt.stats()
+        if stats["clusters"] <= 1:
+            print("clustering the corpus ...", flush=True)
+            rt.indexes.recluster()
+            stats = rt.stats()
+        print(f"{stats['chunks']} chunks in {stats['clusters']} clusters", flush=True)
+        ids = setup_experts(rt)
+        t0 = time.perf_counter()
+        if not args.skip_train:
+            print("training the router ...", flush=True)
+            train = rt.routers.train()
+            print(json.dumps(train), flush=True)
+        train_s = time.perf_counter() - t0
+        router = rt.routers.current()
+        assert router is not None
+        profiles = rt.experts.profiles()
+        domain_clusters = {d: list(profiles[ids[d]].clusters) for d in DOMAINS}
+        index = rt.indexes.index
+        sizes = index.list_sizes()
+
+        q_vecs = rt.embedder.encode([q["question"] for q in questions])  # [Q, D]
+        store = rt.pipeline.store
+
+        def resolve(hit_ids: np.ndarray) -> list[tuple[str, str]]:
+            found = [int(i) for i in hit_ids if i >= 0]
+            rows = store.fetch(found)
+            return [(rows[i].text, rows[i].source) for i in found if i in rows]
+
+        # Global dense (exact) and oracle (true domain's clusters) retrieval.
+        _, global_ids = index.search(q_vecs, 10)
+        global_dense = [resolve(r) for r in global_ids]
+        oracle = [resolve(index.search(q_vecs[i : i + 1], 10, domain_clusters[q["domain"]])[1][0])
+                  for i, q in enumerate(questions)]  # fmt: skip
+        # The pipeline as served: routed, and forced fallback (global hybrid).
+        routed, hybrid, routes = [], [], []
+        for q in questions:
+            p = rt.pipeline.prepare(AskRequest(q["question"], top_k=10))
+            routed.append([(c.chunk.text, c.chunk.source) for c in p.citations])
+            routes.append(p.route)
+            f = rt.pipeline.prepare(AskRequest(q["question"], top_k=10, mode="fallback"))
+            hybrid.append([(c.chunk.text, c.chunk.source) for c in f.citations])
+
+        # Router quality on the questions themselves.
+        position = {e: i for i, e in enumerate(router.expert_ids)}
+        labels = torch.tensor([position[ids[q["domain"]]] for q in questions])
+        logits = router.logits(q_vecs)
+        raw = torch.softmax(logits, -1)
+        cal = torch.softmax(logits / router.temperature, -1)
+        coverage, acc_at = coverage_at(cal, labels, settings.route_threshold)
+        expert_path = [r.path == "expert" for r in routes]
+        right = [r.expert is not None and r.expert.name == q["domain"] for r, q in zip(routes, questions, strict=True)]
+        on_path = [ok for ok, e in zip(right, expert_path, strict=True) if e]
+        scanned_expert = [r.vectors_scanned for r in routes if r.path == "expert"]
+
+        # /ask latency through HTTP, extractive generator.
+        app = create_app(settings, runtime=rt)
+        lat = []
+        with TestClient(app) as client:
+            for q in questions[: args.latency_questions]:
+                t = time.perf_counter()
+                r = client.post("/ask", json={"question": q["question"]})
+                lat.append((time.perf_counter() - t) * 1000)
+                assert r.status_code == 200, r.text
+        lat.sort()
+
+        result = {
+            "corpus": {"chunks": stats["chunks"], "clusters": stats["clusters"], "questions": len(questions)},
+            "retrieval": {
+                "routed (served pipeline)": metrics_for(routed, questions),
+                "global dense (exact)": metrics_for(global_dense, questions),
+                "global hybrid (fallback path)": metrics_for(hybrid, questions),
+                "oracle route": metrics_for(oracle, questions),
+            },
+            "router": {
+                "accuracy": round(float((cal.argmax(-1) == labels).float().mean()), 3),
+                "ece_before": round(expected_calibration_error(raw, labels), 4),
+                "ece_after": round(expected_calibration_error(cal, labels), 4),
+                "temperature": round(router.temperature, 3),
+                "coverage_at_threshold": round(coverage, 3),
+                "accuracy_at_threshold": round(acc_at, 3),
+                "expert_path_share": round(sum(expert_path) / len(questions), 3),
+                "expert_path_accuracy": round(sum(on_path) / max(len(on_path), 1), 3),
+                "train_seconds": round(train_s, 1),
+                "fallback_reasons": dict(Counter(r.reason for r in routes if r.path == "fallback")),
+            },
+            "vectors_scanned": {
+                "expert path (mean)": round(statistics.mean(scanned_expert), 1) if scanned_expert else None,
+                "global": int(sizes.sum()),
+            },
+            "ask_latency_ms": {
+                "p50": round(lat[len(lat) // 2], 1),
+                "p95": round(lat[min(len(lat) - 1, int(len(lat) * 0.95))], 1),
+                "n": len(lat),
+            },
+            "command": " ".join(["python", *sys.argv]),
+        }
+    finally:
+        rt.close()
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "routing.json").write_text(json.dumps(result, indent=2))
+    lines = ["| retrieval | hit@1 | hit@5 | hit@10 | MRR@10 |", "|---|---|---|---|---|"]
+    for name, m in result["retrieval"].items():
+        lines.append(f"| {name} | {m['hit@1']} | {m['hit@5']} | {m['hit@10']} | {m['mrr@10']} |")
+    (RESULTS / "routing.md").write_text("\n".join(lines) + "\n\n```json\n" + json.dumps(result, indent=2) + "\n```\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
