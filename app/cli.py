@@ -287,7 +287,7 @@ def cmd_sample(args: argparse.Namespace) -> None:
 
 
 def ensure_sample(settings: Settings) -> None:
-    """Ingest and cluster the pydoc sample corpus when the store is empty."""
+    """Ingest, cluster, propose experts and train a router on the pydoc sample when the store is empty."""
     from app.sample import build_sample_corpus
 
     rt = _runtime(settings)
@@ -308,6 +308,16 @@ def ensure_sample(settings: Settings) -> None:
     rt = _runtime(settings)
     try:
         rt.indexes.recluster()
+        # Experts proposed from the clusters and a trained router, so the first question can
+        # already take the expert path.
+        from app.services.experts import assign_clusters, create_expert, propose
+
+        with rt.sessions.begin() as s:
+            for p in propose(s, 5, rt.embedder.dim):
+                expert = create_expert(s, {"name": p["name"], "description": ", ".join(p["keywords"])})
+                assign_clusters(s, p["cluster_ids"], expert.id)
+        log.warning("training the router on the sample corpus")
+        rt.routers.train()
     finally:
         rt.close()
 
