@@ -8,6 +8,8 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
+import torch
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -29,6 +31,7 @@ from app.services.routing import RouterManager
 from app.settings import Settings
 from engine.chunking import ChunkingConfig
 from engine.embedder import Embedder
+from engine.expert_matrix import ExpertMatrix
 from engine.generators import ExtractiveGenerator, Generator, GeneratorError, OpenAIGenerator
 from engine.pipeline import AskPipeline, PipelineConfig
 
@@ -47,6 +50,8 @@ class Runtime:
         self._jobs: JobRunner | None = None
         self._routers: RouterManager | None = None
         self._pipeline: AskPipeline | None = None
+        self._matrix: tuple[tuple[int, int], ExpertMatrix] | None = None
+        self._matrix_lock = threading.Lock()
         self.lexical = LexicalManager(self.sessions)
         self.experts = ExpertDirectory(self.sessions)
         self.metrics = Metrics()
@@ -89,6 +94,33 @@ class Runtime:
     def pipeline(self) -> AskPipeline:
         assert self._pipeline is not None, "runtime not started"
         return self._pipeline
+
+    @property
+    def kernel_search(self) -> bool:
+        mode = self.settings.scoped_search
+        return mode == "kernel" or (mode == "auto" and self.kernel_backend == "triton")
+
+    def expert_matrix(self) -> ExpertMatrix | None:
+        """The expert-sorted embeddings for the scoped kernel, rebuilt when chunks or experts change."""
+        if not self.kernel_search:
+            return None
+        generation = (self.indexes.generation, self.experts.generation)
+        if self._matrix is None or self._matrix[0] != generation:
+            with self._matrix_lock:
+                if self._matrix is None or self._matrix[0] != generation:
+                    self._matrix = (generation, self._build_matrix())
+        return self._matrix[1]
+
+    def _build_matrix(self) -> ExpertMatrix:
+        dim = self.embedder.dim
+        with self.sessions() as s:
+            owner = {c: e for c, e in s.execute(select(Cluster.id, Cluster.expert_id))}
+            rows = s.execute(select(Chunk.id, Chunk.cluster_id, Chunk.embedding)).all()
+        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        experts = np.fromiter((owner.get(r[1]) or -1 for r in rows), dtype=np.int64, count=len(rows))
+        x = np.frombuffer(b"".join(r[2] for r in rows), dtype=np.float32).reshape(len(rows), dim)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return ExpertMatrix(ids, x, experts, sorted(self.experts.profiles()), device=device)
 
     def generator(self, name: str) -> Generator:
         """'extractive' (default), or 'openai' / 'openai:MODEL' on the configured server."""
@@ -144,6 +176,7 @@ class Runtime:
                 store=SqlChunkStore(self.sessions),
                 generator=self.generator,
                 config=PipelineConfig(threshold=s.route_threshold, expert_min_score=s.expert_min_score),
+                matrix=self.expert_matrix,
             )
             self._jobs = JobRunner(
                 self.sessions,

@@ -39,6 +39,9 @@ class Settings(BaseSettings):
     kernel_backend: Literal["auto", "torch", "triton"] = Field(
         "auto", description="Gate and scoped-search kernels: Triton on CUDA, torch twins otherwise."
     )
+    scoped_search: Literal["auto", "faiss", "kernel"] = Field(
+        "auto", description="Expert-path search: auto = the scoped kernel on CUDA, FAISS otherwise."
+    )
     log_level: str = "INFO"
 
     @cached_property

@@ -116,8 +116,10 @@ def main() -> None:
         # Global dense (exact) and oracle (true domain's clusters) retrieval.
         _, global_ids = index.search(q_vecs, 10)
         global_dense = [resolve(r) for r in global_ids]
-        oracle = [resolve(index.search(q_vecs[i : i + 1], 10, domain_clusters[q["domain"]])[1][0])
-                  for i, q in enumerate(questions)]  # fmt: skip
+        oracle = [
+            resolve(index.search(q_vecs[i : i + 1], 10, domain_clusters[q["domain"]])[1][0])
+            for i, q in enumerate(questions)
+        ]
         # The pipeline as served: routed, and forced fallback (global hybrid).
         routed, hybrid, routes = [], [], []
         for q in questions:

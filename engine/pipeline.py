@@ -15,6 +15,7 @@ from typing import Literal, Protocol
 import numpy as np
 
 from engine.embedder import Embedder
+from engine.expert_matrix import ExpertMatrix
 from engine.generators import GENERIC_SYSTEM_PROMPT, Generator, Passage
 from engine.lexical import LexicalIndex, reciprocal_rank_fusion
 from engine.router import Router
@@ -121,8 +122,10 @@ class AskPipeline:
         store: ChunkStore,
         generator: Callable[[str], Generator],
         config: PipelineConfig | None = None,
+        matrix: Callable[[], ExpertMatrix | None] | None = None,
     ) -> None:
         self.embedder, self.index, self.lexical, self.router = embedder, index, lexical, router
+        self.matrix = matrix or (lambda: None)
         self.experts, self.store, self.generator = experts, store, generator
         self.config = config or PipelineConfig()
 
@@ -146,9 +149,14 @@ class AskPipeline:
         if route.path == "expert" and route.expert is not None:
             k = req.top_k or route.expert.top_k or cfg.default_top_k
             clusters = [c for c in route.expert.clusters if 0 <= c < index.nlist]
-            scores, ids = index.search(q, k, clusters)  # [1, K]
+            matrix = self.matrix()
+            if matrix is not None:  # GPU deployments: the expert-sorted copy and the scoped kernel
+                scores, ids = matrix.search(q, [route.expert.id], k)  # [1, K]
+                route.vectors_scanned = matrix.sizes([route.expert.id])
+            else:  # FAISS: only the expert's inverted lists
+                scores, ids = index.search(q, k, clusters)  # [1, K]
+                route.vectors_scanned = int(sizes[clusters].sum()) if clusters else 0
             route.clusters_scanned = len(clusters)
-            route.vectors_scanned = int(sizes[clusters].sum()) if clusters else 0
             hits = [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True) if i >= 0]
             best = hits[0][1] if hits else float("-inf")
             if best < cfg.expert_min_score and req.mode != "expert":

@@ -149,13 +149,19 @@ def test_query_log_metrics_labels_and_streaming(client: TestClient, routed: dict
     log = client.get("/admin/api/questions", headers=AUTH).json()
     assert len(log) == 2 and log[1]["id"] == res["query_id"] and log[1]["path"] == res["route"]["path"]
     assert set(log[1]["timings"]) >= {"embed", "route", "retrieve", "total"}
-    r = client.post(f"/admin/api/questions/{res['query_id']}/label", json={"expert_id": routed["experts"]["git"]},
-                    headers=AUTH)  # fmt: skip
+    r = client.post(
+        f"/admin/api/questions/{res['query_id']}/label", json={"expert_id": routed["experts"]["git"]}, headers=AUTH
+    )
     assert r.status_code == 200
     assert client.get("/admin/api/questions", headers=AUTH).json()[1]["feedback_expert_id"] == routed["experts"]["git"]
     text = client.get("/metrics").text
-    for name in ("moerag_ask_requests_total", "moerag_route_confidence_bucket", "moerag_stage_seconds_bucket",
-                 "moerag_expert_load_imbalance", "moerag_routing_entropy"):  # fmt: skip
+    for name in (
+        "moerag_ask_requests_total",
+        "moerag_route_confidence_bucket",
+        "moerag_stage_seconds_bucket",
+        "moerag_expert_load_imbalance",
+        "moerag_routing_entropy",
+    ):
         assert name in text, name
     assert 'path="expert"' in text
 
@@ -174,8 +180,12 @@ def test_expert_admin_crud_and_proposals(client: TestClient, routed: dict[str, A
     assert detail["samples"] and detail["size"] >= len(detail["samples"])
     assert client.delete(f"/admin/api/experts/{e['id']}", headers=AUTH).status_code == 204
     assert client.get(f"/admin/api/clusters/{cluster}", headers=AUTH).json()["expert_id"] is None
-    assert client.post("/admin/api/clusters/assign", json={"cluster_ids": [999], "expert_id": None},
-                       headers=AUTH).status_code == 404  # fmt: skip
+    assert (
+        client.post(
+            "/admin/api/clusters/assign", json={"cluster_ids": [999], "expert_id": None}, headers=AUTH
+        ).status_code
+        == 404
+    )
     proposals = client.post("/admin/api/experts/propose", json={"n": 2}, headers=AUTH).json()["proposals"]
     assert sorted(c for p in proposals for c in p["cluster_ids"]) == sorted(routed["topic_of"])
     assert all(p["name"] and p["keywords"] for p in proposals)
@@ -187,3 +197,23 @@ def test_training_without_experts_is_refused(client: TestClient) -> None:
     assert job["status"] == "failed" and "map at least one cluster" in job["error"]
     res = ask(client, question="hello")
     assert res["route"]["path"] == "fallback" and res["route"]["reason"] == "no_router"
+
+
+def test_kernel_scoped_search_matches_faiss_on_the_expert_path(client: TestClient, routed: dict[str, Any]) -> None:
+    rt = client.app.state.runtime  # type: ignore[attr-defined]
+    question = {"question": "How does a git rebase replay commits onto another branch?", "top_k": 5, "generate": False}
+    by_faiss = ask(client, **question)
+    assert rt.expert_matrix() is None  # no GPU: FAISS serves the expert path
+    rt.settings.scoped_search = "kernel"  # the GPU layout, scanned here by the kernel's torch twin
+    by_kernel = ask(client, **question)
+    assert by_kernel["route"]["path"] == by_faiss["route"]["path"] == "expert"
+    assert [c["chunk_id"] for c in by_kernel["citations"]] == [c["chunk_id"] for c in by_faiss["citations"]]
+    assert [round(c["score"], 4) for c in by_kernel["citations"]] == [
+        round(c["score"], 4) for c in by_faiss["citations"]
+    ]
+    assert by_kernel["route"]["vectors_scanned"] == by_faiss["route"]["vectors_scanned"]
+    # Mapping a cluster away from git rebuilds the layout: its chunks leave git's segment.
+    owned = [c for c, t in routed["topic_of"].items() if t == "git"]
+    client.post("/admin/api/clusters/assign", json={"cluster_ids": owned, "expert_id": None}, headers=AUTH)
+    res = ask(client, question="x", mode="expert", expert=routed["experts"]["git"])
+    assert res["route"]["reason"] == "expert_has_no_clusters"

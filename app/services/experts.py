@@ -99,9 +99,11 @@ class ExpertDirectory:
         self._cache: dict[int, ExpertProfile] = {}
         self._at = float("-inf")
         self._lock = threading.Lock()
+        self.generation = 0  # bumped whenever experts or their clusters change
 
     def invalidate(self) -> None:
         self._at = float("-inf")
+        self.generation += 1
 
     def profiles(self) -> dict[int, ExpertProfile]:
         if time.monotonic() - self._at < self.ttl:

@@ -42,6 +42,7 @@ class IndexManager:
         self.index: ClusteredIndex = ClusteredIndex.single(dim, "unopened")
         self._dirty = False
         self.listeners: list[Callable[[], None]] = []  # told when chunks change (e.g. BM25 upkeep)
+        self.generation = 0  # bumped on every change of chunks or clusters
 
     def path_for(self, version: str) -> Path:
         return self.settings.index_dir / f"ivf-{version}.faiss"
@@ -124,6 +125,7 @@ class IndexManager:
 
     def mark_dirty(self) -> None:
         self._dirty = True
+        self.generation += 1
         for listener in self.listeners:
             listener()
 
@@ -186,6 +188,7 @@ class IndexManager:
             fresh.add(x, ids, assigned)
             self.index = fresh
             self._dirty = False
+            self.generation += 1
             fresh.save(self.path_for(fresh.version))
             report(4, 4)
         self._remove_stale_files(fresh.version)

@@ -1,0 +1,29 @@
+"""Triton on a real GPU against the torch twins (skipped without CUDA; run by benchmarks/gpu_check.sh)."""
+
+import pytest
+import torch
+
+from kernels.gate_topk import gate_topk_torch, gate_topk_triton
+from kernels.scoped_search import scoped_search_torch, scoped_search_triton
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.parametrize(("q", "e", "k"), [(1, 3, 1), (7, 13, 13), (1024, 64, 2), (300, 257, 8)])
+def test_gate_on_gpu(q: int, e: int, k: int) -> None:
+    logits = torch.randn(q, e, device="cuda") * 3
+    w1, i1 = gate_topk_torch(logits, 0.7, k, True)
+    w2, i2 = gate_topk_triton(logits, 0.7, k, True)
+    assert torch.equal(i1, i2) and torch.allclose(w1, w2, atol=1e-6)
+
+
+@pytest.mark.parametrize(("sizes", "q", "r"), [([0, 100, 5000, 1], 4, 10), ([20000] * 8, 64, 10)])
+def test_scoped_search_on_gpu(sizes: list[int], q: int, r: int) -> None:
+    x = torch.nn.functional.normalize(torch.randn(sum(sizes), 384, device="cuda"), dim=1)
+    offsets = torch.tensor([0, *torch.tensor(sizes).cumsum(0).tolist()], device="cuda")
+    queries = torch.randn(q, 384, device="cuda")
+    experts = torch.randint(0, len(sizes), (q, 2), device="cuda")
+    experts[:, 1] = torch.where(experts[:, 0] == experts[:, 1], -1, experts[:, 1])
+    s1, i1 = scoped_search_torch(x, queries, offsets, experts, r)
+    s2, i2 = scoped_search_triton(x, queries, offsets, experts, r)
+    assert torch.equal(i1, i2) and torch.allclose(s1, s2, atol=1e-4)
