@@ -38,3 +38,33 @@ def token_matches(expected: str, authorization: str | None) -> bool:
     if scheme.lower() != "bearer":
         return False
     return hmac.compare_digest(given.strip().encode(), expected.encode())
+
+
+# ---- browser sessions for the admin console ----------------------------------------------------------
+# Stateless and signed with the admin token, so every worker accepts them and rotating the token
+# signs everyone out. The CSRF token is derived from the session, sent by the page in a header.
+
+SESSION_COOKIE = "moerag_session"
+SESSION_SECONDS = 12 * 3600
+
+
+def _sign(token: str, message: str) -> str:
+    return hmac.new(token.encode(), message.encode(), "sha256").hexdigest()
+
+
+def new_session(token: str, now: float) -> str:
+    expires = str(int(now + SESSION_SECONDS))
+    return f"{expires}.{_sign(token, 'session:' + expires)}"
+
+
+def session_valid(token: str, cookie: str | None, now: float) -> bool:
+    if not cookie or "." not in cookie:
+        return False
+    expires, _, signature = cookie.partition(".")
+    if not expires.isdigit() or int(expires) < now:
+        return False
+    return hmac.compare_digest(signature, _sign(token, "session:" + expires))
+
+
+def csrf_token(token: str, cookie: str) -> str:
+    return _sign(token, "csrf:" + cookie)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hmac
+import time
 from typing import Annotated
 
 from fastapi import Depends, Header, Request
 
-from app.auth import token_matches
+from app.auth import SESSION_COOKIE, csrf_token, session_valid, token_matches
 from app.errors import ApiError
 from app.runtime import Runtime
 
@@ -21,15 +23,31 @@ def get_runtime(request: Request) -> Runtime:
 
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
+SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 
-def require_admin(rt: RuntimeDep, authorization: Annotated[str | None, Header()] = None) -> None:
-    if not token_matches(rt.admin_token, authorization):
-        raise ApiError(
-            401,
-            "unauthorized",
-            "this endpoint needs the admin token: Authorization: Bearer <token>",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+
+def require_admin(
+    request: Request,
+    rt: RuntimeDep,
+    authorization: Annotated[str | None, Header()] = None,
+    x_csrf_token: Annotated[str | None, Header()] = None,
+) -> None:
+    """The bearer token, or a console session cookie (plus its CSRF header on state changes)."""
+    if token_matches(rt.admin_token, authorization):
+        return
+    cookie = request.cookies.get(SESSION_COOKIE)
+    if cookie is not None and session_valid(rt.admin_token, cookie, time.time()):
+        if request.method in SAFE_METHODS:
+            return
+        if x_csrf_token and hmac.compare_digest(x_csrf_token, csrf_token(rt.admin_token, cookie)):
+            return
+        raise ApiError(403, "csrf", "missing or wrong X-CSRF-Token header for this session")
+    raise ApiError(
+        401,
+        "unauthorized",
+        "this endpoint needs the admin token: Authorization: Bearer <token>",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
 
 
 AdminDep = Depends(require_admin)

@@ -8,9 +8,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.staticfiles import StaticFiles
 
 from app import errors
-from app.routes import admin, ask, documents, system
+from app.routes import admin, ask, console, documents, system
 from app.runtime import Runtime
 from app.settings import Settings
 
@@ -51,6 +52,8 @@ def create_app(
     app.include_router(documents.router)
     app.include_router(ask.router)
     app.include_router(admin.router)
+    app.include_router(console.router)
+    app.mount("/admin/static", StaticFiles(directory=console.CONSOLE_DIR / "static"), name="console-static")
     return app
 
 

@@ -263,3 +263,9 @@ class LabelIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     expert_id: int
+
+
+class ExampleTry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    question: str = Field(min_length=1, max_length=2000)

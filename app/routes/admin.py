@@ -18,6 +18,7 @@ from app.schemas import (
     ClusterPut,
     ClusterSample,
     ExampleIn,
+    ExampleTry,
     ExpertIn,
     ExpertOut,
     ExpertPatch,
@@ -248,3 +249,74 @@ def label_question(query_id: int, body: LabelIn, rt: RuntimeDep) -> dict[str, in
         q.feedback_expert_id = body.expert_id
         s.add(RouterExample(question=q.question, expert_id=body.expert_id, origin="feedback"))
     return {"labelled": query_id}
+
+
+# ---- console views ------------------------------------------------------------------------------------
+
+
+@router.get("/overview")
+def overview(rt: RuntimeDep, buckets: Annotated[int, Query(ge=1, le=200)] = 24) -> dict[str, object]:
+    """Counts, the active router, routing share over time and load per expert, for the console."""
+    with rt.sessions() as s:
+        recent = s.execute(
+            select(QueryLog.created_at, QueryLog.path, QueryLog.expert_id).order_by(QueryLog.id.desc()).limit(5000)
+        ).all()
+        active = s.scalars(select(RouterVersion).where(RouterVersion.active)).first()
+        names = {e.id: e.name for e in s.scalars(select(Expert))}
+    share: list[dict[str, object]] = []
+    if recent:
+        times = [r[0].timestamp() for r in recent]
+        lo, hi = min(times), max(times) + 1e-6
+        width = (hi - lo) / buckets
+        counts = [[0, 0] for _ in range(buckets)]
+        for t, (_, path, _) in zip(times, recent, strict=True):
+            counts[min(int((t - lo) / width), buckets - 1)][0 if path == "expert" else 1] += 1
+        share = [{"start": lo + i * width, "expert": c[0], "fallback": c[1]} for i, c in enumerate(counts)]
+    load: dict[str, int] = {}
+    for _, path, eid in recent:
+        if path == "expert" and eid is not None:
+            load[names.get(eid, str(eid))] = load.get(names.get(eid, str(eid)), 0) + 1
+    scalar = {k: v for k, v in (active.metrics if active else {}).items() if isinstance(v, int | float)}
+    return {
+        "stats": rt.stats(),
+        "router": {"id": active.id, "created_at": active.created_at.isoformat(), "metrics": scalar} if active else None,
+        "questions": len(recent),
+        "share": share,
+        "load": [{"expert": k, "hits": v} for k, v in sorted(load.items(), key=lambda kv: -kv[1])],
+        "kernels": rt.kernel_backend,
+    }
+
+
+@router.get("/clusters-map")
+def clusters_map(rt: RuntimeDep) -> list[dict[str, object]]:
+    """A 2-D projection (PCA) of the cluster centroids, for the map."""
+    import numpy as np
+
+    sizes = _sizes(rt)
+    with rt.sessions() as s:
+        rows = s.scalars(select(Cluster).order_by(Cluster.id)).all()
+        if not rows:
+            return []
+        c = np.frombuffer(b"".join(r.centroid for r in rows), dtype=np.float32).reshape(len(rows), -1)
+        centred = c - c.mean(axis=0)  # [C, D]
+        if len(rows) > 1:
+            _, _, vt = np.linalg.svd(centred, full_matrices=False)
+            xy = centred @ vt[:2].T  # [C, 2]
+        else:
+            xy = np.zeros((1, 2))
+        if xy.shape[1] < 2:
+            xy = np.pad(xy, ((0, 0), (0, 2 - xy.shape[1])))
+        return [
+            {"id": r.id, "x": float(p[0]), "y": float(p[1]), "size": sizes.get(r.id, 0), "expert_id": r.expert_id}
+            for r, p in zip(rows, xy, strict=True)
+        ]
+
+
+@router.post("/router/try")
+async def try_question(body: ExampleTry, rt: RuntimeDep) -> dict[str, object]:
+    """What the router would do with a question: probabilities and path (not logged, no answer)."""
+    from app.services.ask import route_json
+    from engine.pipeline import AskRequest
+
+    prepared = await run_in_threadpool(rt.pipeline.prepare, AskRequest(body.question))
+    return {"route": route_json(prepared.route), "citations": len(prepared.citations)}
