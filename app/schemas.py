@@ -42,6 +42,8 @@ class DocumentOut(BaseModel):
 
 
 class ChunkSummary(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
     id: int
     ordinal: int
     heading: str
@@ -238,6 +240,8 @@ class TrainIn(BaseModel):
 
 
 class RouterVersionOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
     id: int
     active: bool
     created_at: datetime
@@ -247,6 +251,8 @@ class RouterVersionOut(BaseModel):
 
 
 class QuestionOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
     id: int
     created_at: datetime
     question: str

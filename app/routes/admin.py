@@ -175,17 +175,8 @@ def train_router(rt: RuntimeDep, body: TrainIn | None = None) -> JobOut:
 @router.get("/router/versions", response_model=list[RouterVersionOut])
 def router_versions(rt: RuntimeDep) -> list[RouterVersionOut]:
     with rt.sessions() as s:
-        return [
-            RouterVersionOut(
-                id=v.id,
-                active=v.active,
-                created_at=v.created_at,
-                temperature=v.temperature,
-                expert_ids=v.expert_ids,
-                metrics=v.metrics,
-            )
-            for v in s.scalars(select(RouterVersion).order_by(RouterVersion.id.desc()))
-        ]
+        versions = s.scalars(select(RouterVersion).order_by(RouterVersion.id.desc()))
+        return [RouterVersionOut.model_validate(v) for v in versions]
 
 
 @router.post("/router/versions/{version_id}/activate")
@@ -220,21 +211,7 @@ def questions(
 ) -> list[QuestionOut]:
     with rt.sessions() as s:
         rows = s.scalars(select(QueryLog).order_by(QueryLog.id.desc()).offset(offset).limit(limit))
-        return [
-            QuestionOut(
-                id=q.id,
-                created_at=q.created_at,
-                question=q.question,
-                path=q.path,
-                reason=q.reason,
-                expert_id=q.expert_id,
-                confidence=q.confidence,
-                top=q.top,
-                timings=q.timings,
-                feedback_expert_id=q.feedback_expert_id,
-            )
-            for q in rows
-        ]
+        return [QuestionOut.model_validate(q) for q in rows]
 
 
 @router.post("/questions/{query_id}/label")

@@ -138,18 +138,7 @@ def get_document(document_id: int, rt: RuntimeDep) -> DocumentDetail:
         doc = s.get(Document, document_id)
         if doc is None:
             raise NotFound(f"document {document_id} not found")
-        summaries = [
-            ChunkSummary(
-                id=c.id,
-                ordinal=c.ordinal,
-                heading=c.heading,
-                token_count=c.token_count,
-                cluster_id=c.cluster_id,
-                char_start=c.char_start,
-                char_end=c.char_end,
-            )
-            for c in doc.chunks
-        ]
+        summaries = [ChunkSummary.model_validate(c) for c in doc.chunks]
         return DocumentDetail(**_out(doc, len(summaries)).model_dump(), chunk_list=summaries)
 
 
@@ -174,13 +163,7 @@ def get_chunk(chunk_id: int, rt: RuntimeDep) -> ChunkOut:
         if c is None:
             raise NotFound(f"chunk {chunk_id} not found")
         return ChunkOut(
-            id=c.id,
-            ordinal=c.ordinal,
-            heading=c.heading,
-            token_count=c.token_count,
-            cluster_id=c.cluster_id,
-            char_start=c.char_start,
-            char_end=c.char_end,
+            **ChunkSummary.model_validate(c).model_dump(),
             document_id=c.document_id,
             source=c.document.source,
             title=c.document.title,
