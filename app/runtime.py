@@ -175,7 +175,9 @@ class Runtime:
                 experts=self.experts.profiles,
                 store=SqlChunkStore(self.sessions),
                 generator=self.generator,
-                config=PipelineConfig(threshold=s.route_threshold, expert_min_score=s.expert_min_score),
+                config=PipelineConfig(
+                    threshold=s.route_threshold, expert_min_score=s.expert_min_score, lexical_weight=s.lexical_weight
+                ),
                 matrix=self.expert_matrix,
             )
             self._jobs = JobRunner(

@@ -27,6 +27,9 @@ class Settings(BaseSettings):
     checkpoint_seconds: float = Field(5.0, gt=0, description="Longest delay before index changes hit disk.")
     route_threshold: float = Field(0.7, ge=0, le=1, description="Calibrated confidence for the expert path.")
     expert_min_score: float = Field(0.2, description="Best scoped score under this falls back to global search.")
+    lexical_weight: float = Field(
+        0.25, ge=0, description="BM25's weight against dense (1.0) in the fallback's rank fusion."
+    )
     router_samples: int = Field(3000, ge=0, description="Query-like samples drawn from chunks per training.")
     router_holdout: float = Field(0.3, gt=0, lt=1, description="Share of samples held out for calibration.")
     router_seed: int = 0

@@ -49,10 +49,12 @@ class LexicalIndex:
         return [(int(self.ids[d]), float(s)) for d, s in zip(docs[0], scores[0], strict=True) if s > 0]
 
 
-def reciprocal_rank_fusion(rankings: Sequence[Sequence[int]], k: int = 60) -> list[tuple[int, float]]:
-    """RRF: score(d) = sum over rankings of 1 / (k + rank). Ties keep first-seen order."""
+def reciprocal_rank_fusion(
+    rankings: Sequence[Sequence[int]], k: int = 60, weights: Sequence[float] | None = None
+) -> list[tuple[int, float]]:
+    """Weighted RRF: score(d) = sum over rankings of w / (k + rank). Ties keep first-seen order."""
     scores: dict[int, float] = {}
-    for ranking in rankings:
+    for ranking, w in zip(rankings, weights or [1.0] * len(rankings), strict=True):
         for rank, doc in enumerate(ranking, start=1):
-            scores[doc] = scores.get(doc, 0.0) + 1.0 / (k + rank)
+            scores[doc] = scores.get(doc, 0.0) + w / (k + rank)
     return sorted(scores.items(), key=lambda kv: -kv[1])

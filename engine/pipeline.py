@@ -108,6 +108,7 @@ class PipelineConfig:
     default_top_k: int = 5
     expert_min_score: float = 0.2  # best scoped cosine below this: the expert has nothing good
     candidates: int = 50  # per retriever, before fusion
+    lexical_weight: float = 0.25  # BM25's weight in the fusion (dense has 1.0)
 
 
 class AskPipeline:
@@ -239,5 +240,5 @@ class AskPipeline:
         dense = [int(i) for i in ids[0] if i >= 0]
         lexical = self.lexical()
         sparse = [i for i, _ in lexical.search(question, n)] if lexical is not None else []
-        fused = reciprocal_rank_fusion([dense, sparse])[:k]
+        fused = reciprocal_rank_fusion([dense, sparse], weights=[1.0, self.config.lexical_weight])[:k]
         return self._citations(fused)

@@ -22,6 +22,7 @@ _GENERIC = {"introduction", "overview", "description", "synopsis", "notes", "see
 class Sample:
     text: str
     source: int  # index of the chunk it was drawn from
+    kind: str = "sentence"  # or "heading": a heading, bare or in a question template
 
 
 def _heading_tail(heading: str) -> str:
@@ -42,12 +43,14 @@ def query_like_samples(texts: Sequence[str], headings: Sequence[str], n: int, se
         i = rng.randrange(len(texts))
         roll = rng.random()
         tail = _heading_tail(headings[i]) if headings[i] else ""
+        kind = "heading"
         if roll < 0.3 and tail:
             text = rng.choice(_TEMPLATES).format(tail)
         else:
+            kind = "sentence"
             sentences = [s for s in _SENTENCE.split(texts[i]) if 5 <= len(_WORDS.findall(s)) <= 40]
             if not sentences:
                 continue
             text = rng.choice(sentences).strip()
-        out.append(Sample(text[:400], i))
+        out.append(Sample(text[:400], i, kind))
     return out

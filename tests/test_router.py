@@ -63,3 +63,12 @@ def test_query_like_samples_come_from_chunks() -> None:
     samples = query_like_samples(texts, ["Guide > Install packages", ""], 200, seed=3)
     assert samples and all(s.source == 0 for s in samples)
     assert any("Install packages" in s.text for s in samples)
+
+
+def test_weighted_reciprocal_rank_fusion() -> None:
+    from engine.lexical import reciprocal_rank_fusion
+
+    fused = reciprocal_rank_fusion([[1, 2, 3], [3, 4]], k=1)
+    assert [d for d, _ in fused] == [3, 1, 2, 4]  # 3: 1/4 + 1/2 beats 1: 1/2
+    fused = reciprocal_rank_fusion([[1, 2, 3], [3, 4]], k=1, weights=[1.0, 0.1])
+    assert [d for d, _ in fused][:2] == [1, 2]

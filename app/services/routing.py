@@ -86,7 +86,9 @@ class RouterManager:
         with self.sessions() as s:
             expert_ids = list(s.scalars(select(Expert.id).order_by(Expert.id)))
             mapping = {c: e for c, e in s.execute(select(Cluster.id, Cluster.expert_id))}
-            rows = s.execute(select(Chunk.cluster_id, Chunk.embedding, Chunk.text, Chunk.heading)).all()
+            rows = s.execute(
+                select(Chunk.cluster_id, Chunk.embedding, Chunk.text, Chunk.heading).order_by(Chunk.id)
+            ).all()
             examples = s.execute(select(RouterExample.question, RouterExample.expert_id)).all()
         if not expert_ids or not any(e is not None for e in mapping.values()):
             raise NotTrainable("map at least one cluster to an expert before training the router")
