@@ -397,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     level = os.environ.get("MOERAG_LOG_LEVEL", "INFO").upper()
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("httpx", "sentence_transformers", "transformers", "faiss", "alembic"):
+    for noisy in ("httpx", "sentence_transformers", "transformers", "faiss", "alembic", "bm25s"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     args.func(args)
 

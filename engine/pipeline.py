@@ -216,7 +216,7 @@ class AskPipeline:
             return make("fallback", "none_class", f"most likely no expert's domain (p={p:.2f})", None)
         threshold = best.threshold if best.threshold is not None else cfg.threshold
         if p < threshold:
-            return make("fallback", "low_confidence", f"confidence {p:.2f} < {threshold:.2f}", None, threshold)
+            return make("fallback", "low_confidence", f"confidence {p:.3f} < {threshold:.2f}", None, threshold)
         if not best.clusters:
             return make(
                 "fallback",
@@ -225,7 +225,7 @@ class AskPipeline:
                 None,
                 threshold,
             )
-        return make("expert", "confident", f"confidence {p:.2f} >= {threshold:.2f}", best, threshold)
+        return make("expert", "confident", f"confidence {p:.3f} >= {threshold:.2f}", best, threshold)
 
     def _citations(self, hits: Sequence[tuple[int, float]]) -> list[Citation]:
         rows = self.store.fetch([i for i, _ in hits])
