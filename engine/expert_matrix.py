@@ -47,6 +47,8 @@ class ExpertMatrix:
 
     def search(self, q: npt.NDArray[np.float32], expert_ids: list[int], k: int) -> tuple[np.ndarray, np.ndarray]:
         """q [Q, D] -> (scores [Q, K], chunk ids [Q, K]) over the given experts' rows; -1 pads."""
+        if self.ids.numel() == 0:  # no chunk belongs to any expert yet
+            return np.full((len(q), k), -np.inf, dtype=np.float32), np.full((len(q), k), -1, dtype=np.int64)
         positions = [p for p in (self._position(e) for e in expert_ids) if p >= 0] or [-1]
         sel = torch.tensor([positions] * len(q), dtype=torch.int64, device=self.device)  # [Q, S]
         queries = torch.from_numpy(np.ascontiguousarray(q, dtype=np.float32)).to(self.device)  # [Q, D]

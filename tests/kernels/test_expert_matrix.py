@@ -1,0 +1,26 @@
+import numpy as np
+
+from engine.expert_matrix import ExpertMatrix
+
+
+def test_expert_matrix_searches_only_the_chosen_experts_rows() -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((60, 8)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    ids = np.arange(100, 160, dtype=np.int64)
+    experts = np.array([7, 9, -1] * 20, dtype=np.int64)  # -1: a chunk no expert owns
+    m = ExpertMatrix(ids, x, experts, [7, 9])
+    scores, got = m.search(x[:2], [9], 5)
+    assert np.allclose(scores[0], np.sort(x[experts == 9] @ x[0])[::-1][:5], atol=1e-5)
+    owned = set(ids[experts == 9].tolist())
+    assert set(got.ravel().tolist()) <= owned
+    expected = ids[experts == 9][np.argsort(-(x[experts == 9] @ x[0]), kind="stable")[:5]]
+    assert got[0].tolist() == expected.tolist()
+    assert m.sizes([9]) == 20 and m.sizes([7, 9]) == 40 and m.sizes([3]) == 0
+
+
+def test_expert_matrix_with_no_owned_chunks() -> None:
+    x = np.ones((3, 4), dtype=np.float32) / 2
+    m = ExpertMatrix(np.arange(3, dtype=np.int64), x, np.full(3, -1, dtype=np.int64), [1])
+    scores, got = m.search(x[:1], [1], 2)
+    assert (got == -1).all() and np.isinf(scores).all()
