@@ -140,6 +140,12 @@ def test_console_end_to_end_in_chromium(tmp_path: Path) -> None:
             page.screenshot(path=str(ARTIFACTS / "5-questions.png"), full_page=True)
             page.click("#tab-documents")
             expect(page.locator("#doc-rows tr")).to_have_count(24)
+            upload = tmp_path / "new-note.md"
+            upload.write_text("# A new note\n\nUploaded from the console, ingested by a bulk job.\n")
+            page.set_input_files("#doc-files", str(upload))
+            page.click("#doc-go")
+            expect(page.locator("#status")).to_have_text("ingested: 1 new, 0 already there, 0 failed", timeout=60_000)
+            expect(page.locator("#doc-rows tr")).to_have_count(25)
             page.screenshot(path=str(ARTIFACTS / "6-documents.png"), full_page=True)
             page.click("#tab-overview")
             expect(page.locator("#ov-share svg")).to_have_count(1)
