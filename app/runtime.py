@@ -159,7 +159,7 @@ class Runtime:
             chunking = ChunkingConfig(
                 max_tokens=max_tokens,
                 target_tokens=target,
-                min_tokens=min(48, target),
+                min_tokens=min(s.chunk_min_tokens, target),
                 overlap_tokens=min(s.chunk_overlap_tokens, target // 2),
             )
             self._ingestor = Ingestor(self.sessions, emb, self._indexes, chunking)

@@ -23,6 +23,7 @@ class Settings(BaseSettings):
     max_bulk_files: int = Field(1000, ge=1)
     chunk_target_tokens: int = Field(200, ge=16)
     chunk_overlap_tokens: int = Field(32, ge=0)
+    chunk_min_tokens: int = Field(48, ge=1, description="A smaller chunk takes in the next section too.")
     clusters: int = Field(0, ge=0, description="IVF lists at recluster; 0 picks sqrt(chunks).")
     checkpoint_seconds: float = Field(5.0, gt=0, description="Longest delay before index changes hit disk.")
     route_threshold: float = Field(0.7, ge=0, le=1, description="Calibrated confidence for the expert path.")
