@@ -1,0 +1,23 @@
+import stat
+from pathlib import Path
+
+from app.auth import csrf_token, load_or_create_token, new_session, session_valid, token_matches
+
+
+def test_token_generated_once_owner_only(tmp_path: Path) -> None:
+    path = tmp_path / "d" / "admin_token"
+    first = load_or_create_token(None, path)
+    assert len(first) >= 32 and stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert load_or_create_token(None, path) == first  # the same token on every later start
+    assert load_or_create_token("configured", path) == "configured"
+
+
+def test_bearer_and_session_checks() -> None:
+    assert token_matches("t0k", "Bearer t0k") and token_matches("t0k", "bearer t0k")
+    assert not token_matches("t0k", "Bearer nope") and not token_matches("t0k", None)
+    assert not token_matches("t0k", "Basic t0k")
+    cookie = new_session("t0k", now=1000.0)
+    assert session_valid("t0k", cookie, now=1001.0)
+    assert not session_valid("other", cookie, now=1001.0)  # a new token signs everyone out
+    assert not session_valid("t0k", cookie, now=10**9)  # expired
+    assert csrf_token("t0k", cookie) != csrf_token("t0k", new_session("t0k", now=2000.0))
