@@ -53,8 +53,6 @@ class JobRunner:
         self.handlers = handlers
         self._queue: queue.Queue[int | None] = queue.Queue()
         self._thread: threading.Thread | None = None
-        self._idle = threading.Event()
-        self._idle.set()
 
     def submit(self, kind: str, params: dict[str, Any], total: int = 0) -> Job:
         if kind not in self.handlers:
@@ -64,7 +62,6 @@ class JobRunner:
             s.add(job)
             s.flush()
             s.expunge(job)
-        self._idle.clear()
         self._queue.put(job.id)
         return job
 
@@ -77,7 +74,6 @@ class JobRunner:
                 job.status = "queued"
             ids = [j.id for j in unfinished]
         for job_id in ids:
-            self._idle.clear()
             self._queue.put(job_id)
         self._thread = threading.Thread(target=self._work, name="moerag-jobs", daemon=True)
         self._thread.start()
@@ -88,19 +84,12 @@ class JobRunner:
             self._thread.join(timeout)
             self._thread = None
 
-    def wait_idle(self, timeout: float | None = None) -> bool:
-        return self._idle.wait(timeout)
-
     def _work(self) -> None:
         while True:
             job_id = self._queue.get()
             if job_id is None:
                 return
-            try:
-                self._run(job_id)
-            finally:
-                if self._queue.empty():
-                    self._idle.set()
+            self._run(job_id)
 
     def _run(self, job_id: int) -> None:
         with self.sessions.begin() as s:
