@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: setup setup-llm run test lint bench clean
+.PHONY: setup setup-llm run test lint bench compare clean
 
 $(BIN)/moerag: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,6 +39,13 @@ test: setup setup-llm lint
 
 bench: setup
 	$(BIN)/python benchmarks/ingest.py
+
+# The whole comparison against the peers (benchmarks/compare.py): hours on 2 cores, resumable;
+# results land in benchmarks/results/compare.{json,md} and PNG plots.
+COMPARE_WORK ?= /var/tmp/moerag-compare
+compare: setup
+	bash benchmarks/install_corpus.sh
+	HF_HUB_OFFLINE=1 $(BIN)/python benchmarks/compare.py --work $(COMPARE_WORK)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -17,6 +17,8 @@ import statistics
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +35,9 @@ DOMAINS = ("debian", "git", "nodejs", "postgresql", "python", "sqlite")
 
 def metrics_for(ranked: list[list[tuple[str, str]]], questions: list[dict[str, str]]) -> dict[str, float]:
     """ranked[i] = [(chunk text, source)] best first, for question i."""
-    out = {"hit@1": 0.0, "hit@5": 0.0, "hit@10": 0.0, "mrr@10": 0.0}
+    out = {"hit@1": 0.0, "hit@5": 0.0, "hit@10": 0.0, "mrr@10": 0.0, "top1_domain": 0.0}
     for q, chunks in zip(questions, ranked, strict=True):
+        out["top1_domain"] += bool(chunks) and domain_of(chunks[0][1]) == q["domain"]
         first = next((r for r, (text, src) in enumerate(chunks[:10], 1) if is_hit(text, src, q)), None)
         if first is not None:
             out["mrr@10"] += 1 / first
@@ -64,6 +67,156 @@ def setup_experts(rt: Any) -> dict[str, int]:
     return ids
 
 
+@dataclass
+class Evaluation:
+    """What the peers reuse: the question vectors, each domain's clusters, the fallback results."""
+
+    result: dict[str, Any]
+    q_vecs: np.ndarray  # [Q, D]
+    domain_clusters: dict[str, list[int]]
+    hybrid: list[list[tuple[str, str]]]
+    resolve: Callable[[np.ndarray], list[tuple[str, str]]]
+    rt: Any
+
+
+def evaluate(
+    rt: Any, questions: list[dict[str, str]], *, train: bool = True, latency_questions: int = 100
+) -> Evaluation:
+    """Every moerag retrieval mode, the router's quality and /ask latency, on a started Runtime."""
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from engine.calibration import coverage_at, expected_calibration_error
+    from engine.pipeline import AskRequest
+
+    settings = rt.settings
+    stats = rt.stats()
+    if stats["clusters"] <= 1:
+        print("clustering the corpus ...", flush=True)
+        rt.indexes.recluster()
+        stats = rt.stats()
+    print(f"{stats['chunks']} chunks in {stats['clusters']} clusters", flush=True)
+    ids = setup_experts(rt)
+    t0 = time.perf_counter()
+    if train:
+        print("training the router ...", flush=True)
+        print(json.dumps(rt.routers.train()), flush=True)
+    train_s = time.perf_counter() - t0
+    router = rt.routers.current()
+    assert router is not None
+    profiles = rt.experts.profiles()
+    domain_clusters = {d: list(profiles[ids[d]].clusters) for d in DOMAINS}
+    index = rt.indexes.index
+    sizes = index.list_sizes()
+
+    q_vecs = rt.embedder.encode([q["question"] for q in questions])  # [Q, D]
+    store = rt.pipeline.store
+
+    def resolve(hit_ids: np.ndarray) -> list[tuple[str, str]]:
+        found = [int(i) for i in hit_ids if i >= 0]
+        rows = store.fetch(found)
+        return [(rows[i].text, rows[i].source) for i in found if i in rows]
+
+    # Global dense (exact) and oracle (true domain's clusters) retrieval.
+    _, global_ids = index.search(q_vecs, 10)
+    global_dense = [resolve(r) for r in global_ids]
+    oracle = [
+        resolve(index.search(q_vecs[i : i + 1], 10, domain_clusters[q["domain"]])[1][0])
+        for i, q in enumerate(questions)
+    ]
+    # The pipeline as served: routed, and forced fallback (global hybrid).
+    routed, hybrid, routes, prepare_ms, gate_ms = [], [], [], [], []
+    for q in questions:
+        t = time.perf_counter()
+        p = rt.pipeline.prepare(AskRequest(q["question"], top_k=10))
+        prepare_ms.append((time.perf_counter() - t) * 1000)
+        gate_ms.append(p.timings_ms.get("embed", 0.0) + p.timings_ms.get("route", 0.0))
+        routed.append([(c.chunk.text, c.chunk.source) for c in p.citations])
+        routes.append(p.route)
+        f = rt.pipeline.prepare(AskRequest(q["question"], top_k=10, mode="fallback"))
+        hybrid.append([(c.chunk.text, c.chunk.source) for c in f.citations])
+
+    # "Why not just IVF": the same lists, probing the nearest ones until as many vectors are
+    # scanned as the expert path scans on average.
+    scanned_expert = [r.vectors_scanned for r in routes if r.path == "expert"]
+    budget = statistics.mean(scanned_expert) if scanned_expert else float(sizes.sum())
+    order = np.argsort(-(q_vecs @ index.centroids().T), axis=1)  # [Q, C] nearest lists first
+    ivf, ivf_scanned = [], []
+    for i in range(len(questions)):
+        cum = np.cumsum(sizes[order[i]])
+        nprobe = int(np.searchsorted(cum, budget) + 1)
+        ivf_scanned.append(int(cum[min(nprobe, len(cum)) - 1]))
+        ivf.append(resolve(index.search(q_vecs[i : i + 1], 10, order[i, :nprobe])[1][0]))
+
+    # Router quality on the questions themselves.
+    position = {e: i for i, e in enumerate(router.expert_ids)}
+    labels = torch.tensor([position[ids[q["domain"]]] for q in questions])
+    logits = router.logits(q_vecs)
+    raw = torch.softmax(logits, -1)
+    cal = torch.softmax(logits / router.temperature, -1)
+    coverage, acc_at = coverage_at(cal, labels, settings.route_threshold)
+    expert_path = [r.path == "expert" for r in routes]
+    right = [r.expert is not None and r.expert.name == q["domain"] for r, q in zip(routes, questions, strict=True)]
+    on_path = [ok for ok, e in zip(right, expert_path, strict=True) if e]
+
+    # /ask latency through HTTP (in-process client), extractive generator.
+    app = create_app(settings, runtime=rt)
+    lat = []
+    with TestClient(app) as client:
+        for q in questions[:latency_questions]:
+            t = time.perf_counter()
+            r = client.post("/ask", json={"question": q["question"]})
+            lat.append((time.perf_counter() - t) * 1000)
+            assert r.status_code == 200, r.text
+    lat.sort()
+    prepare_ms.sort()
+    gate_ms.sort()
+
+    result = {
+        "corpus": {"chunks": stats["chunks"], "clusters": stats["clusters"], "questions": len(questions)},
+        "retrieval": {
+            "routed (served pipeline)": metrics_for(routed, questions),
+            "global dense (exact)": metrics_for(global_dense, questions),
+            "global hybrid (fallback path)": metrics_for(hybrid, questions),
+            "oracle route": metrics_for(oracle, questions),
+            "FAISS IVF, nearest lists up to the expert path's scan": metrics_for(ivf, questions),
+        },
+        "router": {
+            "accuracy": round(float((cal.argmax(-1) == labels).float().mean()), 3),
+            "ece_before": round(expected_calibration_error(raw, labels), 4),
+            "ece_after": round(expected_calibration_error(cal, labels), 4),
+            "temperature": round(router.temperature, 3),
+            "coverage_at_threshold": round(coverage, 3),
+            "accuracy_at_threshold": round(acc_at, 3),
+            "expert_path_share": round(sum(expert_path) / len(questions), 3),
+            "expert_path_accuracy": round(sum(on_path) / max(len(on_path), 1), 3),
+            "train_seconds": round(train_s, 1),
+            "gate_ms_p50": percentile(gate_ms, 50),
+            "fallback_reasons": dict(Counter(r.reason for r in routes if r.path == "fallback")),
+        },
+        "vectors_scanned": {
+            "expert path (mean)": round(statistics.mean(scanned_expert), 1) if scanned_expert else None,
+            "global": int(sizes.sum()),
+            "IVF baseline (mean)": round(statistics.mean(ivf_scanned), 1),
+        },
+        "ask_latency_ms": {
+            "p50": percentile(lat, 50),
+            "p95": percentile(lat, 95),
+            "n": len(lat),
+        },
+        "prepare_latency_ms": {"p50": percentile(prepare_ms, 50), "p95": percentile(prepare_ms, 95)},
+    }
+    return Evaluation(result, q_vecs, domain_clusters, hybrid, resolve, rt)
+
+
+def percentile(sorted_values: list[float], p: float) -> float:
+    """Nearest-rank percentile of an ascending list."""
+    if not sorted_values:
+        return float("nan")
+    rank = min(len(sorted_values) - 1, max(0, int(np.ceil(p / 100 * len(sorted_values))) - 1))
+    return round(sorted_values[rank], 1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir", type=Path, required=True)
@@ -72,130 +225,15 @@ def main() -> None:
     ap.add_argument("--latency-questions", type=int, default=100)
     args = ap.parse_args()
 
-    from fastapi.testclient import TestClient
-
-    from app.main import create_app
     from app.runtime import Runtime
     from app.settings import Settings
-    from engine.calibration import coverage_at, expected_calibration_error
-    from engine.pipeline import AskRequest
 
     questions = load_questions(args.questions)
-    settings = Settings(data_dir=args.data_dir)
-    rt = Runtime(settings)
+    rt = Runtime(Settings(data_dir=args.data_dir))
     rt.start()
     try:
-        stats = rt.stats()
-        if stats["clusters"] <= 1:
-            print("clustering the corpus ...", flush=True)
-            rt.indexes.recluster()
-            stats = rt.stats()
-        print(f"{stats['chunks']} chunks in {stats['clusters']} clusters", flush=True)
-        ids = setup_experts(rt)
-        t0 = time.perf_counter()
-        if not args.skip_train:
-            print("training the router ...", flush=True)
-            train = rt.routers.train()
-            print(json.dumps(train), flush=True)
-        train_s = time.perf_counter() - t0
-        router = rt.routers.current()
-        assert router is not None
-        profiles = rt.experts.profiles()
-        domain_clusters = {d: list(profiles[ids[d]].clusters) for d in DOMAINS}
-        index = rt.indexes.index
-        sizes = index.list_sizes()
-
-        q_vecs = rt.embedder.encode([q["question"] for q in questions])  # [Q, D]
-        store = rt.pipeline.store
-
-        def resolve(hit_ids: np.ndarray) -> list[tuple[str, str]]:
-            found = [int(i) for i in hit_ids if i >= 0]
-            rows = store.fetch(found)
-            return [(rows[i].text, rows[i].source) for i in found if i in rows]
-
-        # Global dense (exact) and oracle (true domain's clusters) retrieval.
-        _, global_ids = index.search(q_vecs, 10)
-        global_dense = [resolve(r) for r in global_ids]
-        oracle = [
-            resolve(index.search(q_vecs[i : i + 1], 10, domain_clusters[q["domain"]])[1][0])
-            for i, q in enumerate(questions)
-        ]
-        # The pipeline as served: routed, and forced fallback (global hybrid).
-        routed, hybrid, routes = [], [], []
-        for q in questions:
-            p = rt.pipeline.prepare(AskRequest(q["question"], top_k=10))
-            routed.append([(c.chunk.text, c.chunk.source) for c in p.citations])
-            routes.append(p.route)
-            f = rt.pipeline.prepare(AskRequest(q["question"], top_k=10, mode="fallback"))
-            hybrid.append([(c.chunk.text, c.chunk.source) for c in f.citations])
-
-        # "Why not just IVF": the same lists, probing the nearest ones until as many vectors are
-        # scanned as the expert path scans on average.
-        scanned_expert = [r.vectors_scanned for r in routes if r.path == "expert"]
-        budget = statistics.mean(scanned_expert) if scanned_expert else float(sizes.sum())
-        order = np.argsort(-(q_vecs @ index.centroids().T), axis=1)  # [Q, C] nearest lists first
-        ivf, ivf_scanned = [], []
-        for i in range(len(questions)):
-            cum = np.cumsum(sizes[order[i]])
-            nprobe = int(np.searchsorted(cum, budget) + 1)
-            ivf_scanned.append(int(cum[min(nprobe, len(cum)) - 1]))
-            ivf.append(resolve(index.search(q_vecs[i : i + 1], 10, order[i, :nprobe])[1][0]))
-
-        # Router quality on the questions themselves.
-        position = {e: i for i, e in enumerate(router.expert_ids)}
-        labels = torch.tensor([position[ids[q["domain"]]] for q in questions])
-        logits = router.logits(q_vecs)
-        raw = torch.softmax(logits, -1)
-        cal = torch.softmax(logits / router.temperature, -1)
-        coverage, acc_at = coverage_at(cal, labels, settings.route_threshold)
-        expert_path = [r.path == "expert" for r in routes]
-        right = [r.expert is not None and r.expert.name == q["domain"] for r, q in zip(routes, questions, strict=True)]
-        on_path = [ok for ok, e in zip(right, expert_path, strict=True) if e]
-
-        # /ask latency through HTTP, extractive generator.
-        app = create_app(settings, runtime=rt)
-        lat = []
-        with TestClient(app) as client:
-            for q in questions[: args.latency_questions]:
-                t = time.perf_counter()
-                r = client.post("/ask", json={"question": q["question"]})
-                lat.append((time.perf_counter() - t) * 1000)
-                assert r.status_code == 200, r.text
-        lat.sort()
-
-        result = {
-            "corpus": {"chunks": stats["chunks"], "clusters": stats["clusters"], "questions": len(questions)},
-            "retrieval": {
-                "routed (served pipeline)": metrics_for(routed, questions),
-                "global dense (exact)": metrics_for(global_dense, questions),
-                "global hybrid (fallback path)": metrics_for(hybrid, questions),
-                "oracle route": metrics_for(oracle, questions),
-                "FAISS IVF, nearest lists up to the expert path's scan": metrics_for(ivf, questions),
-            },
-            "router": {
-                "accuracy": round(float((cal.argmax(-1) == labels).float().mean()), 3),
-                "ece_before": round(expected_calibration_error(raw, labels), 4),
-                "ece_after": round(expected_calibration_error(cal, labels), 4),
-                "temperature": round(router.temperature, 3),
-                "coverage_at_threshold": round(coverage, 3),
-                "accuracy_at_threshold": round(acc_at, 3),
-                "expert_path_share": round(sum(expert_path) / len(questions), 3),
-                "expert_path_accuracy": round(sum(on_path) / max(len(on_path), 1), 3),
-                "train_seconds": round(train_s, 1),
-                "fallback_reasons": dict(Counter(r.reason for r in routes if r.path == "fallback")),
-            },
-            "vectors_scanned": {
-                "expert path (mean)": round(statistics.mean(scanned_expert), 1) if scanned_expert else None,
-                "global": int(sizes.sum()),
-                "IVF baseline (mean)": round(statistics.mean(ivf_scanned), 1),
-            },
-            "ask_latency_ms": {
-                "p50": round(lat[len(lat) // 2], 1),
-                "p95": round(lat[min(len(lat) - 1, int(len(lat) * 0.95))], 1),
-                "n": len(lat),
-            },
-            "command": " ".join(["python", *sys.argv]),
-        }
+        result = evaluate(rt, questions, train=not args.skip_train, latency_questions=args.latency_questions).result
+        result["command"] = " ".join(["python", *sys.argv])
     finally:
         rt.close()
     RESULTS.mkdir(exist_ok=True)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -16,7 +17,7 @@ from app.models import Chunk, Cluster, Expert, RouterExample, RouterVersion
 from app.settings import Settings
 from engine.embedder import Embedder
 from engine.router import Router, TrainConfig, TrainingSet, train
-from engine.samples import query_like_samples
+from engine.samples import Sample, query_like_samples
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int, int], None]
@@ -80,6 +81,12 @@ class RouterManager:
 
     # ---- training --------------------------------------------------------------------------------------
 
+    def sample_split(self, texts: list[str], headings: list[str]) -> tuple[list[Sample], npt.NDArray[np.bool_]]:
+        """The query-like samples drawn from these chunks, and which of them are held out (calibration)."""
+        samples = query_like_samples(texts, headings, self.settings.router_samples, seed=self.settings.router_seed)
+        rng = np.random.default_rng(self.settings.router_seed)
+        return samples, rng.random(len(samples)) < self.settings.router_holdout
+
     def training_set(self, progress: Progress | None = None) -> tuple[TrainingSet, list[int], dict[str, int]]:
         """Chunks labelled by their cluster's expert, query-like samples from them, labelled questions."""
         report = progress or (lambda d, t: None)
@@ -99,13 +106,7 @@ class RouterManager:
         dim = self.embedder.dim
         chunk_x = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), dim)
 
-        rng = np.random.default_rng(self.settings.router_seed)
-        samples = query_like_samples(
-            [r[2] for r in rows],
-            [r[3] for r in rows],
-            self.settings.router_samples,
-            seed=self.settings.router_seed,
-        )
+        samples, sample_calib = self.sample_split([r[2] for r in rows], [r[3] for r in rows])
         texts = [smp.text for smp in samples] + [q for q, _ in examples]
         vectors = np.zeros((0, dim), dtype=np.float32)
         for start in range(0, len(texts), 256):  # embedded in slices so progress can be shown
@@ -115,9 +116,9 @@ class RouterManager:
         example_y = np.array([position.get(e, none) for _, e in examples], dtype=np.int64)
         # Held out: a share of the query-like samples and of the labelled questions (never chunks):
         # the temperature is fitted on text shaped like questions, where it will be used.
-        share = self.settings.router_holdout
-        sample_calib = rng.random(len(samples)) < share
-        example_calib = rng.random(len(examples)) < share
+        example_calib = (
+            np.random.default_rng(self.settings.router_seed + 1).random(len(examples)) < self.settings.router_holdout
+        )
         x = np.concatenate([chunk_x, vectors]) if len(vectors) else chunk_x
         y = np.concatenate([labels, sample_y, example_y])
         calib = np.concatenate([np.zeros(len(rows), dtype=bool), sample_calib, example_calib])

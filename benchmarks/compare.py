@@ -1,0 +1,424 @@
+"""moerag against its peers on the Debian documentation corpus, in one command.
+
+    python benchmarks/compare.py --work /var/tmp/moerag-compare          # everything (hours; resumable)
+    python benchmarks/compare.py --work DIR --stages quality load report  # some stages
+
+Stages (each prints progress; the slow ones skip what is already built under --work):
+
+1. corpus     mirror of ../shared/eval/corpus.md's six domains, FAQ questions stripped (evalcorpus.py)
+2. ingest     moerag ingestion of the mirror into WORK/moerag (resumes; duplicates skipped by hash)
+3. peer       the LangChain FAISS pipeline over the same pages into WORK/langchain (peers.py)
+4. quality    one process, FAQ dev questions: moerag routed / global dense / hybrid / oracle, FAISS IVF
+              at the expert path's scan, LangChain, semantic-router as the gate (routing.py + below)
+5. speed      ingestion of the same pages, in one run: raw encode, moerag, LangChain (pages/s, chunks/s)
+6. load       /ask p50/p95/p99 and throughput from a load generator at 1, 2 and 4 clients (load.py)
+7. scaling    latency, recall and memory at 10k, 100k, 1M chunks: expert path vs global vs IVF (scaling.py)
+8. report     benchmarks/results/compare.{json,md} and PNG plots
+
+Results of each stage go to RESULTS/compare-<stage>.json as soon as it ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import itertools
+
+from benchmarks import evalcorpus, load, peers, routing, scaling
+from benchmarks.routing import metrics_for, percentile
+
+RESULTS = Path(__file__).resolve().parent / "results"
+STAGES = ("corpus", "ingest", "peer", "quality", "speed", "load", "scaling", "report")
+ECE_BINS = 15
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def html_files(corpus: Path) -> list[Path]:
+    return sorted(p for p in corpus.rglob("*.html") if p.is_file())
+
+
+def binary_ece(conf: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> float:
+    """Equal-width bins over the top choice's confidence, as engine.calibration does for moerag."""
+    edges = np.linspace(0, 1, bins + 1)
+    total = 0.0
+    for i, (lo, hi) in enumerate(itertools.pairwise(edges)):
+        m = (conf > lo) & (conf <= hi) if i else (conf >= lo) & (conf <= hi)
+        if m.any():
+            total += m.mean() * abs(conf[m].mean() - correct[m].mean())
+    return float(total)
+
+
+def semantic_router_gate(ev: routing.Evaluation, questions: list[dict[str, str]]) -> dict[str, Any]:
+    """semantic-router over moerag's training samples, calibrated on moerag's held-out samples."""
+    from semantic_router import IndexedRouter, Route
+    from semantic_router.encoders.local import LocalEncoder
+    from sqlalchemy import select
+
+    from app.models import Chunk, Cluster, Expert
+
+    rt = ev.rt
+    with rt.sessions() as s:
+        rows = s.execute(select(Chunk.text, Chunk.heading, Chunk.cluster_id).order_by(Chunk.id)).all()
+        name_of = dict(s.execute(select(Cluster.id, Expert.name).join(Expert, Cluster.expert_id == Expert.id)).all())
+    # The very samples and split moerag's router trained and calibrated on.
+    samples, calib = rt.routers.sample_split([r[0] for r in rows], [r[1] for r in rows])
+    labelled = [(smp.text, name_of.get(rows[smp.source][2])) for smp in samples]
+    utterances: dict[str, list[str]] = {}
+    for (text, name), held in zip(labelled, calib, strict=True):
+        if name is not None and not held:
+            utterances.setdefault(name, []).append(text)
+    log(f"semantic-router: {sum(map(len, utterances.values()))} utterances over {len(utterances)} routes")
+    t0 = time.perf_counter()
+    encoder = LocalEncoder(name=str(peers._model_path()), device="cpu")
+    router = IndexedRouter(encoder=encoder, routes=[Route(name=n, utterances=u) for n, u in utterances.items()])
+    held = [(t, n) for (t, n), h in zip(labelled, calib, strict=True) if h and n is not None]
+    try:
+        report = router.fit([t for t, _ in held], [n for _, n in held], method="platt")
+        fit = {"accuracy": round(report.accuracy, 3), "ece": round(report.ece, 4), "n": report.n}
+    except ValueError as exc:  # e.g. every held-out sample right: nothing to fit; raw scores stay
+        fit = {"error": str(exc)}
+    router.confidence_threshold = rt.settings.route_threshold
+    build_s = time.perf_counter() - t0
+
+    ranked, conf, correct, gate_ms = [], [], [], []
+    for i, q in enumerate(questions):
+        t = time.perf_counter()
+        choices = router(q["question"], limit=None, threshold=0.0)
+        gate_ms.append((time.perf_counter() - t) * 1000)
+        assert isinstance(choices, list) and choices, "semantic-router returned no route"
+        top = choices[0]
+        conf.append(float(top.confidence or 0.0))
+        correct.append(top.name == q["domain"])
+        if conf[-1] >= rt.settings.route_threshold and top.name in ev.domain_clusters:
+            hits = rt.indexes.index.search(ev.q_vecs[i : i + 1], 10, ev.domain_clusters[top.name])[1][0]
+            ranked.append(ev.resolve(hits))
+        else:
+            ranked.append(ev.hybrid[i])  # the same fallback moerag takes
+    c, ok = np.array(conf), np.array(correct, dtype=float)
+    on = c >= rt.settings.route_threshold
+    gate_ms.sort()
+    return {
+        "retrieval": metrics_for(ranked, questions),
+        "router": {
+            "accuracy": round(float(ok.mean()), 3),
+            "ece_after": round(binary_ece(c, ok), 4),
+            "fit_report": fit,
+            "calibrated": router.calibrated,
+            "expert_path_share": round(float(on.mean()), 3),
+            "expert_path_accuracy": round(float(ok[on].mean()), 3) if on.any() else None,
+            "gate_ms_p50": percentile(gate_ms, 50),
+            "build_and_fit_seconds": round(build_s, 1),
+        },
+    }
+
+
+def stage_quality(work: Path, questions: list[dict[str, str]], latency_questions: int) -> dict[str, Any]:
+    from app.runtime import Runtime
+    from app.settings import Settings
+
+    rt = Runtime(Settings(data_dir=work / "moerag"))
+    rt.start()
+    try:
+        ev = routing.evaluate(rt, questions, train=True, latency_questions=latency_questions)
+        result = ev.result
+        log("quality: LangChain FAISS retrieval ...")
+        lc = peers.LangChainRetriever(work / "langchain")
+        lc_ranked, lc_ms = [], []
+        for q in questions:
+            t = time.perf_counter()
+            lc_ranked.append(lc.search(q["question"], 10))
+            lc_ms.append((time.perf_counter() - t) * 1000)
+        lc_ms.sort()
+        result["retrieval"]["LangChain FAISS RAG (tutorial defaults)"] = metrics_for(lc_ranked, questions)
+        result["peer_corpus"] = {"langchain_chunks": lc.size}
+        log("quality: semantic-router as the gate ...")
+        sr = semantic_router_gate(ev, questions)
+        result["retrieval"]["moerag retrieval, semantic-router gate"] = sr["retrieval"]
+        result["semantic_router"] = sr["router"]
+        result["retrieval_latency_ms"] = {
+            "moerag prepare (embed + route + retrieve), p50": result["prepare_latency_ms"]["p50"],
+            "LangChain similarity_search (embed + exact search), p50": percentile(lc_ms, 50),
+        }
+    finally:
+        rt.close()
+    return result
+
+
+def stage_speed(corpus: Path, pages: int) -> dict[str, Any]:
+    """Ingestion of the same pages in one run: raw encodes bracket each pipeline (the machine drifts)."""
+    from app.runtime import Runtime
+    from app.services.documents import Upload
+    from app.settings import Settings
+    from engine.chunking import chunk_document
+    from engine.embedder import Embedder
+    from engine.parsing import parse
+
+    files = html_files(corpus)
+    pick = files[:: max(1, len(files) // pages)][:pages]  # spread over every domain
+    embedder = Embedder()
+    m_texts = []
+    for f in pick:
+        doc = parse(f.read_bytes(), f.name)
+        m_texts += [c.embed_text for c in chunk_document(doc, embedder.count_tokens)]
+    lc_texts = [d.page_content for d in peers._load_split(pick, corpus)]
+    log(f"speed: {len(pick)} pages → moerag {len(m_texts)} chunks, LangChain {len(lc_texts)} chunks")
+
+    def raw(texts: list[str]) -> float:
+        t = time.perf_counter()
+        embedder.model.encode(texts, batch_size=embedder.batch_size, show_progress_bar=False)
+        return time.perf_counter() - t
+
+    embedder.model.encode(m_texts[:64], batch_size=embedder.batch_size)  # warm-up
+    raw_m = [raw(m_texts)]
+    raw_l = [raw(lc_texts)]
+    with tempfile.TemporaryDirectory() as tmp:
+        rt = Runtime(Settings(data_dir=Path(tmp) / "data", admin_token="bench"), embedder=embedder)
+        rt.start()
+        t = time.perf_counter()
+        thunks = (
+            (lambda p=p: Upload(data=p.read_bytes(), source=p.relative_to(corpus).as_posix(), filename=p.name))
+            for p in pick
+        )
+        m_chunks = sum(o.chunks for o in rt.ingestor.ingest_many(thunks))
+        m_s = time.perf_counter() - t
+        rt.close()
+        lc_stats = peers.langchain_build(corpus, Path(tmp) / "lc", files=pick, progress=log)
+    raw_m.append(raw(m_texts))
+    raw_l.append(raw(lc_texts))
+    lc_s = lc_stats["total_seconds"]
+
+    def row(chunks: int, seconds: float, texts: list[str], raw_s: list[float]) -> dict[str, float]:
+        raw_mean = sum(raw_s) / len(raw_s)
+        return {
+            "chunks": chunks,
+            "seconds": round(seconds, 1),
+            "pages_per_s": round(len(pick) / seconds, 2),
+            "chunks_per_s": round(chunks / seconds, 1),
+            "text_kchars_per_s": round(sum(map(len, texts)) / seconds / 1000, 1),
+            "raw_encode_chunks_per_s": round(len(texts) / raw_mean, 1),
+            "over_raw_encode": round(raw_mean / seconds * chunks / len(texts), 3),
+        }
+
+    return {
+        "pages": len(pick),
+        "moerag": row(m_chunks, m_s, m_texts, raw_m),
+        "LangChain": row(lc_stats["chunks"], lc_s, lc_texts, raw_l),
+        "moerag_over_langchain_pages_per_s": round(lc_s / m_s, 3),
+        "dtype": embedder.dtype_name,
+    }
+
+
+def stage_scaling(work: Path, sizes: list[int], questions: list[dict[str, str]]) -> dict[str, Any]:
+    from engine.embedder import Embedder
+
+    queries = Embedder().encode([q["question"] for q in questions])
+    base = scaling.real_vectors(work / "moerag")
+    rows = []
+    for n in sizes:
+        log(f"scaling: {n} chunks ...")
+        rows.append(scaling.row(n, base, queries, [1, 4, 16, 64]))
+    return {"rows": rows, "real_vectors": len(base)}
+
+
+def plots(results: dict[str, Any], out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    if "quality" in results:
+        ret = results["quality"]["retrieval"]
+        names = list(ret)
+        fig, ax = plt.subplots(figsize=(9, 4.5))
+        y = np.arange(len(names))
+        ax.barh(y - 0.2, [ret[n]["hit@10"] for n in names], 0.4, label="hit@10")
+        ax.barh(y + 0.2, [ret[n]["mrr@10"] for n in names], 0.4, label="MRR@10")
+        ax.set_yticks(y, names, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel("FAQ dev (174 questions)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "compare-quality.png", dpi=110)
+        plt.close(fig)
+        made.append("compare-quality.png")
+    if "load" in results:
+        lv = results["load"]["levels"]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for key in ("p50_ms", "p95_ms", "p99_ms"):
+            ax.plot([r["concurrency"] for r in lv], [r[key] for r in lv], marker="o", label=key)
+        ax.set_xlabel("concurrent clients")
+        ax.set_ylabel("/ask latency, ms")
+        ax2 = ax.twinx()
+        ax2.plot([r["concurrency"] for r in lv], [r["throughput_rps"] for r in lv], "k--", marker="s", label="req/s")
+        ax2.set_ylabel("throughput, req/s")
+        ax.legend(loc="upper left")
+        fig.tight_layout()
+        fig.savefig(out / "compare-load.png", dpi=110)
+        plt.close(fig)
+        made.append("compare-load.png")
+    if "scaling" in results:
+        rows = results["scaling"]["rows"]
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for path in ("global", "expert path", "IVF, expert path's scan budget"):
+            ax.plot([r["chunks"] for r in rows], [r[path]["ms"] for r in rows], marker="o", label=path)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("chunks")
+        ax.set_ylabel("ms per question (search only)")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / "compare-scaling.png", dpi=110)
+        plt.close(fig)
+        made.append("compare-scaling.png")
+    return made
+
+
+def markdown(results: dict[str, Any]) -> str:
+    out = [f"Command: `{results.get('command', '')}`", ""]
+    if "quality" in results:
+        q = results["quality"]
+        out += [
+            f"### Retrieval quality — FAQ dev ({q['corpus']['questions']} questions), "
+            f"moerag {q['corpus']['chunks']:,} chunks / {q['corpus']['clusters']} clusters, "
+            f"LangChain {q['peer_corpus']['langchain_chunks']:,} chunks",
+            "",
+            "| retrieval | hit@1 | hit@5 | hit@10 | MRR@10 | top-1 in the right domain |",
+            "|---|---|---|---|---|---|",
+        ]
+        for name, m in q["retrieval"].items():
+            out.append(f"| {name} | {m['hit@1']} | {m['hit@5']} | {m['hit@10']} | {m['mrr@10']} | {m['top1_domain']} |")
+        r, s = q["router"], q["semantic_router"]
+        out += [
+            "",
+            "| gate | domain accuracy | expert-path share (conf ≥ 0.7) | accuracy on the expert path | ECE |",
+            "|---|---|---|---|---|",
+            f"| moerag router | {r['accuracy']} | {r['expert_path_share']} | {r['expert_path_accuracy']} "
+            f"| {r['ece_after']} |",
+            f"| semantic-router (Platt-fitted) | {s['accuracy']} | {s['expert_path_share']} "
+            f"| {s['expert_path_accuracy']} | {s['ece_after']} |",
+            "",
+            f"Vectors scanned per question: {q['vectors_scanned']}. Retrieval latency in one process: "
+            f"{q['retrieval_latency_ms']}; semantic-router gate p50 {s['gate_ms_p50']} ms.",
+            "",
+        ]
+    if "speed" in results:
+        sp = results["speed"]
+        out += [
+            f"### Ingestion — the same {sp['pages']} pages, one run",
+            "",
+            "| pipeline | chunks | pages/s | chunks/s | text kchars/s | raw encode chunks/s | share of raw encode |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for name in ("moerag", "LangChain"):
+            m = sp[name]
+            out.append(
+                f"| {name} | {m['chunks']} | {m['pages_per_s']} | {m['chunks_per_s']} | {m['text_kchars_per_s']} "
+                f"| {m['raw_encode_chunks_per_s']} | {m['over_raw_encode']} |"
+            )
+        out.append("")
+    if "load" in results:
+        out += [
+            "### /ask under load (one server process, extractive generator, 127.0.0.1)",
+            "",
+            "| clients | requests | req/s | p50 ms | p95 ms | p99 ms | embed+route ms | paths |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for lv in results["load"]["levels"]:
+            out.append(
+                f"| {lv['concurrency']} | {lv['requests']} | {lv['throughput_rps']} | {lv['p50_ms']} | {lv['p95_ms']} "
+                f"| {lv['p99_ms']} | {lv['embed_plus_route_ms_mean']} | {lv['paths']} |"
+            )
+        out.append("")
+    if "scaling" in results:
+        out += ["### Scaling (search only, one question at a time)", "", scaling.markdown(results["scaling"]), ""]
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--work", type=Path, required=True, help="where the corpus mirror and the indexes live")
+    ap.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES))
+    ap.add_argument("--corpus", type=Path, help="an already built corpus folder (default: WORK/corpus)")
+    ap.add_argument("--questions", type=Path, help="default: ../shared/eval/faq-dev.jsonl")
+    ap.add_argument("--results", type=Path, default=RESULTS)
+    ap.add_argument("--speed-pages", type=int, default=100)
+    ap.add_argument("--load-requests", type=int, default=200)
+    ap.add_argument("--load-seconds", type=float, default=60)
+    ap.add_argument("--load-levels", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--latency-questions", type=int, default=100)
+    ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    args = ap.parse_args()
+
+    work, res = args.work, args.results
+    corpus = args.corpus or work / "corpus"
+    work.mkdir(parents=True, exist_ok=True)
+    res.mkdir(parents=True, exist_ok=True)
+    questions = evalcorpus.load_questions(args.questions)
+    command = " ".join(["python", *sys.argv])
+
+    def save(stage: str, data: dict[str, Any]) -> None:
+        data["command"] = command
+        (res / f"compare-{stage}.json").write_text(json.dumps(data, indent=2))
+
+    for stage in args.stages:
+        log(f"stage {stage}")
+        t = time.perf_counter()
+        if stage == "corpus" and not args.corpus:
+            log(f"corpus: {evalcorpus.build(corpus)}")
+        elif stage == "ingest":
+            log(f"ingest: {evalcorpus.ingest(corpus, work / 'moerag')}")
+        elif stage == "peer":
+            if (work / "langchain" / "index.faiss").exists():
+                log("peer: LangChain store already built")
+            else:
+                log(f"peer: {peers.langchain_build(corpus, work / 'langchain', progress=log)}")
+        elif stage == "quality":
+            save("quality", stage_quality(work, questions, args.latency_questions))
+        elif stage == "speed":
+            save("speed", stage_speed(corpus, args.speed_pages))
+        elif stage == "load":
+            save(
+                "load",
+                load.run(
+                    work / "moerag",
+                    args.load_levels,
+                    args.load_requests,
+                    args.load_seconds,
+                    work / "load-server.log",
+                    [q["question"] for q in questions],
+                ),
+            )
+        elif stage == "scaling":
+            save("scaling", stage_scaling(work, args.sizes, questions))
+        elif stage == "report":
+            merged: dict[str, Any] = {"command": command}
+            for name in ("quality", "speed", "load", "scaling"):
+                f = res / f"compare-{name}.json"
+                if f.exists():
+                    merged[name] = json.loads(f.read_text())
+            merged["plots"] = plots(merged, res)
+            (res / "compare.json").write_text(json.dumps(merged, indent=2))
+            (res / "compare.md").write_text(markdown(merged))
+            print(markdown(merged))
+        log(f"stage {stage} done in {time.perf_counter() - t:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""/ask under concurrent load: a real `moerag serve` on 127.0.0.1 and a bounded load generator.
+
+    python benchmarks/load.py --data-dir /tmp/evaldata --concurrency 1 2 4 --requests 200 --seconds 60
+
+Each level sends at most `--requests` questions (the FAQ dev questions, cycled) or stops after
+`--seconds`, whichever comes first, with `c` clients each keeping one request in flight.
+Extractive generator (the default), so the figures are moerag's own cost, not an LLM's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.evalcorpus import load_questions
+from benchmarks.routing import percentile
+
+
+@contextmanager
+def serve(data_dir: Path, log: Path, timeout: float = 600, **env: str) -> Iterator[str]:
+    """A `moerag serve` process bound to 127.0.0.1 on a free port; yields its base URL once ready."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    url = f"http://127.0.0.1:{port}"
+    cmd = [
+        sys.executable,
+        "-m",
+        "app.cli",
+        "--data-dir",
+        str(data_dir),
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited with {proc.returncode}; see {log}")
+            try:
+                if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"server not ready after {timeout} s; see {log}")
+            time.sleep(0.3)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def load_level(url: str, questions: list[str], concurrency: int, requests: int, seconds: float) -> dict[str, Any]:
+    """`concurrency` clients, each one request in flight, until `requests` are sent or `seconds` pass."""
+    feed = itertools.islice(itertools.cycle(questions), requests)
+    lock = threading.Lock()
+    latencies: list[float] = []
+    route_ms: list[float] = []
+    paths: Counter[str] = Counter()
+    errors: Counter[int] = Counter()
+    deadline = time.monotonic() + seconds
+
+    def client() -> None:
+        with httpx.Client(base_url=url, timeout=60) as http:
+            while time.monotonic() < deadline:
+                with lock:
+                    q = next(feed, None)
+                if q is None:
+                    return
+                t = time.perf_counter()
+                r = http.post("/ask", json={"question": q})
+                ms = (time.perf_counter() - t) * 1000
+                with lock:
+                    if r.status_code != 200:
+                        errors[r.status_code] += 1
+                        continue
+                    body = r.json()
+                    latencies.append(ms)
+                    route_ms.append(body["timings_ms"].get("embed", 0.0) + body["timings_ms"].get("route", 0.0))
+                    paths[body["route"]["path"]] += 1
+
+    # Warm-up outside the measurement: the first request pays lazy imports.
+    httpx.post(f"{url}/ask", json={"question": questions[0]}, timeout=60)
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    elapsed = time.perf_counter() - t0
+    latencies.sort()
+    return {
+        "concurrency": concurrency,
+        "requests": len(latencies),
+        "errors": dict(errors),
+        "seconds": round(elapsed, 1),
+        "throughput_rps": round(len(latencies) / elapsed, 2),
+        "p50_ms": percentile(latencies, 50),
+        "p95_ms": percentile(latencies, 95),
+        "p99_ms": percentile(latencies, 99),
+        "embed_plus_route_ms_mean": round(statistics.mean(route_ms), 2) if route_ms else None,
+        "paths": dict(paths),
+    }
+
+
+def run(
+    data_dir: Path, levels: list[int], requests: int, seconds: float, log: Path, questions: list[str] | None = None
+) -> dict[str, Any]:
+    qs = questions or [q["question"] for q in load_questions()]
+    with serve(data_dir, log) as url:
+        rows = []
+        for c in levels:
+            print(f"load: {c} concurrent client(s) ...", flush=True)
+            rows.append(load_level(url, qs, c, requests, seconds))
+            print(json.dumps(rows[-1]), flush=True)
+    return {"levels": rows, "server_processes": 1, "cpus": os.cpu_count()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data-dir", type=Path, required=True)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--requests", type=int, default=200)
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--log", type=Path, default=Path("load-server.log"))
+    args = ap.parse_args()
+    print(json.dumps(run(args.data_dir, args.concurrency, args.requests, args.seconds, args.log), indent=2))
+
+
+if __name__ == "__main__":
+    main()

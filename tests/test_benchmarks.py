@@ -1,0 +1,169 @@
+"""The peer comparison (benchmarks/compare.py) end to end on a tiny corpus, so it keeps working.
+
+Every stage runs for real: moerag ingestion, the LangChain FAISS pipeline, semantic-router
+fitted on moerag's samples, a real `moerag serve` under the load generator, synthetic scaling,
+and the report with its PNG plots. The figures are too small to mean anything; the test checks
+that each stage produced sane, internally consistent results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("langchain_community", reason="the peers extra is not installed")
+pytest.importorskip("semantic_router", reason="the peers extra is not installed")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Three domains of the eval layout (the folder decides the domain), two pages each.
+PAGES = {
+    "python3.11-doc/html/faq/general.html": [
+        (
+            "Why indentation",
+            "Python uses indentation to group statements because it makes the visual "
+            "structure of a program match its real structure, so blocks never disagree with braces.",
+        ),
+        (
+            "Speed",
+            "CPython compiles source code to bytecode and interprets it; tight numeric loops run "
+            "faster with NumPy arrays or a C extension module than in pure interpreted code.",
+        ),
+    ],
+    "python3.11-doc/html/library/json.html": [
+        (
+            "json.dumps",
+            "The json module serialises Python dictionaries and lists to JSON text with dumps "
+            "and parses JSON strings back into Python objects with loads.",
+        ),
+    ],
+    "git-doc/git-revert.html": [
+        (
+            "Description",
+            "git revert records a new commit that undoes the changes introduced by an earlier "
+            "commit, leaving the history intact, which is safe on branches others have pulled.",
+        ),
+    ],
+    "git-doc/gitfaq.html": [
+        (
+            "Credentials",
+            "Git can cache your HTTPS credentials in memory with the credential cache helper so "
+            "that you do not have to type your password for every push to the remote repository.",
+        ),
+    ],
+    "sqlite3/faq.html": [
+        (
+            "Autoincrement",
+            "Declare a column INTEGER PRIMARY KEY and SQLite fills it with a unique rowid "
+            "automatically whenever you insert a row without giving that column a value.",
+        ),
+    ],
+    "sqlite3/lang_vacuum.html": [
+        (
+            "VACUUM",
+            "The VACUUM command rebuilds the database file, repacking it into a minimal amount of disk "
+            "space and removing the free pages left behind by deleted tables and indexes.",
+        ),
+    ],
+}
+
+QUESTIONS = [
+    ("python", "python3.11-doc/html/faq/general.html", "Why does Python use indentation for grouping?", 0),
+    ("git", "git-doc/git-revert.html", "How do I undo a commit that was already pushed?", 0),
+    ("sqlite", "sqlite3/faq.html", "How do I create an autoincrement field?", 0),
+    ("sqlite", "sqlite3/lang_vacuum.html", "How do I shrink the database file after deleting data?", 0),
+]
+
+
+def write_corpus(root: Path) -> Path:
+    corpus = root / "corpus"
+    for rel, sections in PAGES.items():
+        body = "".join(f"<h2>{h}</h2><p>{text}</p>" for h, text in sections)
+        path = corpus / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"<html><head><title>{rel}</title></head><body><h1>{rel}</h1>{body}</body></html>")
+    qfile = root / "questions.jsonl"
+    with qfile.open("w") as f:
+        for i, (domain, source, question, section) in enumerate(QUESTIONS):
+            answer = PAGES[source][section][1]
+            row = {"id": f"q{i}", "domain": domain, "question": question, "answer": answer, "source": source}
+            f.write(json.dumps(row | {"anchor": ""}) + "\n")
+    return corpus
+
+
+def test_compare_runs_every_stage(tmp_path: Path) -> None:
+    corpus = write_corpus(tmp_path)
+    results = tmp_path / "results"
+    cmd = [
+        sys.executable,
+        "benchmarks/compare.py",
+        "--work",
+        str(tmp_path / "work"),
+        "--corpus",
+        str(corpus),
+        "--questions",
+        str(tmp_path / "questions.jsonl"),
+        "--results",
+        str(results),
+        "--stages",
+        "ingest",
+        "peer",
+        "quality",
+        "speed",
+        "load",
+        "scaling",
+        "report",
+        "--speed-pages",
+        "3",
+        "--load-requests",
+        "6",
+        "--load-levels",
+        "1",
+        "2",
+        "--sizes",
+        "3000",
+        "--latency-questions",
+        "2",
+    ]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MOERAG_CLUSTERS": "3", "MOERAG_ROUTER_SAMPLES": "300"}
+    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+    merged = json.loads((results / "compare.json").read_text())
+    quality = merged["quality"]
+    assert quality["corpus"]["questions"] == len(QUESTIONS)
+    names = set(quality["retrieval"])
+    assert {
+        "global dense (exact)",
+        "LangChain FAISS RAG (tutorial defaults)",
+        "moerag retrieval, semantic-router gate",
+    } <= names
+    for m in quality["retrieval"].values():
+        assert 0 <= m["hit@1"] <= m["hit@5"] <= m["hit@10"] <= 1
+    # Each answer is one short section of a six-page corpus: exact search must find every one.
+    assert quality["retrieval"]["global dense (exact)"]["hit@10"] == 1.0
+    assert quality["retrieval"]["LangChain FAISS RAG (tutorial defaults)"]["hit@10"] == 1.0
+    assert quality["peer_corpus"]["langchain_chunks"] >= len(PAGES)
+    assert 0 <= quality["semantic_router"]["expert_path_share"] <= 1
+
+    speed = merged["speed"]
+    assert speed["pages"] == 3 and speed["moerag"]["chunks"] > 0 and speed["LangChain"]["chunks"] > 0
+
+    levels = merged["load"]["levels"]
+    assert [lv["concurrency"] for lv in levels] == [1, 2]
+    for lv in levels:
+        assert lv["errors"] == {} and lv["requests"] == 6
+        assert lv["p50_ms"] <= lv["p95_ms"] <= lv["p99_ms"]
+
+    (row,) = merged["scaling"]["rows"]
+    assert row["chunks"] == 3000 and row["global"]["scanned"] == 3000
+    assert row["expert path"]["scanned"] < 3000
+
+    for png in merged["plots"]:
+        assert (results / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "LangChain" in (results / "compare.md").read_text()
