@@ -259,16 +259,19 @@ def plots(results: dict[str, Any], out: Path) -> list[str]:
         plt.close(fig)
         made.append("compare-quality.png")
     if "load" in results:
-        lv = results["load"]["levels"]
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for key in ("p50_ms", "p95_ms", "p99_ms"):
-            ax.plot([r["concurrency"] for r in lv], [r[key] for r in lv], marker="o", label=key)
+        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+        for threads in sorted({r["server_threads"] for r in results["load"]["levels"]}):
+            lv = [r for r in results["load"]["levels"] if r["server_threads"] == threads]
+            xs = [r["concurrency"] for r in lv]
+            for key in ("p50_ms", "p95_ms"):
+                ax.plot(xs, [r[key] for r in lv], marker="o", label=f"{key}, {threads} thread(s)")
+            ax2.plot(xs, [r["throughput_rps"] for r in lv], marker="s", label=f"{threads} thread(s)")
         ax.set_xlabel("concurrent clients")
         ax.set_ylabel("/ask latency, ms")
-        ax2 = ax.twinx()
-        ax2.plot([r["concurrency"] for r in lv], [r["throughput_rps"] for r in lv], "k--", marker="s", label="req/s")
+        ax2.set_xlabel("concurrent clients")
         ax2.set_ylabel("throughput, req/s")
-        ax.legend(loc="upper left")
+        ax.legend(fontsize=8)
+        ax2.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(out / "compare-load.png", dpi=110)
         plt.close(fig)
@@ -337,13 +340,14 @@ def markdown(results: dict[str, Any]) -> str:
         out += [
             "### /ask under load (one server process, extractive generator, 127.0.0.1)",
             "",
-            "| clients | requests | req/s | p50 ms | p95 ms | p99 ms | embed+route ms | paths |",
-            "|---|---|---|---|---|---|---|---|",
+            "| server threads | clients | requests | req/s | p50 ms | p95 ms | p99 ms | embed+route ms | paths |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for lv in results["load"]["levels"]:
             out.append(
-                f"| {lv['concurrency']} | {lv['requests']} | {lv['throughput_rps']} | {lv['p50_ms']} | {lv['p95_ms']} "
-                f"| {lv['p99_ms']} | {lv['embed_plus_route_ms_mean']} | {lv['paths']} |"
+                f"| {lv['server_threads']} | {lv['concurrency']} | {lv['requests']} | {lv['throughput_rps']} "
+                f"| {lv['p50_ms']} | {lv['p95_ms']} | {lv['p99_ms']} | {lv['embed_plus_route_ms_mean']} "
+                f"| {lv['paths']} |"
             )
         out.append("")
     if "scaling" in results:
@@ -362,6 +366,9 @@ def main() -> None:
     ap.add_argument("--load-requests", type=int, default=200)
     ap.add_argument("--load-seconds", type=float, default=60)
     ap.add_argument("--load-levels", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument(
+        "--load-threads", type=int, nargs="+", default=[0, 1], help="server torch threads per run (0: default)"
+    )
     ap.add_argument("--latency-questions", type=int, default=100)
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     args = ap.parse_args()
@@ -394,17 +401,18 @@ def main() -> None:
         elif stage == "speed":
             save("speed", stage_speed(corpus, args.speed_pages))
         elif stage == "load":
-            save(
-                "load",
-                load.run(
+            levels = []
+            for threads in args.load_threads:
+                levels += load.run(
                     work / "moerag",
                     args.load_levels,
                     args.load_requests,
                     args.load_seconds,
                     work / "load-server.log",
                     [q["question"] for q in questions],
-                ),
-            )
+                    threads=threads,
+                )["levels"]
+            save("load", {"levels": levels, "server_processes": 1, "cpus": os.cpu_count()})
         elif stage == "scaling":
             save("scaling", stage_scaling(work, args.sizes, questions))
         elif stage == "report":

@@ -132,14 +132,22 @@ def load_level(url: str, questions: list[str], concurrency: int, requests: int, 
 
 
 def run(
-    data_dir: Path, levels: list[int], requests: int, seconds: float, log: Path, questions: list[str] | None = None
+    data_dir: Path,
+    levels: list[int],
+    requests: int,
+    seconds: float,
+    log: Path,
+    questions: list[str] | None = None,
+    threads: int = 0,
 ) -> dict[str, Any]:
+    """One server process; `threads` > 0 caps its torch/OpenMP threads (0: torch's default, one per core)."""
     qs = questions or [q["question"] for q in load_questions()]
-    with serve(data_dir, log) as url:
+    env = {"OMP_NUM_THREADS": str(threads)} if threads > 0 else {}
+    with serve(data_dir, log, **env) as url:
         rows = []
         for c in levels:
-            print(f"load: {c} concurrent client(s) ...", flush=True)
-            rows.append(load_level(url, qs, c, requests, seconds))
+            print(f"load: {c} concurrent client(s), server threads {threads or 'default'} ...", flush=True)
+            rows.append(load_level(url, qs, c, requests, seconds) | {"server_threads": threads or os.cpu_count()})
             print(json.dumps(rows[-1]), flush=True)
     return {"levels": rows, "server_processes": 1, "cpus": os.cpu_count()}
 
@@ -150,9 +158,11 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--threads", type=int, default=0, help="cap the server's torch threads (0: default)")
     ap.add_argument("--log", type=Path, default=Path("load-server.log"))
     args = ap.parse_args()
-    print(json.dumps(run(args.data_dir, args.concurrency, args.requests, args.seconds, args.log), indent=2))
+    result = run(args.data_dir, args.concurrency, args.requests, args.seconds, args.log, threads=args.threads)
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

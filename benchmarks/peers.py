@@ -129,7 +129,8 @@ def main() -> None:
     b.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
     if args.cmd == "langchain-build":
-        print(json.dumps(langchain_build(args.corpus, args.out), indent=2))
+        stats = langchain_build(args.corpus, args.out, progress=lambda m: print(m, flush=True))
+        print(json.dumps(stats, indent=2))
 
 
 if __name__ == "__main__":

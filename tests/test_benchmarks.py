@@ -155,7 +155,12 @@ def test_compare_runs_every_stage(tmp_path: Path) -> None:
     assert speed["pages"] == 3 and speed["moerag"]["chunks"] > 0 and speed["LangChain"]["chunks"] > 0
 
     levels = merged["load"]["levels"]
-    assert [lv["concurrency"] for lv in levels] == [1, 2]
+    assert [(lv["server_threads"], lv["concurrency"]) for lv in levels] == [
+        (os.cpu_count(), 1),
+        (os.cpu_count(), 2),
+        (1, 1),
+        (1, 2),
+    ]
     for lv in levels:
         assert lv["errors"] == {} and lv["requests"] == 6
         assert lv["p50_ms"] <= lv["p95_ms"] <= lv["p99_ms"]
