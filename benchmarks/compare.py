@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import itertools
 
 from benchmarks import evalcorpus, load, peers, routing, scaling
-from benchmarks.routing import metrics_for, percentile
+from benchmarks.routing import ROUTED, first_hits, metrics_for, paired_difference, percentile
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STAGES = ("corpus", "ingest", "peer", "quality", "speed", "load", "scaling", "report")
@@ -114,7 +114,7 @@ def semantic_router_gate(ev: routing.Evaluation, questions: list[dict[str, str]]
     on = c >= rt.settings.route_threshold
     gate_ms.sort()
     return {
-        "retrieval": metrics_for(ranked, questions),
+        "ranked": ranked,
         "router": {
             "accuracy": round(float(ok.mean()), 3),
             "ece_after": round(binary_ece(c, ok), 4),
@@ -145,11 +145,17 @@ def stage_quality(work: Path, questions: list[dict[str, str]], latency_questions
             lc_ranked.append(lc.search(q["question"], 10))
             lc_ms.append((time.perf_counter() - t) * 1000)
         lc_ms.sort()
-        result["retrieval"]["LangChain FAISS RAG (tutorial defaults)"] = metrics_for(lc_ranked, questions)
+        ev.ranked["LangChain FAISS RAG (tutorial defaults)"] = lc_ranked
         result["peer_corpus"] = {"langchain_chunks": lc.size}
         log("quality: semantic-router as the gate ...")
         sr = semantic_router_gate(ev, questions)
-        result["retrieval"]["moerag retrieval, semantic-router gate"] = sr["retrieval"]
+        ev.ranked["moerag retrieval, semantic-router gate"] = sr.pop("ranked")
+        result["retrieval"] = {name: metrics_for(r, questions) for name, r in ev.ranked.items()}
+        # Is the routed pipeline's edge real? Paired bootstrap over the same questions.
+        routed = first_hits(ev.ranked[ROUTED], questions)
+        result["routed_minus"] = {
+            name: paired_difference(routed, first_hits(r, questions)) for name, r in ev.ranked.items() if name != ROUTED
+        }
         result["semantic_router"] = sr["router"]
         result["retrieval_latency_ms"] = {
             "moerag prepare (embed + route + retrieve), p50": result["prepare_latency_ms"]["p50"],
@@ -307,6 +313,14 @@ def markdown(results: dict[str, Any]) -> str:
         ]
         for name, m in q["retrieval"].items():
             out.append(f"| {name} | {m['hit@1']} | {m['hit@5']} | {m['hit@10']} | {m['mrr@10']} | {m['top1_domain']} |")
+        out += [
+            "",
+            "Routed minus each other system, hit@10 over the same questions (95% paired bootstrap interval; "
+            "questions only the routed pipeline finds / only the other finds):",
+            "",
+        ]
+        for name, d in q.get("routed_minus", {}).items():
+            out.append(f"- {name}: {d['diff']:+} [{d['ci95'][0]:+}, {d['ci95'][1]:+}] ({d['a_only']} / {d['b_only']})")
         r, s = q["router"], q["semantic_router"]
         out += [
             "",

@@ -31,14 +31,38 @@ from benchmarks.evalcorpus import domain_of, is_hit, load_questions
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DOMAINS = ("debian", "git", "nodejs", "postgresql", "python", "sqlite")
+ROUTED = "routed (served pipeline)"
+
+
+def first_hits(ranked: list[list[tuple[str, str]]], questions: list[dict[str, str]]) -> list[int | None]:
+    """Per question, the rank (1-10) of the first hit, or None."""
+    return [
+        next((r for r, (text, src) in enumerate(chunks[:10], 1) if is_hit(text, src, q)), None)
+        for q, chunks in zip(questions, ranked, strict=True)
+    ]
+
+
+def paired_difference(a: list[int | None], b: list[int | None], k: int = 10, rounds: int = 2000) -> dict[str, float]:
+    """hit@k of a minus hit@k of b over the same questions, with a 95% paired bootstrap interval."""
+    x = np.array([(r is not None and r <= k) for r in a], dtype=float) - np.array(
+        [(r is not None and r <= k) for r in b], dtype=float
+    )  # [Q] per-question difference in {-1, 0, 1}
+    rng = np.random.default_rng(0)
+    means = x[rng.integers(0, len(x), (rounds, len(x)))].mean(1)  # [rounds]
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return {
+        "diff": round(float(x.mean()), 3),
+        "ci95": [round(float(lo), 3), round(float(hi), 3)],
+        "a_only": int((x > 0).sum()),
+        "b_only": int((x < 0).sum()),
+    }
 
 
 def metrics_for(ranked: list[list[tuple[str, str]]], questions: list[dict[str, str]]) -> dict[str, float]:
     """ranked[i] = [(chunk text, source)] best first, for question i."""
     out = {"hit@1": 0.0, "hit@5": 0.0, "hit@10": 0.0, "mrr@10": 0.0, "top1_domain": 0.0}
-    for q, chunks in zip(questions, ranked, strict=True):
+    for q, chunks, first in zip(questions, ranked, first_hits(ranked, questions), strict=True):
         out["top1_domain"] += bool(chunks) and domain_of(chunks[0][1]) == q["domain"]
-        first = next((r for r, (text, src) in enumerate(chunks[:10], 1) if is_hit(text, src, q)), None)
         if first is not None:
             out["mrr@10"] += 1 / first
             for k in (1, 5, 10):
@@ -72,6 +96,7 @@ class Evaluation:
     """What the peers reuse: the question vectors, each domain's clusters, the fallback results."""
 
     result: dict[str, Any]
+    ranked: dict[str, list[list[tuple[str, str]]]]  # system -> per question [(text, source)] best first
     q_vecs: np.ndarray  # [Q, D]
     domain_clusters: dict[str, list[int]]
     hybrid: list[list[tuple[str, str]]]
@@ -174,15 +199,16 @@ def evaluate(
     gate_ms.sort()
     route_ms.sort()
 
+    ranked = {
+        ROUTED: routed,
+        "global dense (exact)": global_dense,
+        "global hybrid (fallback path)": hybrid,
+        "oracle route": oracle,
+        "FAISS IVF, nearest lists up to the expert path's scan": ivf,
+    }
     result = {
         "corpus": {"chunks": stats["chunks"], "clusters": stats["clusters"], "questions": len(questions)},
-        "retrieval": {
-            "routed (served pipeline)": metrics_for(routed, questions),
-            "global dense (exact)": metrics_for(global_dense, questions),
-            "global hybrid (fallback path)": metrics_for(hybrid, questions),
-            "oracle route": metrics_for(oracle, questions),
-            "FAISS IVF, nearest lists up to the expert path's scan": metrics_for(ivf, questions),
-        },
+        "retrieval": {name: metrics_for(r, questions) for name, r in ranked.items()},
         "router": {
             "accuracy": round(float((cal.argmax(-1) == labels).float().mean()), 3),
             "ece_before": round(expected_calibration_error(raw, labels), 4),
@@ -209,7 +235,7 @@ def evaluate(
         },
         "prepare_latency_ms": {"p50": percentile(prepare_ms, 50), "p95": percentile(prepare_ms, 95)},
     }
-    return Evaluation(result, q_vecs, domain_clusters, hybrid, resolve, rt)
+    return Evaluation(result, ranked, q_vecs, domain_clusters, hybrid, resolve, rt)
 
 
 def percentile(sorted_values: list[float], p: float) -> float:
