@@ -176,7 +176,10 @@ class Runtime:
                 store=SqlChunkStore(self.sessions),
                 generator=self.generator,
                 config=PipelineConfig(
-                    threshold=s.route_threshold, expert_min_score=s.expert_min_score, lexical_weight=s.lexical_weight
+                    threshold=s.route_threshold,
+                    expert_min_score=s.expert_min_score,
+                    lexical_weight=s.lexical_weight,
+                    expert_nprobe=s.expert_nprobe,
                 ),
                 matrix=self.expert_matrix,
             )

@@ -137,6 +137,18 @@ def stage_quality(work: Path, questions: list[dict[str, str]], latency_questions
     try:
         ev = routing.evaluate(rt, questions, train=True, latency_questions=latency_questions)
         result = ev.result
+        # The expert path probing only the nearest of its lists (MOERAG_EXPERT_NPROBE).
+        from engine.pipeline import AskRequest
+
+        result["expert_nprobe"] = {}
+        for nprobe in (4, 8, 16):
+            rt.pipeline.config.expert_nprobe = nprobe
+            preps = [rt.pipeline.prepare(AskRequest(q["question"], top_k=10)) for q in questions]
+            name = f"routed, expert path probing its {nprobe} nearest lists"
+            ev.ranked[name] = [[(c.chunk.text, c.chunk.source) for c in p.citations] for p in preps]
+            scanned = [p.route.vectors_scanned for p in preps if p.route.path == "expert"]
+            result["expert_nprobe"][nprobe] = {"expert_path_vectors_scanned_mean": round(float(np.mean(scanned)), 1)}
+        rt.pipeline.config.expert_nprobe = rt.settings.expert_nprobe
         log("quality: LangChain FAISS retrieval ...")
         lc = peers.LangChainRetriever(work / "langchain")
         lc_ranked, lc_ms = [], []

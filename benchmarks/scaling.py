@@ -92,7 +92,9 @@ def recall(found: list[Any], truth: list[Any]) -> float:
     return float(np.mean([len(set(f.tolist()) & set(t.tolist())) / K for f, t in zip(found, truth, strict=True)]))
 
 
-def row(n: int, base: Floats, queries: Floats, nprobes: list[int], seed: int = 0) -> dict[str, Any]:
+def row(
+    n: int, base: Floats, queries: Floats, nprobes: list[int], expert_caps: tuple[int, ...] = (16, 64), seed: int = 0
+) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
     rss0 = rss_mib()
     x = corpus(n, base, rng)  # [N, D]
@@ -136,6 +138,21 @@ def row(n: int, base: Floats, queries: Floats, nprobes: list[int], seed: int = 0
             "scanned": round(scanned_expert, 0),
         },
     }
+    # The expert path capped to the nearest lists of its scope (MOERAG_EXPERT_NPROBE).
+    for cap in expert_caps:
+
+        def capped(i: int, cap: int = cap) -> Any:  # choosing the lists is part of the timed work
+            return idx.search(
+                queries[i : i + 1], K, idx.nearest_lists(queries[i], lists_of[expert_of[nearest[i]]], cap)
+            )
+
+        ms, found = timed(lambda i: capped(i)[1][0], nq)
+        probe = [idx.nearest_lists(queries[i], lists_of[expert_of[nearest[i]]], cap) for i in range(nq)]
+        result[f"expert path, nearest {cap} of its lists"] = {
+            "ms": round(ms, 3),
+            "recall@10": round(recall(found, truth), 3),
+            "scanned": round(float(np.mean([sizes[p].sum() for p in probe])), 0),
+        }
     # Plain IVF given the expert path's scan budget: the nearest lists until as many vectors.
     cum = np.cumsum(sizes[order], axis=1)  # [Q, C]
     budget_probe = [int(np.searchsorted(c, scanned_expert) + 1) for c in cum]

@@ -109,6 +109,7 @@ class PipelineConfig:
     expert_min_score: float = 0.2  # best scoped cosine below this: the expert has nothing good
     candidates: int = 50  # per retriever, before fusion
     lexical_weight: float = 0.25  # BM25's weight in the fusion (dense has 1.0)
+    expert_nprobe: int = 0  # expert path probes only this many of its lists nearest the question; 0 = all
 
 
 class AskPipeline:
@@ -154,7 +155,9 @@ class AskPipeline:
             if matrix is not None:  # GPU deployments: the expert-sorted copy and the scoped kernel
                 scores, ids = matrix.search(q, [route.expert.id], k)  # [1, K]
                 route.vectors_scanned = matrix.sizes([route.expert.id])
-            else:  # FAISS: only the expert's inverted lists
+            else:  # FAISS: only the expert's inverted lists (the nearest ones, when capped)
+                if cfg.expert_nprobe:
+                    clusters = index.nearest_lists(q[0], clusters, cfg.expert_nprobe).tolist()
                 scores, ids = index.search(q, k, clusters)  # [1, K]
                 route.vectors_scanned = int(sizes[clusters].sum()) if clusters else 0
             route.clusters_scanned = len(clusters)

@@ -37,6 +37,7 @@ class ClusteredIndex:
         self._ivf.parallel_mode = 0
         self.version = version
         self._lock = threading.RLock()
+        self._centroids: Floats | None = None  # the quantizer never changes after construction
 
     # ---- construction -------------------------------------------------------------------
 
@@ -72,8 +73,21 @@ class ClusteredIndex:
         return int(self._ivf.ntotal)
 
     def centroids(self) -> Floats:
-        """[C, D]"""
-        return np.asarray(self._ivf.quantizer.reconstruct_n(0, self.nlist), dtype=np.float32)
+        """[C, D] (a shared read-only array)"""
+        if self._centroids is None:
+            c = np.asarray(self._ivf.quantizer.reconstruct_n(0, self.nlist), dtype=np.float32)
+            c.setflags(write=False)
+            self._centroids = c
+        return self._centroids
+
+    def nearest_lists(self, q: Floats, clusters: Iterable[int], nprobe: int) -> Ints:
+        """The `nprobe` of `clusters` whose centroids are nearest q [D] (IVF probing inside a scope)."""
+        lists = np.unique(np.fromiter(clusters, dtype=np.int64))
+        lists = lists[(lists >= 0) & (lists < self.nlist)]
+        if nprobe <= 0 or lists.size <= nprobe:
+            return lists
+        scores = self.centroids()[lists] @ np.asarray(q, dtype=np.float32)  # [L]
+        return np.sort(lists[np.argpartition(-scores, nprobe - 1)[:nprobe]])
 
     def list_sizes(self) -> Ints:
         """[C] vectors per cluster"""

@@ -201,6 +201,26 @@ def test_training_without_experts_is_refused(client: TestClient) -> None:
     assert res["route"]["path"] == "fallback" and res["route"]["reason"] == "no_router"
 
 
+def test_expert_nprobe_caps_the_lists_the_expert_path_scans(client: TestClient, routed: dict[str, Any]) -> None:
+    rt = client.app.state.runtime  # type: ignore[attr-defined]
+    git = routed["experts"]["git"]
+    git_lists = {c for c, t in routed["topic_of"].items() if t == "git"}
+    python_lists = [c for c, t in routed["topic_of"].items() if t == "python"]
+    assign = {"cluster_ids": python_lists, "expert_id": git}
+    assert client.post("/admin/api/clusters/assign", json=assign, headers=AUTH).status_code == 200
+    question = {"question": "How does a git rebase replay commits onto another branch?", "top_k": 5}
+    question |= {"mode": "expert", "expert": git, "generate": False}
+    full = ask(client, **question)
+    assert full["route"]["clusters_scanned"] == len(git_lists) + len(python_lists)
+    rt.pipeline.config.expert_nprobe = 1
+    capped = ask(client, **question)
+    assert capped["route"]["clusters_scanned"] == 1
+    assert capped["route"]["vectors_scanned"] < full["route"]["vectors_scanned"]
+    # The one list probed is the one nearest a git question: git's, holding the same best hits.
+    assert {client.get(f"/chunks/{c['chunk_id']}").json()["cluster_id"] for c in capped["citations"]} <= git_lists
+    assert [c["chunk_id"] for c in capped["citations"]] == [c["chunk_id"] for c in full["citations"]]
+
+
 def test_kernel_scoped_search_matches_faiss_on_the_expert_path(client: TestClient, routed: dict[str, Any]) -> None:
     rt = client.app.state.runtime  # type: ignore[attr-defined]
     question = {"question": "How does a git rebase replay commits onto another branch?", "top_k": 5, "generate": False}

@@ -131,3 +131,15 @@ def test_auto_cluster_count() -> None:
     assert auto_cluster_count(1000, requested=40) == 40
     assert auto_cluster_count(2, requested=3) == 2
     assert auto_cluster_count(0, requested=3) == 1
+
+
+def test_nearest_lists_probes_inside_a_scope(populated) -> None:  # type: ignore[no-untyped-def]
+    idx, *_ = populated
+    q = unit(np.random.default_rng(5), 1)[0]
+    scope = [2, 5, 9, 13, 21]
+    scores = idx.centroids()[scope] @ q  # [5]
+    got = idx.nearest_lists(q, scope, 2)
+    assert sorted(got.tolist()) == sorted(np.array(scope)[np.argsort(-scores)[:2]].tolist())
+    # 0 (no cap) or a cap at least the scope's size: the whole scope; lists outside the index dropped.
+    assert idx.nearest_lists(q, [*scope, -1, idx.nlist], 0).tolist() == scope
+    assert idx.nearest_lists(q, scope, 10).tolist() == scope
