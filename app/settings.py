@@ -29,7 +29,7 @@ class Settings(BaseSettings):
     route_threshold: float = Field(0.7, ge=0, le=1, description="Calibrated confidence for the expert path.")
     expert_min_score: float = Field(0.2, description="Best scoped score under this falls back to global search.")
     expert_nprobe: int = Field(
-        0, ge=0, description="Expert path probes only this many of its lists nearest the question; 0 = all of them."
+        16, ge=0, description="Expert path probes only this many of its lists nearest the question; 0 = all of them."
     )
     lexical_weight: float = Field(
         0.25, ge=0, description="BM25's weight against dense (1.0) in the fallback's rank fusion."

@@ -141,10 +141,10 @@ def stage_quality(work: Path, questions: list[dict[str, str]], latency_questions
         from engine.pipeline import AskRequest
 
         result["expert_nprobe"] = {}
-        for nprobe in (4, 8, 16):
+        for nprobe in sorted({0, 4, 8, 16} - {rt.settings.expert_nprobe}):
             rt.pipeline.config.expert_nprobe = nprobe
             preps = [rt.pipeline.prepare(AskRequest(q["question"], top_k=10)) for q in questions]
-            name = f"routed, expert path probing its {nprobe} nearest lists"
+            name = f"routed, expert path probing {f'its {nprobe} nearest' if nprobe else 'all its'} lists"
             ev.ranked[name] = [[(c.chunk.text, c.chunk.source) for c in p.citations] for p in preps]
             scanned = [p.route.vectors_scanned for p in preps if p.route.path == "expert"]
             result["expert_nprobe"][nprobe] = {"expert_path_vectors_scanned_mean": round(float(np.mean(scanned)), 1)}
@@ -297,8 +297,8 @@ def plots(results: dict[str, Any], out: Path) -> list[str]:
     if "scaling" in results:
         rows = results["scaling"]["rows"]
         fig, ax = plt.subplots(figsize=(6, 4))
-        for path in ("global", "expert path", "IVF, expert path's scan budget"):
-            ax.plot([r["chunks"] for r in rows], [r[path]["ms"] for r in rows], marker="o", label=path)
+        for path in ("global", "expert path, all its lists", "expert path, nearest 16 of its lists", "IVF nprobe=16"):
+            ax.plot([r["chunks"] for r in rows], [r.get(path, {}).get("ms") for r in rows], marker="o", label=path)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("chunks")

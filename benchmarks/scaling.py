@@ -12,8 +12,9 @@ synthetic vectors. Queries are the FAQ dev questions, embedded. Per size, one pr
   a sample, IVFFlat inner product) and its lists are grouped into 6 experts by k-means over the
   centroids (what `propose` does);
 - **global** = every list (exact); **expert path** = the lists of the expert owning the query's
-  nearest centroid (a stand-in for the router, whose cost does not grow with N); **IVF nprobe=p**
-  = the p nearest lists;
+  nearest centroid (a stand-in for the router, whose cost does not grow with N), all of them or
+  only the 16 / 64 nearest the question (`MOERAG_EXPERT_NPROBE`); **IVF nprobe=p** = the p
+  nearest lists of the whole index;
 - recall@10 against the exact top 10, median latency per single question, vectors scanned,
   index bytes and the process RSS after building.
 """
@@ -132,7 +133,7 @@ def row(
         "rss_after_build_mib": round(rss, 0),
         "rss_growth_mib": round(rss - rss0, 0),
         "global": {"ms": round(glob_ms, 3), "recall@10": 1.0, "scanned": int(sizes.sum())},
-        "expert path": {
+        "expert path, all its lists": {
             "ms": round(exp_ms, 3),
             "recall@10": round(recall(exp_found, truth), 3),
             "scanned": round(scanned_expert, 0),
@@ -153,7 +154,7 @@ def row(
             "recall@10": round(recall(found, truth), 3),
             "scanned": round(float(np.mean([sizes[p].sum() for p in probe])), 0),
         }
-    # Plain IVF given the expert path's scan budget: the nearest lists until as many vectors.
+    # Plain IVF given the (uncapped) expert path's scan budget: the nearest lists until as many vectors.
     cum = np.cumsum(sizes[order], axis=1)  # [Q, C]
     budget_probe = [int(np.searchsorted(c, scanned_expert) + 1) for c in cum]
     ms, found = timed(lambda i: idx.search(queries[i : i + 1], K, order[i, : budget_probe[i]])[1][0], nq)
