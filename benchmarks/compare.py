@@ -270,8 +270,9 @@ def plots(results: dict[str, Any], out: Path) -> list[str]:
         ax.barh(y + 0.2, [ret[n]["mrr@10"] for n in names], 0.4, label="MRR@10")
         ax.set_yticks(y, names, fontsize=8)
         ax.invert_yaxis()
-        ax.set_xlabel("FAQ dev (174 questions)")
-        ax.legend()
+        ax.set_xlabel(f"FAQ dev ({results['quality']['corpus']['questions']} questions)")
+        ax.set_xlim(0, 1)
+        ax.legend(loc="lower right")
         fig.tight_layout()
         fig.savefig(out / "compare-quality.png", dpi=110)
         plt.close(fig)
@@ -312,13 +313,15 @@ def plots(results: dict[str, Any], out: Path) -> list[str]:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    out = [f"Command: `{results.get('command', '')}`", ""]
+    out = [f"Report: `{results.get('command', '')}`; each stage below names the command that measured it.", ""]
     if "quality" in results:
         q = results["quality"]
         out += [
             f"### Retrieval quality — FAQ dev ({q['corpus']['questions']} questions), "
             f"moerag {q['corpus']['chunks']:,} chunks / {q['corpus']['clusters']} clusters, "
             f"LangChain {q['peer_corpus']['langchain_chunks']:,} chunks",
+            "",
+            f"Command: `{results['quality'].get('command', '')}`",
             "",
             "| retrieval | hit@1 | hit@5 | hit@10 | MRR@10 | top-1 in the right domain |",
             "|---|---|---|---|---|---|",
@@ -353,6 +356,8 @@ def markdown(results: dict[str, Any]) -> str:
         out += [
             f"### Ingestion — the same {sp['pages']} pages, one run",
             "",
+            f"Command: `{results['speed'].get('command', '')}`",
+            "",
             "| pipeline | chunks | pages/s | chunks/s | text kchars/s | raw encode chunks/s | share of raw encode |",
             "|---|---|---|---|---|---|---|",
         ]
@@ -367,6 +372,8 @@ def markdown(results: dict[str, Any]) -> str:
         out += [
             "### /ask under load (one server process, extractive generator, 127.0.0.1)",
             "",
+            f"Command: `{results['load'].get('command', '')}`",
+            "",
             "| server threads | clients | requests | req/s | p50 ms | p95 ms | p99 ms | embed+route ms | paths |",
             "|---|---|---|---|---|---|---|---|---|",
         ]
@@ -378,7 +385,12 @@ def markdown(results: dict[str, Any]) -> str:
             )
         out.append("")
     if "scaling" in results:
-        out += ["### Scaling (search only, one question at a time)", "", scaling.markdown(results["scaling"]), ""]
+        out += [
+            "### Scaling (search only, one question at a time)",
+            "",
+            f"Command: `{results['scaling'].get('command', '')}`",
+        ]
+        out += ["", scaling.markdown(results["scaling"]), ""]
     return "\n".join(out)
 
 
