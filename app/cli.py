@@ -9,10 +9,15 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from app.settings import Settings
+
+if TYPE_CHECKING:
+    from app.runtime import Runtime
 
 SUPPORTED_SUFFIXES = {".txt", ".text", ".md", ".markdown", ".html", ".htm", ".xhtml", ".pdf", ".rst"}
 log = logging.getLogger("moerag")
@@ -48,7 +53,9 @@ def collect_files(paths: Sequence[str]) -> list[Path]:
 # ---- local commands (own the data directory) -----------------------------------------------------
 
 
-def _runtime(settings: Settings):  # type: ignore[no-untyped-def]
+@contextmanager
+def _runtime(settings: Settings) -> Iterator[Runtime]:
+    """A started runtime for one command, closed when it ends (a busy data dir is a clear exit)."""
     from app.locking import DataDirBusy
     from app.runtime import Runtime
 
@@ -57,36 +64,41 @@ def _runtime(settings: Settings):  # type: ignore[no-untyped-def]
         rt.start()
     except DataDirBusy as exc:
         raise SystemExit(f"moerag: {exc}") from None
-    return rt
+    try:
+        yield rt
+    finally:
+        rt.close()
 
 
 def ingest_local(settings: Settings, files: list[Path], progress: bool = True) -> dict[str, int]:
+    with _runtime(settings) as rt:
+        return ingest_files(rt, files, progress)
+
+
+def ingest_files(rt: Runtime, files: list[Path], progress: bool = True) -> dict[str, int]:
+    """Ingest local files through a started runtime, with a progress bar; failures are listed, not fatal."""
     from tqdm import tqdm
 
     from app.services.documents import Upload
 
-    rt = _runtime(settings)
     counts = {"created": 0, "duplicate": 0, "failed": 0, "chunks": 0}
-    try:
 
-        def read(f: Path) -> Upload:
-            return Upload(data=f.read_bytes(), source=str(f), filename=f.name)
+    def read(f: Path) -> Upload:
+        return Upload(data=f.read_bytes(), source=str(f), filename=f.name)
 
-        def thunks() -> Iterator[Callable[[], Upload]]:
-            for f in files:
-                yield partial(read, f)
+    def thunks() -> Iterator[Callable[[], Upload]]:
+        for f in files:
+            yield partial(read, f)
 
-        bar = tqdm(total=len(files), unit="doc", disable=not progress, desc="ingest")
-        for f, outcome in zip(files, rt.ingestor.ingest_many(thunks()), strict=True):
-            counts[outcome.status] += 1
-            counts["chunks"] += outcome.chunks
-            if outcome.error is not None:
-                tqdm.write(f"skipped {f}: {outcome.error.message}", file=sys.stderr)
-            bar.update(1)
-            bar.set_postfix(chunks=counts["chunks"])
-        bar.close()
-    finally:
-        rt.close()
+    bar = tqdm(total=len(files), unit="doc", disable=not progress, desc="ingest")
+    for f, outcome in zip(files, rt.ingestor.ingest_many(thunks()), strict=True):
+        counts[outcome.status] += 1
+        counts["chunks"] += outcome.chunks
+        if outcome.error is not None:
+            tqdm.write(f"skipped {f}: {outcome.error.message}", file=sys.stderr)
+        bar.update(1)
+        bar.set_postfix(chunks=counts["chunks"])
+    bar.close()
     return counts
 
 
@@ -145,20 +157,14 @@ def _read_token(settings: Settings) -> str:
 
 
 def cmd_recluster(args: argparse.Namespace) -> None:
-    rt = _runtime(_settings(args))
-    try:
+    with _runtime(_settings(args)) as rt:
         print(json.dumps(rt.indexes.recluster()))
-    finally:
-        rt.close()
 
 
 def cmd_index_rebuild(args: argparse.Namespace) -> None:
-    rt = _runtime(_settings(args))
-    try:
+    with _runtime(_settings(args)) as rt:
         idx = rt.indexes.rebuild()
         print(json.dumps({"version": idx.version, "clusters": idx.nlist, "vectors": idx.ntotal}))
-    finally:
-        rt.close()
 
 
 def cmd_db(args: argparse.Namespace) -> None:
@@ -179,23 +185,18 @@ def cmd_db(args: argparse.Namespace) -> None:
 def cmd_search(args: argparse.Namespace) -> None:
     from app.services.search import search
 
-    rt = _runtime(_settings(args))
-    try:
-        with rt.sessions() as s:
-            clusters = [int(c) for c in args.clusters.split(",")] if args.clusters else None
-            result = search(s, rt.embedder, rt.indexes, args.query, args.k, clusters)
-            for h in result.hits:
-                print(f"{h.score:.3f}  [{h.chunk.id}] {h.chunk.document.source} :: {h.chunk.heading}")
-    finally:
-        rt.close()
+    with _runtime(_settings(args)) as rt, rt.sessions() as s:
+        clusters = [int(c) for c in args.clusters.split(",")] if args.clusters else None
+        result = search(s, rt.embedder, rt.indexes, args.query, args.k, clusters)
+        for h in result.hits:
+            print(f"{h.score:.3f}  [{h.chunk.id}] {h.chunk.document.source} :: {h.chunk.heading}")
 
 
 def cmd_ask(args: argparse.Namespace) -> None:
     from app.services.ask import route_json
     from engine.pipeline import AskRequest
 
-    rt = _runtime(_settings(args))
-    try:
+    with _runtime(_settings(args)) as rt:
         p = rt.pipeline.prepare(AskRequest(args.question, args.k, args.mode, args.expert))
         answer = "".join(p.answer_stream())
         if args.json:
@@ -209,8 +210,6 @@ def cmd_ask(args: argparse.Namespace) -> None:
         print(f"{answer}\n\n[{who}: {r.detail}]")
         for c in p.citations:
             print(f"  [{c.n}] {c.score:.3f} {c.chunk.source} :: {c.chunk.heading}")
-    finally:
-        rt.close()
 
 
 def cmd_router_train(args: argparse.Namespace) -> None:
@@ -218,8 +217,7 @@ def cmd_router_train(args: argparse.Namespace) -> None:
 
     from app.services.routing import NotTrainable
 
-    rt = _runtime(_settings(args))
-    try:
+    with _runtime(_settings(args)) as rt:
         with tqdm(total=100, unit="%", desc="train router") as bar:
 
             def progress(done: int, total: int) -> None:
@@ -231,18 +229,15 @@ def cmd_router_train(args: argparse.Namespace) -> None:
             except NotTrainable as exc:
                 raise SystemExit(f"moerag: {exc}") from None
         print(json.dumps(result))
-    finally:
-        rt.close()
 
 
 def cmd_router_eval(args: argparse.Namespace) -> None:
     """Accuracy, ECE and coverage of the active router on labelled questions (JSONL: question, expert)."""
     import torch
 
-    from engine.calibration import coverage_at, expected_calibration_error
+    from engine.router import evaluate
 
-    rt = _runtime(_settings(args))
-    try:
+    with _runtime(_settings(args)) as rt:
         router = rt.routers.current()
         if router is None:
             raise SystemExit("moerag: no active router; run `moerag router train` first")
@@ -258,25 +253,10 @@ def cmd_router_eval(args: argparse.Namespace) -> None:
                 raise SystemExit(f"moerag: unknown expert {expert!r} in {args.file}")
             labels.append(position[eid])
             texts.append(r["question"])
-        logits = router.logits(rt.embedder.encode(texts))
-        y = torch.tensor(labels)
-        cal = torch.softmax(logits / router.temperature, -1)
-        cov, acc_at = coverage_at(cal, y, rt.settings.route_threshold)
-        print(
-            json.dumps(
-                {
-                    "questions": len(rows),
-                    "router_version": router.version_id,
-                    "accuracy": float((cal.argmax(-1) == y).float().mean()),
-                    "ece_before": expected_calibration_error(torch.softmax(logits, -1), y),
-                    "ece_after": expected_calibration_error(cal, y),
-                    "coverage_at_threshold": cov,
-                    "accuracy_at_threshold": acc_at,
-                }
-            )
-        )
-    finally:
-        rt.close()
+        logits = router.logits(rt.embedder.encode(texts))  # [Q, E+1]
+        metrics = evaluate(logits, torch.tensor(labels), router.temperature, rt.settings.route_threshold)
+        keep = ("accuracy", "ece_before", "ece_after", "coverage_at_threshold", "accuracy_at_threshold")
+        print(json.dumps({"questions": len(rows), "router_version": router.version_id} | {k: metrics[k] for k in keep}))
 
 
 def cmd_sample(args: argparse.Namespace) -> None:
@@ -290,23 +270,17 @@ def ensure_sample(settings: Settings) -> None:
     """Ingest, cluster, propose experts and train a router on the pydoc sample when the store is empty."""
     from app.sample import build_sample_corpus
 
-    rt = _runtime(settings)
-    try:
-        empty = rt.stats()["documents"] == 0
-    finally:
-        rt.close()
-    if not empty:
-        return
-    folder = settings.resolved_data_dir / "sample-corpus"
-    files = build_sample_corpus(folder)
-    log.warning(
-        "ingesting the sample corpus (%d documents from pydoc) into %s",
-        len(files),
-        settings.resolved_data_dir,
-    )
-    ingest_local(settings, files)
-    rt = _runtime(settings)
-    try:
+    with _runtime(settings) as rt:  # one start-up (one model load) for the whole preparation
+        if rt.stats()["documents"] > 0:
+            return
+        folder = settings.resolved_data_dir / "sample-corpus"
+        files = build_sample_corpus(folder)
+        log.warning(
+            "ingesting the sample corpus (%d documents from pydoc) into %s",
+            len(files),
+            settings.resolved_data_dir,
+        )
+        ingest_files(rt, files)
         rt.indexes.recluster()
         # Experts proposed from the clusters and a trained router, so the first question can
         # already take the expert path.
@@ -318,8 +292,6 @@ def ensure_sample(settings: Settings) -> None:
                 assign_clusters(s, p["cluster_ids"], expert.id)
         log.warning("training the router on the sample corpus")
         rt.routers.train()
-    finally:
-        rt.close()
 
 
 def cmd_serve(args: argparse.Namespace) -> None:

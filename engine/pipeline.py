@@ -148,7 +148,6 @@ class AskPipeline:
 
         t = time.perf_counter()
         index = self.index()
-        sizes = index.list_sizes()  # [C]
         citations: list[Citation] = []
         if route.path == "expert" and route.expert is not None:
             k = req.top_k or route.expert.top_k or cfg.default_top_k
@@ -161,7 +160,7 @@ class AskPipeline:
                 if cfg.expert_nprobe:
                     clusters = index.nearest_lists(q[0], clusters, cfg.expert_nprobe).tolist()
                 scores, ids = index.search(q, k, clusters)  # [1, K]
-                route.vectors_scanned = int(sizes[clusters].sum()) if clusters else 0
+                route.vectors_scanned = index.scan_size(clusters)[1]
             route.clusters_scanned = len(clusters)
             hits = [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True) if i >= 0]
             best = hits[0][1] if hits else float("-inf")
@@ -173,8 +172,7 @@ class AskPipeline:
         if route.path == "fallback":
             k = req.top_k or cfg.default_top_k
             citations = self._hybrid(q, req.question, k, index)
-            route.clusters_scanned = index.nlist
-            route.vectors_scanned = int(sizes.sum())
+            route.clusters_scanned, route.vectors_scanned = index.scan_size()
         timings["retrieve"] = (time.perf_counter() - t) * 1000
 
         expert = route.expert if route.path == "expert" else None

@@ -80,10 +80,22 @@ class ClusteredIndex:
             self._centroids = c
         return self._centroids
 
+    def _valid_lists(self, clusters: Iterable[int]) -> Ints:
+        """The distinct lists of `clusters` that exist in this index, ascending."""
+        lists = np.unique(np.fromiter(clusters, dtype=np.int64))
+        return lists[(lists >= 0) & (lists < self.nlist)]
+
+    def scan_size(self, clusters: Iterable[int] | None = None) -> tuple[int, int]:
+        """(lists, vectors) a search over `clusters` scans (None: every list), without sizing the others."""
+        if clusters is None:
+            return self.nlist, self.ntotal
+        lists = self._valid_lists(clusters)
+        invlists = self._ivf.invlists
+        return len(lists), sum(int(invlists.list_size(int(c))) for c in lists)
+
     def nearest_lists(self, q: Floats, clusters: Iterable[int], nprobe: int) -> Ints:
         """The `nprobe` of `clusters` whose centroids are nearest q [D] (IVF probing inside a scope)."""
-        lists = np.unique(np.fromiter(clusters, dtype=np.int64))
-        lists = lists[(lists >= 0) & (lists < self.nlist)]
+        lists = self._valid_lists(clusters)
         if nprobe <= 0 or lists.size <= nprobe:
             return lists
         scores = self.centroids()[lists] @ np.asarray(q, dtype=np.float32)  # [L]
@@ -157,8 +169,7 @@ class ClusteredIndex:
             if clusters is None:
                 scores, ids = self._ivf.search(q, k)
                 return scores, ids
-            lists = np.unique(np.fromiter(clusters, dtype=np.int64))
-            lists = lists[(lists >= 0) & (lists < self.nlist)]
+            lists = self._valid_lists(clusters)
             nq = len(q)
             if lists.size == 0:
                 return np.full((nq, k), -np.inf, dtype=np.float32), np.full((nq, k), -1, dtype=np.int64)

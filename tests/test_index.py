@@ -143,3 +143,11 @@ def test_nearest_lists_probes_inside_a_scope(populated) -> None:  # type: ignore
     # 0 (no cap) or a cap at least the scope's size: the whole scope; lists outside the index dropped.
     assert idx.nearest_lists(q, [*scope, -1, idx.nlist], 0).tolist() == scope
     assert idx.nearest_lists(q, scope, 10).tolist() == scope
+
+
+def test_scan_size_counts_only_the_scanned_lists(populated) -> None:  # type: ignore[no-untyped-def]
+    idx, _, _, clusters = populated
+    assert idx.scan_size() == (idx.nlist, 3000)
+    scope = [3, 11, 11, 17, -1, idx.nlist]  # duplicates and lists outside the index count once / not at all
+    assert idx.scan_size(scope) == (3, int(np.isin(clusters, [3, 11, 17]).sum()))
+    assert idx.scan_size([]) == (0, 0)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
@@ -32,15 +31,8 @@ def search(
 ) -> SearchResult:
     q = embedder.encode([query])  # [1, D]
     index = indexes.index
-    sizes = index.list_sizes()  # [C]
     scores, ids = index.search(q, k, clusters)  # [1, K], [1, K]
-    if clusters is None:
-        scanned_lists = index.nlist
-        scanned = int(sizes.sum())
-    else:
-        lists = np.unique(np.asarray([c for c in clusters if 0 <= c < index.nlist], dtype=np.int64))
-        scanned_lists = len(lists)
-        scanned = int(sizes[lists].sum()) if len(lists) else 0
+    scanned_lists, scanned = index.scan_size(clusters)
     found = [(int(i), float(sc)) for i, sc in zip(ids[0], scores[0], strict=True) if i >= 0]
     rows = {
         c.id: c
