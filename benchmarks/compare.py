@@ -32,36 +32,19 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-import itertools
 
 from benchmarks import evalcorpus, load, peers, routing, scaling
 from benchmarks.routing import ROUTED, first_hits, metrics_for, paired_difference, percentile
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STAGES = ("corpus", "ingest", "peer", "quality", "speed", "load", "scaling", "report")
-ECE_BINS = 15
 
 
 def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def html_files(corpus: Path) -> list[Path]:
-    return sorted(p for p in corpus.rglob("*.html") if p.is_file())
-
-
-def binary_ece(conf: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> float:
-    """Equal-width bins over the top choice's confidence, as engine.calibration does for moerag."""
-    edges = np.linspace(0, 1, bins + 1)
-    total = 0.0
-    for i, (lo, hi) in enumerate(itertools.pairwise(edges)):
-        m = (conf > lo) & (conf <= hi) if i else (conf >= lo) & (conf <= hi)
-        if m.any():
-            total += m.mean() * abs(conf[m].mean() - correct[m].mean())
-    return float(total)
 
 
 def semantic_router_gate(ev: routing.Evaluation, questions: list[dict[str, str]]) -> dict[str, Any]:
@@ -71,6 +54,8 @@ def semantic_router_gate(ev: routing.Evaluation, questions: list[dict[str, str]]
     from sqlalchemy import select
 
     from app.models import Chunk, Cluster, Expert
+    from engine.calibration import confidence_ece
+    from engine.embedder import packaged_model_path
 
     rt = ev.rt
     with rt.sessions() as s:
@@ -85,7 +70,7 @@ def semantic_router_gate(ev: routing.Evaluation, questions: list[dict[str, str]]
             utterances.setdefault(name, []).append(text)
     log(f"semantic-router: {sum(map(len, utterances.values()))} utterances over {len(utterances)} routes")
     t0 = time.perf_counter()
-    encoder = LocalEncoder(name=str(peers._model_path()), device="cpu")
+    encoder = LocalEncoder(name=str(packaged_model_path()), device="cpu")
     router = IndexedRouter(encoder=encoder, routes=[Route(name=n, utterances=u) for n, u in utterances.items()])
     held = [(t, n) for (t, n), h in zip(labelled, calib, strict=True) if h and n is not None]
     try:
@@ -117,7 +102,7 @@ def semantic_router_gate(ev: routing.Evaluation, questions: list[dict[str, str]]
         "ranked": ranked,
         "router": {
             "accuracy": round(float(ok.mean()), 3),
-            "ece_after": round(binary_ece(c, ok), 4),
+            "ece_after": round(confidence_ece(torch.from_numpy(c), torch.from_numpy(ok)), 4),
             "fit_report": fit,
             "calibrated": router.calibrated,
             "expert_path_share": round(float(on.mean()), 3),
@@ -181,44 +166,30 @@ def stage_quality(work: Path, questions: list[dict[str, str]], latency_questions
 def stage_speed(corpus: Path, pages: int) -> dict[str, Any]:
     """Ingestion of the same pages in one run: raw encodes bracket each pipeline (the machine drifts)."""
     from app.runtime import Runtime
-    from app.services.documents import Upload
     from app.settings import Settings
-    from engine.chunking import chunk_document
+    from benchmarks.ingest import pipeline_texts, raw_encode
     from engine.embedder import Embedder
-    from engine.parsing import parse
 
-    files = html_files(corpus)
+    files = evalcorpus.html_files(corpus)
     pick = files[:: max(1, len(files) // pages)][:pages]  # spread over every domain
     embedder = Embedder()
-    m_texts = []
-    for f in pick:
-        doc = parse(f.read_bytes(), f.name)
-        m_texts += [c.embed_text for c in chunk_document(doc, embedder.count_tokens)]
-    lc_texts = [d.page_content for d in peers._load_split(pick, corpus)]
+    m_texts = pipeline_texts(pick, embedder)
+    lc_texts = [d.page_content for d in peers.load_split(pick, corpus)]
     log(f"speed: {len(pick)} pages → moerag {len(m_texts)} chunks, LangChain {len(lc_texts)} chunks")
 
-    def raw(texts: list[str]) -> float:
-        t = time.perf_counter()
-        embedder.model.encode(texts, batch_size=embedder.batch_size, show_progress_bar=False)
-        return time.perf_counter() - t
-
     embedder.model.encode(m_texts[:64], batch_size=embedder.batch_size)  # warm-up
-    raw_m = [raw(m_texts)]
-    raw_l = [raw(lc_texts)]
+    raw_m = [raw_encode(embedder, m_texts)]
+    raw_l = [raw_encode(embedder, lc_texts)]
     with tempfile.TemporaryDirectory() as tmp:
         rt = Runtime(Settings(data_dir=Path(tmp) / "data", admin_token="bench"), embedder=embedder)
         rt.start()
         t = time.perf_counter()
-        thunks = (
-            (lambda p=p: Upload(data=p.read_bytes(), source=p.relative_to(corpus).as_posix(), filename=p.name))
-            for p in pick
-        )
-        m_chunks = sum(o.chunks for o in rt.ingestor.ingest_many(thunks))
+        m_chunks = sum(o.chunks for o in rt.ingestor.ingest_many(evalcorpus.uploads(pick, corpus)))
         m_s = time.perf_counter() - t
         rt.close()
         lc_stats = peers.langchain_build(corpus, Path(tmp) / "lc", files=pick, progress=log)
-    raw_m.append(raw(m_texts))
-    raw_l.append(raw(lc_texts))
+    raw_m.append(raw_encode(embedder, m_texts))
+    raw_l.append(raw_encode(embedder, lc_texts))
     lc_s = lc_stats["total_seconds"]
 
     def row(chunks: int, seconds: float, texts: list[str], raw_s: list[float]) -> dict[str, float]:
@@ -243,15 +214,8 @@ def stage_speed(corpus: Path, pages: int) -> dict[str, Any]:
 
 
 def stage_scaling(work: Path, sizes: list[int], questions: list[dict[str, str]]) -> dict[str, Any]:
-    from engine.embedder import Embedder
-
-    queries = Embedder().encode([q["question"] for q in questions])
-    base = scaling.real_vectors(work / "moerag")
-    rows = []
-    for n in sizes:
-        log(f"scaling: {n} chunks ...")
-        rows.append(scaling.row(n, base, queries, [1, 4, 16, 64]))
-    return {"rows": rows, "real_vectors": len(base)}
+    queries = scaling.question_vectors([q["question"] for q in questions])
+    return scaling.run(scaling.real_vectors(work / "moerag"), queries, sizes, [1, 4, 16, 64], log)
 
 
 def plots(results: dict[str, Any], out: Path) -> list[str]:
@@ -440,18 +404,19 @@ def main() -> None:
         elif stage == "speed":
             save("speed", stage_speed(corpus, args.speed_pages))
         elif stage == "load":
-            levels = []
-            for threads in args.load_threads:
-                levels += load.run(
+            questions_text = [q["question"] for q in questions]
+            save(
+                "load",
+                load.run(
                     work / "moerag",
                     args.load_levels,
                     args.load_requests,
                     args.load_seconds,
                     work / "load-server.log",
-                    [q["question"] for q in questions],
-                    threads=threads,
-                )["levels"]
-            save("load", {"levels": levels, "server_processes": 1, "cpus": os.cpu_count()})
+                    questions_text,
+                    threads=args.load_threads,
+                ),
+            )
         elif stage == "scaling":
             save("scaling", stage_scaling(work, args.sizes, questions))
         elif stage == "report":

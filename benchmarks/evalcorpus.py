@@ -15,11 +15,15 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+if TYPE_CHECKING:
+    from app.services.documents import Upload
 
 DOC_ROOT = Path("/usr/share/doc")
 EVAL_DIR = Path(__file__).resolve().parent.parent.parent / "shared" / "eval"
@@ -152,21 +156,29 @@ def build(out: Path) -> dict[str, int]:
     return counts
 
 
+def html_files(corpus: Path) -> list[Path]:
+    """The mirror's pages, in a stable order."""
+    return sorted(p for p in corpus.rglob("*.html") if p.is_file())
+
+
+def uploads(files: list[Path], corpus: Path) -> Iterator[Callable[[], Upload]]:
+    """Lazy uploads for `Ingestor.ingest_many`, each named by its path under the corpus (the eval's page key)."""
+    from app.services.documents import Upload
+
+    for p in files:
+        yield lambda p=p: Upload(data=p.read_bytes(), source=p.relative_to(corpus).as_posix(), filename=p.name)
+
+
 def ingest(corpus: Path, data_dir: Path) -> dict[str, float]:
     from app.runtime import Runtime
-    from app.services.documents import Upload
     from app.settings import Settings
 
-    files = sorted(p for p in corpus.rglob("*.html") if p.is_file())
+    files = html_files(corpus)
     rt = Runtime(Settings(data_dir=data_dir))
     rt.start()
     t0, chunks, done = time.perf_counter(), 0, 0
     try:
-        thunks = (
-            (lambda p=p: Upload(data=p.read_bytes(), source=p.relative_to(corpus).as_posix(), filename=p.name))
-            for p in files
-        )
-        for outcome in rt.ingestor.ingest_many(thunks):
+        for outcome in rt.ingestor.ingest_many(uploads(files, corpus)):
             done += 1
             chunks += outcome.chunks
             if done % 100 == 0:

@@ -28,7 +28,17 @@ from engine.embedder import Embedder
 from engine.parsing import parse
 
 
+def pipeline_texts(files: list[Path], embedder: Embedder) -> list[str]:
+    """The exact texts the pipeline embeds for these files (heading path + chunk): the raw baseline's input."""
+    texts = []
+    for f in files:
+        doc = parse(f.read_bytes(), f.name)
+        texts += [c.embed_text for c in chunk_document(doc, embedder.count_tokens)]
+    return texts
+
+
 def raw_encode(embedder: Embedder, texts: list[str]) -> float:
+    """Seconds for a bare `SentenceTransformer.encode` of `texts` at the pipeline's batch size."""
     t0 = time.perf_counter()
     embedder.model.encode(texts, batch_size=embedder.batch_size, show_progress_bar=False)
     return time.perf_counter() - t0
@@ -47,11 +57,7 @@ def main() -> None:
         else:
             files = build_sample_corpus(Path(tmp) / "corpus", SAMPLE_MODULES[: args.modules])
         embedder = Embedder()
-        # The exact texts the pipeline embeds (heading path + chunk), for the raw baseline.
-        texts = []
-        for f in files:
-            doc = parse(f.read_bytes(), f.name)
-            texts += [c.embed_text for c in chunk_document(doc, embedder.count_tokens)]
+        texts = pipeline_texts(files, embedder)
         print(f"{len(files)} documents, {len(texts)} chunks, model dtype {embedder.dtype_name}", flush=True)
         embedder.model.encode(texts[:64], batch_size=embedder.batch_size)  # warm-up
 

@@ -13,16 +13,12 @@ import argparse
 import itertools
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,50 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.evalcorpus import load_questions
 from benchmarks.routing import percentile
-
-
-@contextmanager
-def serve(data_dir: Path, log: Path, timeout: float = 600, **env: str) -> Iterator[str]:
-    """A `moerag serve` process bound to 127.0.0.1 on a free port; yields its base URL once ready."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    url = f"http://127.0.0.1:{port}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "app.cli",
-        "--data-dir",
-        str(data_dir),
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}; see {log}")
-            try:
-                if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"server not ready after {timeout} s; see {log}")
-            time.sleep(0.3)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+from tests.server import Server  # the same `moerag serve` launcher the crash-recovery tests use
 
 
 def load_level(url: str, questions: list[str], concurrency: int, requests: int, seconds: float) -> dict[str, Any]:
@@ -138,17 +91,21 @@ def run(
     seconds: float,
     log: Path,
     questions: list[str] | None = None,
-    threads: int = 0,
+    threads: Sequence[int] = (0,),
 ) -> dict[str, Any]:
-    """One server process; `threads` > 0 caps its torch/OpenMP threads (0: torch's default, one per core)."""
+    """One server process per entry of `threads` (> 0 caps its torch/OpenMP threads; 0: torch's default)."""
     qs = questions or [q["question"] for q in load_questions()]
-    env = {"OMP_NUM_THREADS": str(threads)} if threads > 0 else {}
-    with serve(data_dir, log, **env) as url:
-        rows = []
-        for c in levels:
-            print(f"load: {c} concurrent client(s), server threads {threads or 'default'} ...", flush=True)
-            rows.append(load_level(url, qs, c, requests, seconds) | {"server_threads": threads or os.cpu_count()})
-            print(json.dumps(rows[-1]), flush=True)
+    rows = []
+    for n in threads:
+        server = Server(data_dir, "bench-load", log, **({"OMP_NUM_THREADS": str(n)} if n > 0 else {}))
+        server.start(timeout=600).close()
+        try:
+            for c in levels:
+                print(f"load: {c} concurrent client(s), server threads {n or 'default'} ...", flush=True)
+                rows.append(load_level(server.url, qs, c, requests, seconds) | {"server_threads": n or os.cpu_count()})
+                print(json.dumps(rows[-1]), flush=True)
+        finally:
+            server.stop()
     return {"levels": rows, "server_processes": 1, "cpus": os.cpu_count()}
 
 
@@ -158,7 +115,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--requests", type=int, default=200)
     ap.add_argument("--seconds", type=float, default=60)
-    ap.add_argument("--threads", type=int, default=0, help="cap the server's torch threads (0: default)")
+    ap.add_argument("--threads", type=int, nargs="+", default=[0], help="server torch threads per run (0: default)")
     ap.add_argument("--log", type=Path, default=Path("load-server.log"))
     args = ap.parse_args()
     result = run(args.data_dir, args.concurrency, args.requests, args.seconds, args.log, threads=args.threads)

@@ -28,6 +28,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.evalcorpus import html_files
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 warnings.filterwarnings("ignore", category=DeprecationWarning)  # langchain-community's own notice
 
@@ -36,23 +38,19 @@ CHUNK_OVERLAP = 200
 EMBED_BATCH = 256  # documents handed to the vector store per add_documents call (progress granularity)
 
 
-def _model_path() -> str:
-    from engine.embedder import packaged_model_path
-
-    return str(packaged_model_path())
-
-
 def langchain_embeddings() -> Any:
     from langchain_huggingface import HuggingFaceEmbeddings
 
+    from engine.embedder import packaged_model_path
+
     return HuggingFaceEmbeddings(
-        model_name=_model_path(),
+        model_name=str(packaged_model_path()),
         model_kwargs={"device": "cpu"},
         encode_kwargs={"normalize_embeddings": True},
     )
 
 
-def _load_split(files: list[Path], corpus: Path) -> Iterator[Any]:
+def load_split(files: list[Path], corpus: Path) -> Iterator[Any]:
     from langchain_community.document_loaders import BSHTMLLoader
     from langchain_text_splitters import RecursiveCharacterTextSplitter
 
@@ -70,10 +68,10 @@ def langchain_build(
     """Index `files` (default: every *.html under `corpus`) and save the store under `out`."""
     from langchain_community.vectorstores import FAISS
 
-    files = files if files is not None else sorted(p for p in corpus.rglob("*.html") if p.is_file())
+    files = files if files is not None else html_files(corpus)
     emb = langchain_embeddings()
     t0 = time.perf_counter()
-    chunks = list(_load_split(files, corpus))
+    chunks = list(load_split(files, corpus))
     t_split = time.perf_counter() - t0
     progress(f"langchain: {len(files)} pages → {len(chunks)} chunks in {t_split:.1f} s; embedding ...")
     store = None

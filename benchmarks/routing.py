@@ -111,8 +111,8 @@ def evaluate(
     from fastapi.testclient import TestClient
 
     from app.main import create_app
-    from engine.calibration import coverage_at, expected_calibration_error
     from engine.pipeline import AskRequest
+    from engine.router import evaluate as evaluate_router
 
     settings = rt.settings
     stats = rt.stats()
@@ -177,10 +177,7 @@ def evaluate(
     # Router quality on the questions themselves.
     position = {e: i for i, e in enumerate(router.expert_ids)}
     labels = torch.tensor([position[ids[q["domain"]]] for q in questions])
-    logits = router.logits(q_vecs)
-    raw = torch.softmax(logits, -1)
-    cal = torch.softmax(logits / router.temperature, -1)
-    coverage, acc_at = coverage_at(cal, labels, settings.route_threshold)
+    quality = evaluate_router(router.logits(q_vecs), labels, router.temperature, settings.route_threshold)
     expert_path = [r.path == "expert" for r in routes]
     right = [r.expert is not None and r.expert.name == q["domain"] for r, q in zip(routes, questions, strict=True)]
     on_path = [ok for ok, e in zip(right, expert_path, strict=True) if e]
@@ -210,12 +207,12 @@ def evaluate(
         "corpus": {"chunks": stats["chunks"], "clusters": stats["clusters"], "questions": len(questions)},
         "retrieval": {name: metrics_for(r, questions) for name, r in ranked.items()},
         "router": {
-            "accuracy": round(float((cal.argmax(-1) == labels).float().mean()), 3),
-            "ece_before": round(expected_calibration_error(raw, labels), 4),
-            "ece_after": round(expected_calibration_error(cal, labels), 4),
+            "accuracy": round(quality["accuracy"], 3),
+            "ece_before": round(quality["ece_before"], 4),
+            "ece_after": round(quality["ece_after"], 4),
             "temperature": round(router.temperature, 3),
-            "coverage_at_threshold": round(coverage, 3),
-            "accuracy_at_threshold": round(acc_at, 3),
+            "coverage_at_threshold": round(quality["coverage_at_threshold"], 3),
+            "accuracy_at_threshold": round(quality["accuracy_at_threshold"], 3),
             "expert_path_share": round(sum(expert_path) / len(questions), 3),
             "expert_path_accuracy": round(sum(on_path) / max(len(on_path), 1), 3),
             "train_seconds": round(train_s, 1),

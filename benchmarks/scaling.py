@@ -108,8 +108,8 @@ def row(
     t = time.perf_counter()
     idx.add(x, np.arange(n, dtype=np.int64), idx.assign(x))
     add_s = time.perf_counter() - t
+    rss = rss_mib()  # before serialising: the copy to_bytes makes would inflate it
     index_bytes = len(idx.to_bytes())
-    rss = rss_mib()
     del x
     sizes = idx.list_sizes()  # [C]
     expert_of = np.zeros(nlist, dtype=np.int64)  # [C] expert per list, as `propose` groups them
@@ -175,15 +175,24 @@ def row(
     return result
 
 
-def question_vectors(limit: int) -> Floats:
-    from benchmarks.evalcorpus import load_questions
+def question_vectors(questions: list[str]) -> Floats:
     from engine.embedder import Embedder
 
-    qs = [q["question"] for q in load_questions()][:limit]
-    return Embedder().encode(qs)
+    return Embedder().encode(questions)
+
+
+def run(base: Floats, queries: Floats, sizes: list[int], nprobes: list[int], progress: Any = print) -> dict[str, Any]:
+    """One row per corpus size, in this process (so the ratios between paths hold)."""
+    rows = []
+    for n in sizes:
+        progress(f"scaling: {n} chunks ...")
+        rows.append(row(n, base, queries, nprobes))
+    return {"rows": rows, "real_vectors": len(base)}
 
 
 def main() -> None:
+    from benchmarks.evalcorpus import load_questions
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir", type=Path, help="an ingested data dir whose embeddings seed the corpus")
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
@@ -192,14 +201,9 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "scaling.json")
     args = ap.parse_args()
 
-    queries = question_vectors(args.questions)
-    base = real_vectors(args.data_dir)
-    rows = []
-    for n in args.sizes:
-        print(f"scaling: {n} chunks ...", flush=True)
-        rows.append(row(n, base, queries, args.nprobe))
-        print(json.dumps(rows[-1]), flush=True)
-    out = {"rows": rows, "real_vectors": len(base), "command": " ".join(["python", *sys.argv])}
+    queries = question_vectors([q["question"] for q in load_questions()][: args.questions])
+    out = run(real_vectors(args.data_dir), queries, args.sizes, args.nprobe, lambda m: print(m, flush=True))
+    out["command"] = " ".join(["python", *sys.argv])
     args.out.parent.mkdir(exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2))
     print(markdown(out))

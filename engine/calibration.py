@@ -31,10 +31,14 @@ def fit_temperature(logits: torch.Tensor, labels: torch.Tensor, max_iter: int = 
 
 def expected_calibration_error(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS) -> float:
     """ECE with equal-width confidence bins. probs [N, C], labels [N]."""
-    if len(labels) == 0:
-        return 0.0
     conf, pred = probs.max(dim=1)  # [N], [N]
-    correct = (pred == labels).float()  # [N]
+    return confidence_ece(conf, (pred == labels).float(), bins)
+
+
+def confidence_ece(conf: torch.Tensor, correct: torch.Tensor, bins: int = ECE_BINS) -> float:
+    """ECE of stated confidences conf [N] against outcomes correct [N] (1.0 right, 0.0 wrong)."""
+    if len(conf) == 0:
+        return 0.0
     edges = torch.linspace(0, 1, bins + 1)
     ece = torch.zeros(())
     for lo, hi in itertools.pairwise(edges):
