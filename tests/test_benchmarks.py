@@ -2,8 +2,9 @@
 
 Every stage runs for real: moerag ingestion, the LangChain FAISS pipeline, semantic-router
 fitted on moerag's samples, a real `moerag serve` under the load generator, synthetic scaling,
-and the report with its PNG plots. The figures are too small to mean anything; the test checks
-that each stage produced sane, internally consistent results.
+and the report with its PNG plots. The peers come with the `dev` extra, so this never skips.
+The figures are too small to mean anything; the test checks that each stage produced sane,
+internally consistent results.
 """
 
 from __future__ import annotations
@@ -13,11 +14,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
-
-pytest.importorskip("langchain_community", reason="the peers extra is not installed")
-pytest.importorskip("semantic_router", reason="the peers extra is not installed")
 
 ROOT = Path(__file__).resolve().parent.parent
 

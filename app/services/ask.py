@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.models import Chunk, Document, QueryLog
-from engine.pipeline import ChunkRecord, Prepared, Route
+from engine.pipeline import ChunkRecord, ExpertProfile, Prepared, Route
 
 
 class SqlChunkStore:
@@ -38,15 +38,21 @@ class SqlChunkStore:
         return {r[0]: ChunkRecord(*r) for r in rows}
 
 
-def route_json(route: Route) -> dict[str, Any]:
-    def expert(e: Any) -> dict[str, Any] | None:
-        return {"id": e.id, "name": e.name} if e is not None else None
+def _expert_json(e: ExpertProfile | None) -> dict[str, Any] | None:
+    return {"id": e.id, "name": e.name} if e is not None else None
 
+
+def _top_json(route: Route) -> list[dict[str, Any]]:
+    """The router's best guesses, best first (what the query log keeps)."""
+    return [{"expert": _expert_json(e), "p": p} for e, p in route.top]
+
+
+def route_json(route: Route) -> dict[str, Any]:
     return {
         "path": route.path,
-        "expert": expert(route.expert) if route.path == "expert" else None,
+        "expert": _expert_json(route.expert) if route.path == "expert" else None,
         "confidence": route.confidence,
-        "top": [{"expert": expert(e), "p": p} for e, p in route.top],
+        "top": _top_json(route),
         "threshold": route.threshold,
         "reason": route.reason,
         "detail": route.detail,
@@ -65,7 +71,7 @@ def log_question(sessions: sessionmaker[Session], prepared: Prepared) -> int:
             reason=route.reason,
             expert_id=route.expert.id if route.path == "expert" and route.expert else None,
             confidence=route.confidence,
-            top=route_json(route)["top"],
+            top=_top_json(route),
             cited=[c.chunk.id for c in prepared.citations],
             timings={k: round(v, 3) for k, v in prepared.timings_ms.items()},
             vectors_scanned=route.vectors_scanned,
