@@ -290,6 +290,7 @@ def ensure_sample(settings: Settings) -> None:
             for p in propose(s, 5, rt.embedder.dim):
                 expert = create_expert(s, {"name": p["name"], "description": ", ".join(p["keywords"])})
                 assign_clusters(s, p["cluster_ids"], expert.id)
+        rt.indexes.realign()  # each document's chunks into its expert's lists
         log.warning("training the router on the sample corpus")
         rt.routers.train()
 

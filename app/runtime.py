@@ -188,6 +188,7 @@ class Runtime:
                 {
                     "ingest": bulk_handler(self._ingestor),
                     "recluster": self._recluster_job,
+                    "realign": self._realign_job,
                     "train": self._train_job,
                 },
             )
@@ -228,6 +229,16 @@ class Runtime:
         if self.routers.current() is not None:
             # The mapping carried over by majority vote; the router relearns it on the new clusters.
             result["train_job"] = self.jobs.submit("train", {"activate": True}, total=100).id
+        return result
+
+    def mapping_changed(self) -> int:
+        """The cluster -> expert mapping changed: fresh profiles now, documents re-placed by a job (its id)."""
+        self.experts.invalidate()
+        return self.jobs.submit("realign", {}, total=3).id
+
+    def _realign_job(self, ctx: JobContext) -> dict[str, Any]:
+        result = self.indexes.realign(lambda done, total: ctx.progress(done, total))
+        self.experts.invalidate()
         return result
 
     def _train_job(self, ctx: JobContext) -> dict[str, Any]:

@@ -59,10 +59,18 @@ def semantic_router_gate(ev: routing.Evaluation, questions: list[dict[str, str]]
 
     rt = ev.rt
     with rt.sessions() as s:
-        rows = s.execute(select(Chunk.text, Chunk.heading, Chunk.cluster_id).order_by(Chunk.id)).all()
+        rows = s.execute(
+            select(Chunk.text, Chunk.heading, Chunk.cluster_id, Chunk.document_id).order_by(Chunk.id)
+        ).all()
         name_of = dict(s.execute(select(Cluster.id, Expert.name).join(Expert, Cluster.expert_id == Expert.id)).all())
     # The very samples and split moerag's router trained and calibrated on.
-    samples, calib = rt.routers.sample_split([r[0] for r in rows], [r[1] for r in rows])
+    label = {c: i for i, c in enumerate(sorted(set(name_of.values())))}
+    samples, calib, _ = rt.routers.sample_split(
+        [r[0] for r in rows],
+        [r[1] for r in rows],
+        [r[3] for r in rows],
+        [label.get(name_of.get(r[2], ""), -1) for r in rows],
+    )
     labelled = [(smp.text, name_of.get(rows[smp.source][2])) for smp in samples]
     utterances: dict[str, list[str]] = {}
     for (text, name), held in zip(labelled, calib, strict=True):

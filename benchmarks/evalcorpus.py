@@ -103,10 +103,11 @@ def domain_of(source: str) -> str:
 
 
 def strip_questions(source: str, html: str) -> str:
-    """Section 3: remove the FAQ question headings (and their tables of contents)."""
+    """Section 3: replace each FAQ question by an empty heading (a section break), drop the TOCs."""
     from selectolax.lexbor import LexborHTMLParser as HTMLParser
 
     tree = HTMLParser(html)
+    questions = []
     if source.startswith("python3.11-doc/html/faq/"):
         for node in tree.css("nav.contents"):
             node.decompose()
@@ -115,25 +116,27 @@ def strip_questions(source: str, html: str) -> str:
             if len(section.css("section")) == 1:
                 heading = section.css_first("h2, h3")
                 if heading is not None and heading.parent == section:
-                    heading.decompose()
+                    questions.append(heading)
     elif source.startswith("debian/FAQ/"):
         for node in tree.css("div.toc"):
             node.decompose()
-        for heading in tree.css("div.section h2.title, div.section h3.title, div.section h4.title"):
-            if "?" in heading.text():
-                heading.decompose()
+        questions = [
+            h for h in tree.css("div.section h2.title, div.section h3.title, div.section h4.title") if "?" in h.text()
+        ]
     elif source == "git-doc/gitfaq.html":
-        for node in tree.css("#content dt.hdlist1"):
-            node.decompose()
+        questions = tree.css("#content dt.hdlist1")
     elif source == "sqlite3/faq.html":
         for node in tree.css("ol.nounderline"):
             node.decompose()
         for p in tree.css("p"):
             b = p.css_first("b")
             if b is not None and re.match(r"\s*\(\d+\)", b.text()) and p.text().strip() == b.text().strip():
-                p.decompose()
+                questions.append(p)
     else:
         return html
+    for node in questions:
+        # The recipe's section break: an empty heading element where the question was.
+        node.replace_with(HTMLParser("<h6></h6>").css_first("h6"))
     return tree.html or ""
 
 

@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.evalcorpus import domain_of, is_hit, load_questions
+from benchmarks.evalcorpus import FAQ_PAGES, domain_of, is_hit, load_questions
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DOMAINS = ("debian", "git", "nodejs", "postgresql", "python", "sqlite")
@@ -71,7 +71,7 @@ def metrics_for(ranked: list[list[tuple[str, str]]], questions: list[dict[str, s
 
 
 def setup_experts(rt: Any) -> dict[str, int]:
-    """One expert per domain; each cluster to the domain holding most of its chunks."""
+    """One expert per domain; each cluster to the domain holding most of its chunks; documents re-placed."""
     from sqlalchemy import select
 
     from app.models import Chunk, Cluster, Document, Expert
@@ -88,7 +88,51 @@ def setup_experts(rt: Any) -> dict[str, int]:
         for c in s.scalars(select(Cluster)):
             c.expert_id = ids[votes[c.id].most_common(1)[0][0]] if c.id in votes else None
     rt.experts.invalidate()
+    print(json.dumps({"realign": rt.indexes.realign()}), flush=True)
+    rt.experts.invalidate()
     return ids
+
+
+def domain_leakage(rt: Any, ids: dict[str, int]) -> dict[str, Any]:
+    """Chunks whose list belongs to another domain's expert: out of reach of their own expert path."""
+    from sqlalchemy import select
+
+    from app.models import Chunk, Cluster, Document
+
+    name = {v: k for k, v in ids.items()}
+    with rt.sessions() as s:
+        rows = s.execute(
+            select(Document.source, Cluster.expert_id).select_from(Chunk).join(Document).join(Cluster)
+        ).all()
+    out: dict[str, Any] = {"per_domain": {}}
+    total = Counter()
+    leaked = Counter()
+    for source, expert in rows:
+        d = domain_of(source)
+        keys = [d, "all"] + (["faq_pages"] if FAQ_PAGES.match(source) else [])
+        for key in keys:
+            total[key] += 1
+            leaked[key] += name.get(expert) != d
+    for key in total:
+        share = round(leaked[key] / total[key], 4)
+        if key in DOMAINS:
+            out["per_domain"][key] = share
+        else:
+            out[key] = share
+    out["faq_page_chunks_outside"] = leaked["faq_pages"]
+    out["faq_page_chunks"] = total["faq_pages"]
+    return out
+
+
+def per_domain(ranked: dict[str, list[list[tuple[str, str]]]], questions: list[dict[str, str]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for d in sorted({q["domain"] for q in questions}):
+        pick = [i for i, q in enumerate(questions) if q["domain"] == d]
+        qs = [questions[i] for i in pick]
+        out[d] = {"questions": len(pick)} | {
+            name: metrics_for([r[i] for i in pick], qs)["hit@10"] for name, r in ranked.items()
+        }
+    return out
 
 
 @dataclass
@@ -104,15 +148,77 @@ class Evaluation:
     rt: Any
 
 
+def served(rt: Any, questions: list[dict[str, str]], **kw: Any) -> tuple[list[list[tuple[str, str]]], list[Any]]:
+    """The pipeline as served, top 10 per question: (ranked, prepared)."""
+    from engine.pipeline import AskRequest
+
+    preps = [rt.pipeline.prepare(AskRequest(q["question"], top_k=10, **kw)) for q in questions]
+    return [[(c.chunk.text, c.chunk.source) for c in p.citations] for p in preps], preps
+
+
+def router_figures(
+    rt: Any, questions: list[dict[str, str]], q_vecs: np.ndarray, ids: dict[str, int], routes: list[Any]
+) -> dict[str, Any]:
+    """The active router on the questions: accuracy, calibration, the expert path's share and precision."""
+    from engine.router import evaluate as evaluate_router
+
+    router = rt.routers.current()
+    position = {e: i for i, e in enumerate(router.expert_ids)}
+    labels = torch.tensor([position[ids[q["domain"]]] for q in questions])
+    quality = evaluate_router(router.logits(q_vecs), labels, router.temperature, rt.settings.route_threshold)
+    expert_path = [r.path == "expert" for r in routes]
+    right = [r.expert is not None and r.expert.name == q["domain"] for r, q in zip(routes, questions, strict=True)]
+    on_path = [ok for ok, e in zip(right, expert_path, strict=True) if e]
+    per_domain_share = {}
+    for d in sorted({q["domain"] for q in questions}):
+        pick = [i for i, q in enumerate(questions) if q["domain"] == d]
+        on = [i for i in pick if expert_path[i]]
+        per_domain_share[d] = {
+            "expert_path_share": round(len(on) / len(pick), 3),
+            "right_on_path": round(sum(right[i] for i in on) / max(len(on), 1), 3),
+        }
+    return {
+        "version": router.version_id,
+        "accuracy": round(quality["accuracy"], 3),
+        "ece_before": round(quality["ece_before"], 4),
+        "ece_after": round(quality["ece_after"], 4),
+        "temperature": round(router.temperature, 3),
+        "coverage_at_threshold": round(quality["coverage_at_threshold"], 3),
+        "accuracy_at_threshold": round(quality["accuracy_at_threshold"], 3),
+        "expert_path_share": round(sum(expert_path) / len(questions), 3),
+        "expert_path_accuracy": round(sum(on_path) / max(len(on_path), 1), 3),
+        "fallback_reasons": dict(Counter(r.reason for r in routes if r.path == "fallback")),
+        "per_domain": per_domain_share,
+        "training": {k: v for k, v in router.metrics.items() if isinstance(v, int | float)},
+    }
+
+
+def faq_documents(rt: Any) -> list[int]:
+    from sqlalchemy import select
+
+    from app.models import Document
+
+    with rt.sessions() as s:
+        return [i for i, src in s.execute(select(Document.id, Document.source)) if FAQ_PAGES.match(src)]
+
+
 def evaluate(
-    rt: Any, questions: list[dict[str, str]], *, train: bool = True, latency_questions: int = 100
+    rt: Any,
+    questions: list[dict[str, str]],
+    *,
+    train: bool = True,
+    latency_questions: int = 100,
+    reference: list[list[tuple[str, str]]] | None = None,
+    faq_blind: bool = False,
 ) -> Evaluation:
-    """Every moerag retrieval mode, the router's quality and /ask latency, on a started Runtime."""
+    """Every moerag retrieval mode, the router's quality and /ask latency, on a started Runtime.
+
+    reference: the plain reference pipeline's top 10 per question (benchmarks/reference.py).
+    faq_blind: also train a router with the FAQ pages left out of its data and score it again.
+    """
     from fastapi.testclient import TestClient
 
     from app.main import create_app
-    from engine.pipeline import AskRequest
-    from engine.router import evaluate as evaluate_router
 
     settings = rt.settings
     stats = rt.stats()
@@ -122,13 +228,13 @@ def evaluate(
         stats = rt.stats()
     print(f"{stats['chunks']} chunks in {stats['clusters']} clusters", flush=True)
     ids = setup_experts(rt)
+    leakage = domain_leakage(rt, ids)
+    print(json.dumps({"leakage": leakage}), flush=True)
     t0 = time.perf_counter()
     if train:
         print("training the router ...", flush=True)
         print(json.dumps(rt.routers.train()), flush=True)
     train_s = time.perf_counter() - t0
-    router = rt.routers.current()
-    assert router is not None
     profiles = rt.experts.profiles()
     domain_clusters = {d: list(profiles[ids[d]].clusters) for d in DOMAINS}
     index = rt.indexes.index
@@ -142,25 +248,28 @@ def evaluate(
         rows = store.fetch(found)
         return [(rows[i].text, rows[i].source) for i in found if i in rows]
 
-    # Global dense (exact) and oracle (true domain's clusters) retrieval.
+    # Global dense (exact) and the dense oracle (every list of the true domain).
     _, global_ids = index.search(q_vecs, 10)
     global_dense = [resolve(r) for r in global_ids]
-    oracle = [
+    oracle_dense = [
         resolve(index.search(q_vecs[i : i + 1], 10, domain_clusters[q["domain"]])[1][0])
         for i, q in enumerate(questions)
     ]
-    # The pipeline as served: routed, and forced fallback (global hybrid).
-    routed, hybrid, routes, prepare_ms, gate_ms, route_ms = [], [], [], [], [], []
+    # The pipeline as served: routed; forced fallback (global hybrid); the expert path of the true domain.
+    prepare_ms, gate_ms, route_ms = [], [], []
+    routed, routes = [], []
     for q in questions:
         t = time.perf_counter()
-        p = rt.pipeline.prepare(AskRequest(q["question"], top_k=10))
+        r, (p,) = served(rt, [q])
         prepare_ms.append((time.perf_counter() - t) * 1000)
         gate_ms.append(p.timings_ms.get("embed", 0.0) + p.timings_ms.get("route", 0.0))
         route_ms.append(p.timings_ms.get("route", 0.0))
-        routed.append([(c.chunk.text, c.chunk.source) for c in p.citations])
+        routed += r
         routes.append(p.route)
-        f = rt.pipeline.prepare(AskRequest(q["question"], top_k=10, mode="fallback"))
-        hybrid.append([(c.chunk.text, c.chunk.source) for c in f.citations])
+    hybrid, _ = served(rt, questions, mode="fallback")
+    oracle = []
+    for q in questions:
+        oracle += served(rt, [q], mode="expert", expert_id=ids[q["domain"]])[0]
 
     # "Why not just IVF": the same lists, probing the nearest ones until as many vectors are
     # scanned as the expert path scans on average.
@@ -174,13 +283,7 @@ def evaluate(
         ivf_scanned.append(int(cum[min(nprobe, len(cum)) - 1]))
         ivf.append(resolve(index.search(q_vecs[i : i + 1], 10, order[i, :nprobe])[1][0]))
 
-    # Router quality on the questions themselves.
-    position = {e: i for i, e in enumerate(router.expert_ids)}
-    labels = torch.tensor([position[ids[q["domain"]]] for q in questions])
-    quality = evaluate_router(router.logits(q_vecs), labels, router.temperature, settings.route_threshold)
-    expert_path = [r.path == "expert" for r in routes]
-    right = [r.expert is not None and r.expert.name == q["domain"] for r, q in zip(routes, questions, strict=True)]
-    on_path = [ok for ok, e in zip(right, expert_path, strict=True) if e]
+    router = router_figures(rt, questions, q_vecs, ids, routes)
 
     # /ask latency through HTTP (in-process client), extractive generator.
     app = create_app(settings, runtime=rt)
@@ -188,9 +291,9 @@ def evaluate(
     with TestClient(app) as client:
         for q in questions[:latency_questions]:
             t = time.perf_counter()
-            r = client.post("/ask", json={"question": q["question"]})
+            resp = client.post("/ask", json={"question": q["question"]})
             lat.append((time.perf_counter() - t) * 1000)
-            assert r.status_code == 200, r.text
+            assert resp.status_code == 200, resp.text
     lat.sort()
     prepare_ms.sort()
     gate_ms.sort()
@@ -200,37 +303,45 @@ def evaluate(
         ROUTED: routed,
         "global dense (exact)": global_dense,
         "global hybrid (fallback path)": hybrid,
-        "oracle route": oracle,
+        "oracle route (served expert path, true domain)": oracle,
+        "oracle dense (every list of the true domain)": oracle_dense,
         "FAISS IVF, nearest lists up to the expert path's scan": ivf,
     }
-    result = {
+    if reference is not None:
+        ranked["plain reference (200-word windows, flat)"] = reference
+    router["train_seconds"] = round(train_s, 1)
+    router["gate_ms_p50"] = percentile(gate_ms, 50)  # embed the question + route
+    router["route_only_ms_p50"] = percentile(route_ms, 50)  # the gate alone: the overhead over plain RAG
+    result: dict[str, Any] = {
         "corpus": {"chunks": stats["chunks"], "clusters": stats["clusters"], "questions": len(questions)},
         "retrieval": {name: metrics_for(r, questions) for name, r in ranked.items()},
-        "router": {
-            "accuracy": round(quality["accuracy"], 3),
-            "ece_before": round(quality["ece_before"], 4),
-            "ece_after": round(quality["ece_after"], 4),
-            "temperature": round(router.temperature, 3),
-            "coverage_at_threshold": round(quality["coverage_at_threshold"], 3),
-            "accuracy_at_threshold": round(quality["accuracy_at_threshold"], 3),
-            "expert_path_share": round(sum(expert_path) / len(questions), 3),
-            "expert_path_accuracy": round(sum(on_path) / max(len(on_path), 1), 3),
-            "train_seconds": round(train_s, 1),
-            "gate_ms_p50": percentile(gate_ms, 50),  # embed the question + route
-            "route_only_ms_p50": percentile(route_ms, 50),  # the gate alone: the overhead over plain RAG
-            "fallback_reasons": dict(Counter(r.reason for r in routes if r.path == "fallback")),
-        },
+        "router": router,
+        "leakage": leakage,
         "vectors_scanned": {
             "expert path (mean)": round(statistics.mean(scanned_expert), 1) if scanned_expert else None,
             "global": int(sizes.sum()),
+            "expert path share of global": round(statistics.mean(scanned_expert) / float(sizes.sum()), 3)
+            if scanned_expert
+            else None,
             "IVF baseline (mean)": round(statistics.mean(ivf_scanned), 1),
         },
-        "ask_latency_ms": {
-            "p50": percentile(lat, 50),
-            "p95": percentile(lat, 95),
-            "n": len(lat),
-        },
+        "ask_latency_ms": {"p50": percentile(lat, 50), "p95": percentile(lat, 95), "n": len(lat)},
         "prepare_latency_ms": {"p50": percentile(prepare_ms, 50), "p95": percentile(prepare_ms, 95)},
+    }
+    if faq_blind:
+        print("training a router with the FAQ pages left out ...", flush=True)
+        full_version = rt.routers.current().version_id
+        info = rt.routers.train(exclude_documents=faq_documents(rt))
+        blind_ranked, blind_preps = served(rt, questions)
+        ranked[ROUTED + ", FAQ-blind router"] = blind_ranked
+        result["retrieval"][ROUTED + ", FAQ-blind router"] = metrics_for(blind_ranked, questions)
+        result["router_faq_blind"] = router_figures(rt, questions, q_vecs, ids, [p.route for p in blind_preps])
+        result["router_faq_blind"]["trained_on"] = {k: info.get(k) for k in ("chunks", "samples", "held_out_documents")}
+        rt.routers.activate(full_version)
+    result["per_domain_hit@10"] = per_domain(ranked, questions)
+    routed_first = first_hits(routed, questions)
+    result["routed_minus"] = {
+        name: paired_difference(routed_first, first_hits(r, questions)) for name, r in ranked.items() if name != ROUTED
     }
     return Evaluation(result, ranked, q_vecs, domain_clusters, hybrid, resolve, rt)
 
@@ -243,32 +354,110 @@ def percentile(sorted_values: list[float], p: float) -> float:
     return round(sorted_values[rank], 2)
 
 
+def prepare_store(rt: Any, corpus: Path) -> dict[str, Any]:
+    """Ingest the mirror into an empty store (embeddings come from the text-hash cache when present)."""
+    from benchmarks.evalcorpus import html_files, uploads
+
+    if rt.stats()["chunks"]:
+        return {"ingested": False}
+    files = html_files(corpus)
+    t0, chunks = time.perf_counter(), 0
+    for done, outcome in enumerate(rt.ingestor.ingest_many(uploads(files, corpus)), start=1):
+        chunks += outcome.chunks
+        if done % 250 == 0:
+            print(f"ingest: {done}/{len(files)} pages, {chunks} chunks", flush=True)
+    took = time.perf_counter() - t0
+    print("clustering the corpus ...", flush=True)
+    rt.indexes.recluster()
+    return {"ingested": True, "pages": len(files), "chunks": chunks, "seconds": round(took, 1)}
+
+
+def reference_ranked(corpus: Path, cache: Any, q_vecs: np.ndarray) -> tuple[list[list[tuple[str, str]]], dict]:
+    from benchmarks.reference import chunk_reference, corpus_pages, search
+
+    chunks = chunk_reference(corpus_pages(corpus, None))
+    vecs = cache.encode(chunks.embed, progress=True)  # [N, D]
+    return search(vecs, q_vecs, chunks), {"chunks": len(chunks)}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = ["| retrieval | hit@1 | hit@5 | hit@10 | MRR@10 | top-1 domain |", "|---|---|---|---|---|---|"]
+    for name, m in result["retrieval"].items():
+        lines.append(f"| {name} | {m['hit@1']} | {m['hit@5']} | {m['hit@10']} | {m['mrr@10']} | {m['top1_domain']} |")
+    lines += ["", "| routed minus | hit@10 diff | 95% CI | only routed / only other |", "|---|---|---|---|"]
+    for name, d in result["routed_minus"].items():
+        ci = f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"
+        lines.append(f"| {name} | {d['diff']:+.3f} | {ci} | {d['a_only']} / {d['b_only']} |")
+    lines += ["", "| router | accuracy | expert-path share | right on path | ECE | temperature |"]
+    lines += ["|---|---|---|---|---|---|"]
+    for key in ("router", "router_faq_blind"):
+        if key in result:
+            r = result[key]
+            lines.append(
+                f"| {key} | {r['accuracy']} | {r['expert_path_share']} | {r['expert_path_accuracy']} | "
+                f"{r['ece_after']} | {r['temperature']} |"
+            )
+    domains = result["per_domain_hit@10"]
+    names = [n for n in next(iter(domains.values())) if n != "questions"]
+    lines += ["", "| domain (questions) | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+    for d, row in domains.items():
+        lines.append(f"| {d} ({row['questions']}) | " + " | ".join(str(row[n]) for n in names) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir", type=Path, required=True)
+    ap.add_argument("--corpus", type=Path, help="the eval mirror (built here if missing); needed to ingest")
+    ap.add_argument("--cache", type=Path, help="embedding cache by text hash (benchmarks/embcache.py)")
     ap.add_argument("--questions", type=Path, help="default: ../shared/eval/faq-dev.jsonl")
     ap.add_argument("--skip-train", action="store_true", help="evaluate the active router as it is")
+    ap.add_argument("--no-faq-blind", action="store_true", help="skip the router trained without the FAQ pages")
     ap.add_argument("--latency-questions", type=int, default=100)
+    ap.add_argument("--name", default="routing", help="results file stem under benchmarks/results/")
     args = ap.parse_args()
 
     from app.runtime import Runtime
     from app.settings import Settings
+    from benchmarks.embcache import EmbeddingCache, cached
+    from benchmarks.evalcorpus import build
+    from engine.embedder import Embedder
 
     questions = load_questions(args.questions)
-    rt = Runtime(Settings(data_dir=args.data_dir))
+    embedder = Embedder()
+    cache = EmbeddingCache(args.cache, embedder) if args.cache else None
+    if cache is not None:
+        cached(embedder, cache)
+    if args.corpus is not None and not args.corpus.exists():
+        print(json.dumps({"mirror": build(args.corpus)}), flush=True)
+    rt = Runtime(Settings(data_dir=args.data_dir), embedder=embedder)
     rt.start()
     try:
-        result = evaluate(rt, questions, train=not args.skip_train, latency_questions=args.latency_questions).result
+        ingest = prepare_store(rt, args.corpus) if args.corpus is not None else {"ingested": False}
+        reference, ref_info = None, {}
+        if args.corpus is not None and cache is not None:
+            q_vecs = embedder.encode([q["question"] for q in questions])
+            reference, ref_info = reference_ranked(args.corpus, cache, q_vecs)
+        ev = evaluate(
+            rt,
+            questions,
+            train=not args.skip_train,
+            latency_questions=args.latency_questions,
+            reference=reference,
+            faq_blind=not args.no_faq_blind,
+        )
+        result = ev.result
+        result["ingest"] = ingest
+        result["reference"] = ref_info
+        result["model"] = {"name": embedder.name, "dtype": embedder.dtype_name}
         result["command"] = " ".join(["python", *sys.argv])
     finally:
         rt.close()
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "routing.json").write_text(json.dumps(result, indent=2))
-    lines = ["| retrieval | hit@1 | hit@5 | hit@10 | MRR@10 |", "|---|---|---|---|---|"]
-    for name, m in result["retrieval"].items():
-        lines.append(f"| {name} | {m['hit@1']} | {m['hit@5']} | {m['hit@10']} | {m['mrr@10']} |")
-    (RESULTS / "routing.md").write_text("\n".join(lines) + "\n\n```json\n" + json.dumps(result, indent=2) + "\n```\n")
-    print(json.dumps(result, indent=2))
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2))
+    report = markdown(result) + "\n\n```json\n" + json.dumps(result, indent=2) + "\n```\n"
+    (RESULTS / f"{args.name}.md").write_text(report)
+    print(markdown(result))
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ class ChunkingConfig:
     target_tokens: int = 200
     overlap_tokens: int = 32
     min_tokens: int = 48
+    merge_small_sections: bool = True  # a section under min_tokens joins the next one
 
     def __post_init__(self) -> None:
         if not 0 < self.min_tokens <= self.target_tokens <= self.max_tokens:
@@ -63,6 +64,7 @@ class _Piece:
     end: int
     tokens: int
     headings: tuple[str, ...]
+    section: int
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?:;])\s+|\n+")
@@ -95,7 +97,13 @@ def _pack(spans: list[tuple[int, int]], counts: list[int], budget: int) -> list[
 
 
 def _split_oversized(
-    text: str, start: int, headings: tuple[str, ...], budget: int, soft_budget: int, count: TokenCounter
+    text: str,
+    start: int,
+    headings: tuple[str, ...],
+    section: int,
+    budget: int,
+    soft_budget: int,
+    count: TokenCounter,
 ) -> list[_Piece]:
     """Cut a block that exceeds the window: at sentence ends, then at words.
 
@@ -108,7 +116,7 @@ def _split_oversized(
     pieces: list[_Piece] = []
     for (a, b), n in zip(sentence_spans, sentence_counts, strict=True):
         if n <= budget:
-            pieces.append(_Piece(a, b, n, headings))
+            pieces.append(_Piece(a, b, n, headings, section))
             continue
         word_spans = _spans(text[a:b], a, _WORD, keep_matches=True)
         word_counts = count([text[x:y] for x, y in word_spans])
@@ -117,12 +125,12 @@ def _split_oversized(
             while m > budget and y - x > 1:
                 y = x + (y - x) // 2
                 m = count([text[x:y]])[0]
-            pieces.append(_Piece(x, y, m, headings))
+            pieces.append(_Piece(x, y, m, headings, section))
     # Re-merge sentences into paragraph-sized pieces so a cut paragraph stays as whole as it can.
     merged: list[_Piece] = []
     for p in pieces:
         if merged and merged[-1].tokens + p.tokens <= soft_budget:
-            merged[-1] = _Piece(merged[-1].start, p.end, merged[-1].tokens + p.tokens, headings)
+            merged[-1] = _Piece(merged[-1].start, p.end, merged[-1].tokens + p.tokens, headings, section)
         else:
             merged.append(p)
     return merged
@@ -161,14 +169,17 @@ def chunk_document(doc: ParsedDocument, count: TokenCounter, config: ChunkingCon
         headings = fit_headings(block.headings)
         budget = cfg.max_tokens - prefix(headings)
         if n <= budget:
-            pieces.append(_Piece(block.start, block.end, n, headings))
+            pieces.append(_Piece(block.start, block.end, n, headings, block.section))
         else:
             soft = max(1, min(budget, cfg.target_tokens - prefix(headings)) - cfg.overlap_tokens)
-            pieces.extend(_split_oversized(text[: block.end], block.start, headings, budget, soft, count))
+            pieces.extend(
+                _split_oversized(text[: block.end], block.start, headings, block.section, budget, soft, count)
+            )
 
     chunks: list[Chunk] = []
     current: list[_Piece] = []
     headings = ()
+    section = -1
     body = 0  # tokens of the pieces in `current`
 
     def emit() -> None:
@@ -178,7 +189,7 @@ def chunk_document(doc: ParsedDocument, count: TokenCounter, config: ChunkingCon
 
     for piece in pieces:
         if current:
-            same_section = piece.headings == headings
+            same_section = piece.section == section
             merged_headings = headings if same_section else _common_prefix(headings, piece.headings)
             fits_target = body + piece.tokens + prefix(merged_headings) <= cfg.target_tokens
             fits_max = body + piece.tokens + prefix(merged_headings) <= cfg.max_tokens
@@ -187,17 +198,17 @@ def chunk_document(doc: ParsedDocument, count: TokenCounter, config: ChunkingCon
                 current.append(piece)
                 body += piece.tokens
                 continue
-            if not same_section and small and fits_max:
+            if not same_section and small and fits_max and cfg.merge_small_sections:
                 current.append(piece)
                 body += piece.tokens
-                headings = merged_headings
+                headings, section = merged_headings, piece.section
                 continue
             emit()
             carried = _overlap(text, current, piece, cfg, count) if same_section else []
             current = carried
             body = sum(p.tokens for p in carried)
         if not current:
-            headings = piece.headings
+            headings, section = piece.headings, piece.section
         current.append(piece)
         body += piece.tokens
     emit()
@@ -219,5 +230,5 @@ def _overlap(text: str, previous: list[_Piece], nxt: _Piece, cfg: ChunkingConfig
         n = count([text[a : last.end]])[0]
         if n > cfg.overlap_tokens:
             break
-        tail = _Piece(a, last.end, n, last.headings)
+        tail = _Piece(a, last.end, n, last.headings, last.section)
     return [tail] if tail else []

@@ -38,14 +38,20 @@ class LexicalIndex:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def search(self, query: str, k: int) -> list[tuple[int, float]]:
-        """[(chunk id, score)] best first; only chunks sharing a term with the query."""
+    def search(self, query: str, k: int, mask: np.ndarray | None = None) -> list[tuple[int, float]]:
+        """[(chunk id, score)] best first; only chunks sharing a term with the query.
+
+        mask [N] bool over `ids` restricts the search to a scope (an expert's chunks).
+        """
         tokens = tokenize(query)
         if self._bm25 is None or not tokens:
             return []
         k = min(k, len(self.ids))
+        weights = None if mask is None else mask.astype(np.float32)  # [N]
         with self._lock:
-            docs, scores = self._bm25.retrieve([tokens], k=k, show_progress=False)  # [1, K], [1, K]
+            docs, scores = self._bm25.retrieve(
+                [tokens], k=k, show_progress=False, weight_mask=weights
+            )  # [1, K], [1, K]
         return [(int(self.ids[d]), float(s)) for d, s in zip(docs[0], scores[0], strict=True) if s > 0]
 
 

@@ -10,12 +10,15 @@ from __future__ import annotations
 import io
 import re
 from dataclasses import dataclass, field
-from html.parser import HTMLParser
 from pathlib import PurePath
+from typing import TYPE_CHECKING
 
 import charset_normalizer
 
 from engine.errors import CorruptDocument, EmptyDocument, UndecodableDocument, UnsupportedType
+
+if TYPE_CHECKING:
+    from selectolax.lexbor import LexborNode as Node
 
 MIME_BY_KIND = {
     "txt": "text/plain",
@@ -45,6 +48,7 @@ class Block:
     headings: tuple[str, ...]
     start: int  # char offset in ParsedDocument.text
     end: int
+    section: int = 0  # structural section: chunks never span two (numbered in document order)
 
 
 @dataclass
@@ -67,7 +71,7 @@ class _Builder:
         self.length = 0
         self.blocks: list[Block] = []
 
-    def add(self, text: str, headings: tuple[str, ...]) -> None:
+    def add(self, text: str, headings: tuple[str, ...], section: int = 0) -> None:
         text = text.strip()
         if not text:
             return
@@ -77,7 +81,7 @@ class _Builder:
         start = self.length
         self.parts.append(text)
         self.length += len(text)
-        self.blocks.append(Block(text, headings, start, self.length))
+        self.blocks.append(Block(text, headings, start, self.length, section))
 
     def build(self, kind: str, title: str) -> ParsedDocument:
         doc = ParsedDocument(kind=kind, title=title, text="".join(self.parts), blocks=self.blocks)
@@ -166,13 +170,16 @@ def parse_markdown(text: str, fallback_title: str = "") -> ParsedDocument:
     headings: list[str] = []
     para: list[str] = []
     in_fence = False
+    section = 0
 
     def flush() -> None:
-        builder.add("\n".join(para), tuple(headings))
+        builder.add("\n".join(para), tuple(headings), section)
         para.clear()
 
     def set_heading(level: int, title: str) -> None:
+        nonlocal section
         flush()
+        section += 1
         del headings[level - 1 :]
         headings.extend([""] * (level - 1 - len(headings)))
         headings.append(title)
@@ -200,8 +207,9 @@ def parse_markdown(text: str, fallback_title: str = "") -> ParsedDocument:
 
 
 # Tags whose content is page chrome or code that is not prose.
-_SKIP_TAGS = {"script", "style", "nav", "header", "footer", "aside", "noscript", "template", "svg", "form"}
+_SKIP_TAGS = {"script", "style", "nav", "header", "footer", "aside", "noscript", "template", "svg", "form", "head"}
 _HEADING_TAGS = {"h1": 1, "h2": 2, "h3": 3, "h4": 4, "h5": 5, "h6": 6}
+# Elements that end the running paragraph (their text is a block of its own).
 _BLOCK_TAGS = {
     "p",
     "div",
@@ -228,6 +236,10 @@ _BLOCK_TAGS = {
     "caption",
     "address",
 }
+# Elements that start a new section: a chunk never spans two of them. Headings (with or
+# without text) are boundaries too, and so is the end of a sectioning element.
+_SECTION_TAGS = {"section", "article", "dt"}
+_SECTION_CLASSES = {"section", "sect1", "sect2", "sect3", "sect4", "refsect1", "refsect2", "chapter", "appendix"}
 # Navigation, menus and in-page tables of contents, by the class or id names that common
 # generators (Sphinx, DocBook, Doxygen-like sites, Node's docs, SQLite's site) give them.
 _CHROME_NAMES = {
@@ -255,97 +267,103 @@ _CHROME_NAMES = {
     "column2",
     "toc",
 }
-_VOID_TAGS = {"br", "hr", "img", "meta", "link", "input", "area", "base", "col", "embed", "source", "wbr"}
+_SPACE = re.compile(r"\s+")
 
 
-class _HtmlExtractor(HTMLParser):
+def _is_chrome(tag: str, attributes: dict[str, str | None]) -> bool:
+    role = (attributes.get("role") or "").lower()
+    names = (attributes.get("class") or "").lower().split() + (attributes.get("id") or "").lower().split()
+    return (
+        tag in _SKIP_TAGS
+        or role in ("navigation", "banner", "contentinfo")
+        or any(n in _CHROME_NAMES or n.startswith(("fancy-toc", "fancy_toc")) for n in names)
+    )
+
+
+def _starts_section(tag: str, attributes: dict[str, str | None]) -> bool:
+    if tag in _SECTION_TAGS:
+        return True
+    return tag == "div" and bool(_SECTION_CLASSES.intersection((attributes.get("class") or "").lower().split()))
+
+
+class _HtmlWalker:
+    """Walks a parsed DOM in document order and cuts it into blocks and sections.
+
+    Section identity is structural: a counter bumped at every heading, every sectioning
+    element's start and end, and every definition-list term, so two FAQ answers under one
+    (removed or empty) heading never become one section.
+    """
+
     def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
         self.builder = _Builder()
         self.headings: list[str] = []
         self.buffer: list[str] = []
-        self.heading_buffer: list[str] | None = None
-        self.heading_level = 0
-        # Skipped chrome is tracked by its own tag only: HTML often leaves <li>/<p> unclosed,
-        # so counting every tag would never find the end of a <nav>.
-        self.skip_tag = ""
-        self.skip_depth = 0
         self.pre_depth = 0
-        self.title_parts: list[str] = []
-        self.in_title = False
+        self.section = 0
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
         raw = "".join(self.buffer)
         self.buffer.clear()
-        text = raw if self.pre_depth else re.sub(r"\s+", " ", raw)
-        self.builder.add(text, tuple(h for h in self.headings if h))
+        text = raw if self.pre_depth else _SPACE.sub(" ", raw)
+        self.builder.add(text, tuple(h for h in self.headings if h), self.section)
 
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        attributes = dict(attrs)
-        role = (attributes.get("role") or "").lower()
-        names = (attributes.get("class") or "").lower().split() + (attributes.get("id") or "").lower().split()
-        if self.skip_depth:
-            if tag == self.skip_tag:
-                self.skip_depth += 1
-            return
-        if (
-            tag in _SKIP_TAGS
-            or role in ("navigation", "banner", "contentinfo")
-            or any(n in _CHROME_NAMES or n.startswith(("fancy-toc", "fancy_toc")) for n in names)
-        ):
-            if tag not in _VOID_TAGS:
-                self.skip_tag, self.skip_depth = tag, 1
-            return
-        if tag == "title":
-            self.in_title = True
-        elif tag in _HEADING_TAGS:
-            self._flush()
-            self.heading_buffer = []
-            self.heading_level = _HEADING_TAGS[tag]
-        elif tag in _BLOCK_TAGS:
-            self._flush()
+    def boundary(self) -> None:
+        self.flush()
+        self.section += 1
+
+    def heading(self, level: int, title: str) -> None:
+        self.boundary()
+        del self.headings[level - 1 :]
+        self.headings.extend([""] * (level - 1 - len(self.headings)))
+        self.headings.append(title)
+
+    def walk(self, root: Node) -> None:
+        # An explicit stack (not recursion): real pages nest deeper than Python's stack allows.
+        stack: list[tuple[Node, bool]] = [(root, False)]
+        while stack:
+            node, leaving = stack.pop()
+            tag = node.tag or ""
+            if leaving:
+                if tag in _BLOCK_TAGS or tag in _SECTION_TAGS:
+                    self.flush()
+                if tag == "pre":
+                    self.pre_depth -= 1
+                if tag != "dt" and _starts_section(tag, node.attributes):
+                    self.boundary()  # what follows a closed section is not part of it
+                continue
+            if node.is_text_node:
+                self.buffer.append(node.text_content or "")
+                continue
+            if not node.is_element_node or _is_chrome(tag, node.attributes):
+                continue
+            if tag in _HEADING_TAGS:
+                title = _SPACE.sub(" ", node.text(deep=True)).strip().rstrip("¶#").strip()
+                self.heading(_HEADING_TAGS[tag], title)
+                continue
+            if _starts_section(tag, node.attributes):
+                self.boundary()
+            elif tag in _BLOCK_TAGS:
+                self.flush()
             if tag == "pre":
                 self.pre_depth += 1
-
-    def handle_endtag(self, tag: str) -> None:
-        if self.skip_depth:
-            if tag == self.skip_tag:
-                self.skip_depth -= 1
-            return
-        if tag == "title":
-            self.in_title = False
-        elif tag in _HEADING_TAGS and self.heading_buffer is not None:
-            title = re.sub(r"\s+", " ", "".join(self.heading_buffer)).strip().rstrip("¶#").strip()
-            self.heading_buffer = None
-            level = self.heading_level
-            del self.headings[level - 1 :]
-            self.headings.extend([""] * (level - 1 - len(self.headings)))
-            self.headings.append(title)
-        elif tag in _BLOCK_TAGS:
-            self._flush()
-            if tag == "pre" and self.pre_depth:
-                self.pre_depth -= 1
-
-    def handle_data(self, data: str) -> None:
-        if self.skip_depth:
-            return
-        if self.in_title:
-            self.title_parts.append(data)
-        elif self.heading_buffer is not None:
-            self.heading_buffer.append(data)
-        else:
-            self.buffer.append(data)
+            stack.append((node, True))
+            stack.extend((child, False) for child in reversed(list(node.iter(include_text=True))))
 
 
 def parse_html(text: str, fallback_title: str = "") -> ParsedDocument:
-    extractor = _HtmlExtractor()
-    extractor.feed(text)
-    extractor.close()
-    extractor._flush()
-    title = re.sub(r"\s+", " ", "".join(extractor.title_parts)).strip()
+    from selectolax.lexbor import LexborHTMLParser
+
+    tree = LexborHTMLParser(text)
+    walker = _HtmlWalker()
+    root = tree.body or tree.root
+    if root is not None:
+        walker.walk(root)
+    walker.flush()
+    title_node = tree.css_first("title")
+    title = _SPACE.sub(" ", title_node.text()).strip() if title_node is not None else ""
     if not title:
-        title = next((b.headings[0] for b in extractor.builder.blocks if b.headings), "")
-    return extractor.builder.build("html", title or fallback_title)
+        title = next((b.headings[0] for b in walker.builder.blocks if b.headings), "")
+    return walker.builder.build("html", title or fallback_title)
 
 
 def parse_pdf(data: bytes, fallback_title: str = "") -> ParsedDocument:
@@ -366,7 +384,7 @@ def parse_pdf(data: bytes, fallback_title: str = "") -> ParsedDocument:
     builder = _Builder()
     for number, page in enumerate(pages, start=1):
         for para in _PARAGRAPH_BREAK.split(page.replace("\r\n", "\n")):
-            builder.add(para, (f"page {number}",))
+            builder.add(para, (f"page {number}",), number)
     if not builder.blocks:
         raise EmptyDocument("the PDF has no extractable text (a scanned PDF needs OCR first)")
     return builder.build("pdf", str(meta_title).strip() or fallback_title or _first_line(builder))

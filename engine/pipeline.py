@@ -112,6 +112,7 @@ class PipelineConfig:
     # The expert path probes only this many of its lists nearest the question (0 = all): on the
     # eval corpus 16 of ~40 found the same top 10 with 3.4x fewer vectors; at 1M chunks, 10x faster.
     expert_nprobe: int = 16
+    expert_hybrid: bool = True  # the expert path fuses BM25 over the expert's chunks, as the fallback does
 
 
 class AskPipeline:
@@ -132,6 +133,7 @@ class AskPipeline:
         self.matrix = matrix or (lambda: None)
         self.experts, self.store, self.generator = experts, store, generator
         self.config = config or PipelineConfig()
+        self._masks: dict[tuple[int, str, int, tuple[int, ...]], np.ndarray] = {}
 
     def prepare(self, req: AskRequest) -> Prepared:
         cfg = self.config
@@ -151,27 +153,33 @@ class AskPipeline:
         citations: list[Citation] = []
         if route.path == "expert" and route.expert is not None:
             k = req.top_k or route.expert.top_k or cfg.default_top_k
-            clusters = [c for c in route.expert.clusters if 0 <= c < index.nlist]
+            n = max(cfg.candidates, k)
+            scope = [c for c in route.expert.clusters if 0 <= c < index.nlist]
+            clusters = scope
             matrix = self.matrix()
             if matrix is not None:  # GPU deployments: the expert-sorted copy and the scoped kernel
-                scores, ids = matrix.search(q, [route.expert.id], k)  # [1, K]
+                scores, ids = matrix.search(q, [route.expert.id], n)  # [1, N]
                 route.vectors_scanned = matrix.sizes([route.expert.id])
             else:  # FAISS: only the expert's inverted lists (the nearest ones, when capped)
                 if cfg.expert_nprobe:
-                    clusters = index.nearest_lists(q[0], clusters, cfg.expert_nprobe).tolist()
-                scores, ids = index.search(q, k, clusters)  # [1, K]
+                    clusters = index.nearest_lists(q[0], scope, cfg.expert_nprobe).tolist()
+                scores, ids = index.search(q, n, clusters)  # [1, N]
                 route.vectors_scanned = index.scan_size(clusters)[1]
             route.clusters_scanned = len(clusters)
-            hits = [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True) if i >= 0]
-            best = hits[0][1] if hits else float("-inf")
+            dense = [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True) if i >= 0]
+            best = dense[0][1] if dense else float("-inf")
             if best < cfg.expert_min_score and req.mode != "expert":
                 route.path, route.reason = "fallback", "weak_expert_results"
                 route.detail = f"best scoped score {best:.2f} < {cfg.expert_min_score:.2f}: searched everything"
+            elif cfg.expert_hybrid:  # BM25 over the expert's chunks, fused as on the fallback
+                citations = self._fuse([i for i, _ in dense], req.question, k, n, index, scope)
             else:
-                citations = self._citations(hits)
+                citations = self._citations(dense[:k])
         if route.path == "fallback":
             k = req.top_k or cfg.default_top_k
-            citations = self._hybrid(q, req.question, k, index)
+            n = max(cfg.candidates, k)
+            _, ids = index.search(q, n)  # [1, N] exact, every cluster
+            citations = self._fuse([int(i) for i in ids[0] if i >= 0], req.question, k, n, index, None)
             route.clusters_scanned, route.vectors_scanned = index.scan_size()
         timings["retrieve"] = (time.perf_counter() - t) * 1000
 
@@ -236,12 +244,25 @@ class AskPipeline:
         kept = [(rows[i], s) for i, s in hits if i in rows]
         return [Citation(n, chunk, s) for n, (chunk, s) in enumerate(kept, start=1)]
 
-    def _hybrid(self, q: np.ndarray, question: str, k: int, index: ClusteredIndex) -> list[Citation]:
-        """Dense (exact, every cluster) + BM25, fused by reciprocal rank."""
-        n = max(self.config.candidates, k)
-        _, ids = index.search(q, n)  # [1, N]
-        dense = [int(i) for i in ids[0] if i >= 0]
+    def _fuse(
+        self, dense: list[int], question: str, k: int, n: int, index: ClusteredIndex, scope: list[int] | None
+    ) -> list[Citation]:
+        """Dense candidates + BM25 (over `scope`'s lists only, when given), fused by weighted RRF."""
         lexical = self.lexical()
-        sparse = [i for i, _ in lexical.search(question, n)] if lexical is not None else []
+        sparse: list[int] = []
+        if lexical is not None:
+            mask = self._scope_mask(lexical, index, scope) if scope is not None else None
+            sparse = [i for i, _ in lexical.search(question, n, mask)]
         fused = reciprocal_rank_fusion([dense, sparse], weights=[1.0, self.config.lexical_weight])[:k]
         return self._citations(fused)
+
+    def _scope_mask(self, lexical: LexicalIndex, index: ClusteredIndex, scope: list[int]) -> np.ndarray:
+        """[N] bool over the BM25 index's chunks: those in `scope`'s lists (cached until either changes)."""
+        key = (id(lexical), index.version, index.writes, tuple(scope))
+        mask = self._masks.get(key)
+        if mask is None:
+            mask = np.isin(index.clusters_of(lexical.ids), np.asarray(scope, dtype=np.int64))  # [N]
+            if len(self._masks) >= 64:
+                self._masks.clear()
+            self._masks[key] = mask
+        return mask

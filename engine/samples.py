@@ -54,3 +54,27 @@ def query_like_samples(texts: Sequence[str], headings: Sequence[str], n: int, se
             text = rng.choice(sentences).strip()
         out.append(Sample(text[:400], i, kind))
     return out
+
+
+def held_out_documents(documents: Sequence[int], labels: Sequence[int], share: float, seed: int = 0) -> set[int]:
+    """Whole documents held out for calibration, stratified by each document's majority label.
+
+    A router calibrated on fragments of documents it trained on is over-confident on questions
+    about documents it never saw; holding out documents measures (and calibrates) the latter.
+    Every label keeps at least one training document.
+    """
+    votes: dict[int, dict[int, int]] = {}
+    for doc, label in zip(documents, labels, strict=True):
+        counts = votes.setdefault(doc, {})
+        counts[label] = counts.get(label, 0) + 1
+    by_label: dict[int, list[int]] = {}
+    for doc in sorted(votes):
+        majority = max(votes[doc].items(), key=lambda kv: (kv[1], -kv[0]))[0]
+        by_label.setdefault(majority, []).append(doc)
+    rng = random.Random(seed)
+    held: set[int] = set()
+    for _label, docs in sorted(by_label.items()):
+        rng.shuffle(docs)
+        n = min(round(share * len(docs)), len(docs) - 1)
+        held.update(docs[:n])
+    return held

@@ -38,6 +38,8 @@ class ClusteredIndex:
         self.version = version
         self._lock = threading.RLock()
         self._centroids: Floats | None = None  # the quantizer never changes after construction
+        self.writes = 0  # bumped by every add/remove: a key for what callers derive from the lists
+        self._where: tuple[int, Ints, Ints] | None = None  # (writes, ids sorted, their lists)
 
     # ---- construction -------------------------------------------------------------------
 
@@ -122,6 +124,20 @@ class ClusteredIndex:
         order = np.argsort(ids, kind="stable")
         return ids[order], clusters[order]
 
+    def clusters_of(self, ids: Ints) -> Ints:
+        """[N] list holding each id (-1: not in the index), from a sorted copy rebuilt after writes."""
+        cached = self._where
+        if cached is None or cached[0] != self.writes:
+            writes = self.writes
+            sorted_ids, lists = self.assignments()
+            cached = self._where = (writes, sorted_ids, lists)
+        _, sorted_ids, lists = cached
+        ids = np.asarray(ids, dtype=np.int64)
+        if sorted_ids.size == 0:
+            return np.full(ids.shape, -1, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(sorted_ids, ids), sorted_ids.size - 1)  # [N]
+        return np.where(sorted_ids[pos] == ids, lists[pos], -1)
+
     # ---- writes -----------------------------------------------------------------------------
 
     def assign(self, x: Floats) -> Ints:
@@ -145,12 +161,14 @@ class ClusteredIndex:
             raise ValueError(f"cluster out of range 0..{self.nlist - 1}")
         with self._lock:
             self._ivf.add_core(n, faiss.swig_ptr(x), faiss.swig_ptr(ids), faiss.swig_ptr(clusters))
+            self.writes += 1
 
     def remove(self, ids: Iterable[int]) -> int:
         arr = np.fromiter(ids, dtype=np.int64)
         if arr.size == 0:
             return 0
         with self._lock:
+            self.writes += 1
             return int(self._ivf.remove_ids(faiss.IDSelectorBatch(arr.size, faiss.swig_ptr(arr))))
 
     # ---- search -----------------------------------------------------------------------------

@@ -38,9 +38,12 @@ def routed(client: TestClient) -> dict[str, Any]:
         assert r.status_code == 201
         experts[topic] = r.json()["id"]
         owned = [c for c, t in topic_of.items() if t == topic]
-        assert client.post(
+        assigned = client.post(
             "/admin/api/clusters/assign", json={"cluster_ids": owned, "expert_id": experts[topic]}, headers=AUTH
-        ).json() == {"assigned": len(owned)}
+        ).json()
+        assert assigned["assigned"] == len(owned)
+        # Remapping re-places documents so each stays inside one expert's lists.
+        assert wait_job(client, assigned["realign_job"])["status"] == "done"
     job = wait_job(client, client.post("/admin/api/router/train", headers=AUTH).json()["id"])
     assert job["status"] == "done", job
     return {"experts": experts, "topic_of": topic_of, "job": job}

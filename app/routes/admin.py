@@ -87,7 +87,7 @@ def cluster_detail(cluster_id: int, rt: RuntimeDep, samples: Annotated[int, Quer
 def put_cluster(cluster_id: int, body: ClusterPut, rt: RuntimeDep) -> ClusterOut:
     with rt.sessions.begin() as s:
         expert_service.assign_clusters(s, [cluster_id], body.expert_id)
-    rt.experts.invalidate()
+    rt.mapping_changed()
     return next(c for c in clusters(rt) if c.id == cluster_id)
 
 
@@ -95,8 +95,7 @@ def put_cluster(cluster_id: int, body: ClusterPut, rt: RuntimeDep) -> ClusterOut
 def assign(body: AssignIn, rt: RuntimeDep) -> dict[str, int]:
     with rt.sessions.begin() as s:
         n = expert_service.assign_clusters(s, body.cluster_ids, body.expert_id)
-    rt.experts.invalidate()
-    return {"assigned": n}
+    return {"assigned": n, "realign_job": rt.mapping_changed()}
 
 
 # ---- experts ------------------------------------------------------------------------------------------
@@ -141,7 +140,7 @@ def patch_expert(expert_id: int, body: ExpertPatch, rt: RuntimeDep) -> ExpertOut
 def delete_expert(expert_id: int, rt: RuntimeDep) -> Response:
     with rt.sessions.begin() as s:
         expert_service.delete_expert(s, expert_id)
-    rt.experts.invalidate()
+    rt.mapping_changed()
     return Response(status_code=204)
 
 
@@ -160,7 +159,10 @@ def propose(body: ProposeIn, rt: RuntimeDep) -> dict[str, object]:
                 e = expert_service.create_expert(s, {"name": name, "description": ", ".join(p["keywords"])})
                 expert_service.assign_clusters(s, p["cluster_ids"], e.id)
                 p["expert_id"] = e.id
-    rt.experts.invalidate()
+    if body.apply:
+        rt.mapping_changed()
+    else:
+        rt.experts.invalidate()
     return {"proposals": proposals, "applied": body.apply}
 
 

@@ -120,7 +120,7 @@ class Ingestor:
     def _commit_new(self, p: _Prepared, vectors: Vectors) -> Outcome:
         up = p.upload
         with self.indexes.write_lock:
-            clusters = self.indexes.index.assign(vectors)  # [N]
+            clusters = self.indexes.place_document(vectors)  # [N]
             try:
                 with self.sessions() as s, s.begin():
                     title = up.title or p.parsed.title or up.filename or up.source
@@ -214,7 +214,7 @@ class Ingestor:
         prepared = self._prepare(upload)
         vectors = self._embed([prepared])[0]
         with self.indexes.write_lock:
-            clusters = self.indexes.index.assign(vectors)
+            clusters = self.indexes.place_document(vectors)  # [N]
             with self.sessions() as s, s.begin():
                 doc = s.get(Document, document_id)
                 if doc is None:

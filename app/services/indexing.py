@@ -18,6 +18,7 @@ from app.models import Chunk, Cluster, IndexState
 from app.settings import Settings
 from engine.keywords import cluster_keywords
 from index import ClusteredIndex, IndexCorrupt, auto_cluster_count, kmeans
+from index.placement import leakage, place
 from index.store import write_atomic
 
 log = logging.getLogger(__name__)
@@ -146,6 +147,67 @@ class IndexManager:
             if p.name != self.path_for(keep).name:
                 p.unlink(missing_ok=True)
 
+    # ---- placement: a document's chunks stay in one expert's lists ---------------------------------
+
+    def groups(self) -> np.ndarray:
+        """[C] the expert owning each list of the live index (-1: none), read from SQL."""
+        with self.sessions() as s:
+            owned: dict[int, int | None] = {c: e for c, e in s.execute(select(Cluster.id, Cluster.expert_id))}
+        return _groups([owned.get(c) for c in range(self.index.nlist)])
+
+    def place_document(self, vectors: np.ndarray) -> np.ndarray:
+        """[N] lists for one document's chunk vectors [N, D]; call under `write_lock`."""
+        if self.index.nlist == 1 or len(vectors) == 0:
+            return self.index.assign(vectors)
+        owners = np.zeros(len(vectors), dtype=np.int64)
+        return place(vectors, owners, self.index.centroids(), self.groups())
+
+    def realign(self, progress: Progress | None = None) -> dict[str, Any]:
+        """Re-place every chunk after the cluster -> expert mapping changed; moves only what must move."""
+        report = progress or (lambda done, total: None)
+        with self.write_lock:
+            groups = self.groups()
+            with self.sessions() as s:
+                rows = s.execute(
+                    select(Chunk.id, Chunk.document_id, Chunk.cluster_id, Chunk.embedding).order_by(Chunk.id)
+                ).all()
+            report(1, 3)
+            n = len(rows)
+            ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=n)
+            owners = np.fromiter((r[1] for r in rows), dtype=np.int64, count=n)
+            before = np.fromiter((r[2] for r in rows), dtype=np.int64, count=n)
+            x = np.frombuffer(b"".join(r[3] for r in rows), dtype=np.float32).reshape(n, self.dim)
+            leak_before = leakage(owners, before, groups)
+            after = place(x, owners, self.index.centroids(), groups) if self.index.nlist > 1 else before
+            moved = np.flatnonzero(after != before)
+            report(2, 3)
+            if moved.size:
+                with self.sessions.begin() as s:
+                    s.connection().execute(
+                        update(Chunk).where(Chunk.id == bindparam("cid")).execution_options(synchronize_session=False),
+                        [{"cid": int(ids[i]), "cluster_id": int(after[i])} for i in moved],
+                    )
+                self.index.remove(ids[moved].tolist())
+                self.index.add(x[moved], ids[moved], after[moved])
+                self.mark_dirty()
+            report(3, 3)
+        result = {
+            "chunks": n,
+            "moved": int(moved.size),
+            "leakage_before": round(leak_before, 4),
+            "leakage_after": round(leakage(owners, after, groups), 4),
+        }
+        log.info("realigned chunks to their documents' experts: %s", result)
+        return result
+
+    def leakage(self) -> float:
+        """Share of chunks outside the expert that holds most of their document (0 after realign)."""
+        with self.sessions() as s:
+            rows = s.execute(select(Chunk.document_id, Chunk.cluster_id)).all()
+        owners = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        clusters = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
+        return leakage(owners, clusters, self.groups())
+
     # ---- recluster ---------------------------------------------------------------------------------
 
     def recluster(self, progress: Progress | None = None) -> dict[str, Any]:
@@ -154,7 +216,9 @@ class IndexManager:
         with self.write_lock:
             with self.sessions() as s:
                 rows = s.execute(
-                    select(Chunk.id, Chunk.cluster_id, Chunk.embedding, Chunk.text).order_by(Chunk.id)
+                    select(Chunk.id, Chunk.cluster_id, Chunk.embedding, Chunk.text, Chunk.document_id).order_by(
+                        Chunk.id
+                    )
                 ).all()
                 old_expert = {c: e for c, e in s.execute(select(Cluster.id, Cluster.expert_id))}
             report(1, 4)
@@ -164,12 +228,15 @@ class IndexManager:
             k = auto_cluster_count(n, requested=self.settings.clusters)
             centroids = kmeans(x, k)  # [C, D]
             fresh = ClusteredIndex.create(centroids, uuid.uuid4().hex)
-            assigned = fresh.assign(x)  # [N]
+            nearest = fresh.assign(x)  # [N]
             report(2, 4)
             votes: list[Counter[int | None]] = [Counter() for _ in range(k)]
-            for (_, old_cluster, _, _), new_cluster in zip(rows, assigned, strict=True):
+            for (_, old_cluster, _, _, _), new_cluster in zip(rows, nearest, strict=True):
                 votes[new_cluster][old_expert.get(old_cluster)] += 1
             experts = [v.most_common(1)[0][0] if v else None for v in votes]
+            # Each document's chunks stay inside one expert's lists (see index.placement).
+            owners = np.fromiter((r[4] for r in rows), dtype=np.int64, count=n)
+            assigned = place(x, owners, centroids, _groups(experts))  # [N]
             keywords = cluster_keywords([r[3] for r in rows], assigned, k)
             report(3, 4)
             with self.sessions.begin() as s:
@@ -195,6 +262,11 @@ class IndexManager:
         sizes = np.bincount(assigned, minlength=k) if n else np.zeros(k, dtype=np.int64)
         log.info("reclustered %d chunks into %d clusters (version %s)", n, k, fresh.version)
         return {"chunks": n, "clusters": k, "version": fresh.version, "largest": int(sizes.max(initial=0))}
+
+
+def _groups(experts: list[int | None]) -> np.ndarray:
+    """[C] expert id per list, -1 where no expert owns it."""
+    return np.array([-1 if e is None else e for e in experts], dtype=np.int64)
 
 
 def _assignments(s: Session) -> tuple[np.ndarray, np.ndarray]:

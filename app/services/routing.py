@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import numpy as np
@@ -17,7 +17,7 @@ from app.models import Chunk, Cluster, Expert, RouterExample, RouterVersion
 from app.settings import Settings
 from engine.embedder import Embedder
 from engine.router import Router, TrainConfig, TrainingSet, train
-from engine.samples import Sample, query_like_samples
+from engine.samples import Sample, held_out_documents, query_like_samples
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int, int], None]
@@ -81,21 +81,39 @@ class RouterManager:
 
     # ---- training --------------------------------------------------------------------------------------
 
-    def sample_split(self, texts: list[str], headings: list[str]) -> tuple[list[Sample], npt.NDArray[np.bool_]]:
-        """The query-like samples drawn from these chunks, and which of them are held out (calibration)."""
-        samples = query_like_samples(texts, headings, self.settings.router_samples, seed=self.settings.router_seed)
-        rng = np.random.default_rng(self.settings.router_seed)
-        return samples, rng.random(len(samples)) < self.settings.router_holdout
+    def sample_split(
+        self, texts: list[str], headings: list[str], documents: list[int], labels: list[int]
+    ) -> tuple[list[Sample], npt.NDArray[np.bool_], set[int]]:
+        """Query-like samples drawn from these chunks, which are held out (calibration), and the held documents.
 
-    def training_set(self, progress: Progress | None = None) -> tuple[TrainingSet, list[int], dict[str, int]]:
-        """Chunks labelled by their cluster's expert, query-like samples from them, labelled questions."""
+        Held out by document: calibration then measures questions about documents the gate
+        never trained on, which is what real questions mostly are.
+        """
+        samples = query_like_samples(texts, headings, self.settings.router_samples, seed=self.settings.router_seed)
+        held = held_out_documents(documents, labels, self.settings.router_holdout, seed=self.settings.router_seed)
+        calib = np.array([documents[smp.source] in held for smp in samples], dtype=bool)
+        if not calib.any():  # too few documents to hold any out: hold out samples instead
+            calib = np.random.default_rng(self.settings.router_seed).random(len(samples)) < self.settings.router_holdout
+        return samples, calib, held
+
+    def training_set(
+        self, progress: Progress | None = None, exclude_documents: Collection[int] = ()
+    ) -> tuple[TrainingSet, list[int], dict[str, int]]:
+        """Chunks labelled by their cluster's expert, query-like samples from them, labelled questions.
+
+        `exclude_documents` keeps those documents out of training and calibration alike (an
+        evaluation can then ask about documents the router never saw).
+        """
         report = progress or (lambda d, t: None)
         with self.sessions() as s:
             expert_ids = list(s.scalars(select(Expert.id).order_by(Expert.id)))
             mapping = {c: e for c, e in s.execute(select(Cluster.id, Cluster.expert_id))}
-            rows = s.execute(
-                select(Chunk.cluster_id, Chunk.embedding, Chunk.text, Chunk.heading).order_by(Chunk.id)
-            ).all()
+            query = select(Chunk.cluster_id, Chunk.embedding, Chunk.text, Chunk.heading, Chunk.document_id).order_by(
+                Chunk.id
+            )
+            if exclude_documents:
+                query = query.where(Chunk.document_id.not_in(list(exclude_documents)))
+            rows = s.execute(query).all()
             examples = s.execute(select(RouterExample.question, RouterExample.expert_id)).all()
         if not expert_ids or not any(e is not None for e in mapping.values()):
             raise NotTrainable("map at least one cluster to an expert before training the router")
@@ -106,7 +124,12 @@ class RouterManager:
         dim = self.embedder.dim
         chunk_x = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), dim)
 
-        samples, sample_calib = self.sample_split([r[2] for r in rows], [r[3] for r in rows])
+        documents = [r[4] for r in rows]
+        samples, sample_calib, held = self.sample_split(
+            [r[2] for r in rows], [r[3] for r in rows], documents, labels.tolist()
+        )
+        # Chunks of held-out documents are not trained on: calibration must see unseen documents.
+        train_chunks = np.array([d not in held for d in documents], dtype=bool)
         texts = [smp.text for smp in samples] + [q for q, _ in examples]
         vectors = np.zeros((0, dim), dtype=np.float32)
         for start in range(0, len(texts), 256):  # embedded in slices so progress can be shown
@@ -119,21 +142,26 @@ class RouterManager:
         example_calib = (
             np.random.default_rng(self.settings.router_seed + 1).random(len(examples)) < self.settings.router_holdout
         )
-        x = np.concatenate([chunk_x, vectors]) if len(vectors) else chunk_x
-        y = np.concatenate([labels, sample_y, example_y])
-        calib = np.concatenate([np.zeros(len(rows), dtype=bool), sample_calib, example_calib])
+        x = np.concatenate([chunk_x[train_chunks], vectors]) if len(vectors) else chunk_x[train_chunks]
+        y = np.concatenate([labels[train_chunks], sample_y, example_y])
+        calib = np.concatenate([np.zeros(int(train_chunks.sum()), dtype=bool), sample_calib, example_calib])
         info = {
-            "chunks": len(rows),
+            "chunks": int(train_chunks.sum()),
+            "held_out_documents": len(held),
             "samples": len(samples),
             "examples": len(examples),
             "holdout": int(calib.sum()),
         }
         return TrainingSet(x.astype(np.float32), y, calib, none + 1), expert_ids, info
 
-    def train(self, progress: Progress | None = None, *, activate: bool = True) -> dict[str, Any]:
+    def train(
+        self, progress: Progress | None = None, *, activate: bool = True, exclude_documents: Collection[int] = ()
+    ) -> dict[str, Any]:
         report = progress or (lambda d, t: None)
         # Progress: embedding the samples is the first half, the epochs the second.
-        data, expert_ids, info = self.training_set(lambda d, t: report(d * 50 // max(t, 1), 100))
+        data, expert_ids, info = self.training_set(
+            lambda d, t: report(d * 50 // max(t, 1), 100), exclude_documents=exclude_documents
+        )
         cfg = TrainConfig(threshold=self.settings.route_threshold, seed=self.settings.router_seed)
         net, temperature, metrics = train(data, cfg, lambda d, t: report(50 + d * 50 // t, 100))
         metrics.update(info)

@@ -1,0 +1,90 @@
+"""Which list each vector goes to, when lists are grouped (an expert owns a group of lists).
+
+Plain IVF puts a vector in its nearest list. When lists are grouped, that scatters one
+document over several groups: a FAQ page whose answers each sit near some other topic ends
+up partly outside its expert, where a search scoped to that expert cannot reach it. Placement
+by owner keeps an owner's vectors (a document's chunks) in one group:
+
+1. each vector votes for the group of its nearest list (-1: a list no group holds);
+2. the owner's group is the one with most votes (ties: the larger summed similarity);
+3. each vector goes to the nearest list *of that group*; an owner whose vote is -1 keeps
+   plain nearest-list placement.
+
+Small free functions over numpy arrays, batched so 1M x 1000 lists never builds a full [N, C]
+similarity matrix.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+Floats = npt.NDArray[np.float32]
+Ints = npt.NDArray[np.int64]
+
+_BATCH = 16_384
+
+
+def owner_groups(x: Floats, owners: Ints, centroids: Floats, groups: Ints) -> dict[int, int]:
+    """owner id -> its group (-1 = none): the majority group of its vectors' nearest lists.
+
+    x [N, D] unit vectors, owners [N], centroids [C, D], groups [C] (-1 = list in no group).
+    """
+    nearest, best = _nearest(x, centroids, None)  # [N], [N]
+    voted = groups[nearest]  # [N]
+    # Score (count, summed similarity) per (owner, group): the count dominates, similarity breaks ties.
+    keys = np.stack([owners, voted], axis=1)  # [N, 2]
+    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    counts = np.bincount(inverse, minlength=len(uniq)).astype(np.float64)  # [U]
+    sims = np.bincount(inverse, weights=best.astype(np.float64), minlength=len(uniq))  # [U]
+    score = counts + sims / (counts.max(initial=1.0) * 4 + 1)  # similarity < one vote
+    out: dict[int, int] = {}
+    top: dict[int, float] = {}
+    for (owner, group), sc in zip(uniq.tolist(), score.tolist(), strict=True):
+        if sc > top.get(owner, -np.inf):
+            top[owner], out[owner] = sc, group
+    return out
+
+
+def place(x: Floats, owners: Ints, centroids: Floats, groups: Ints) -> Ints:
+    """[N] list of each vector: the nearest list within its owner's group (see the module doc)."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if len(x) == 0:
+        return np.zeros(0, dtype=np.int64)
+    groups = np.asarray(groups, dtype=np.int64)
+    chosen = owner_groups(x, owners, centroids, groups)
+    target = np.array([chosen[int(o)] for o in owners], dtype=np.int64)  # [N] group per vector
+    out = np.empty(len(x), dtype=np.int64)
+    for g in np.unique(target):
+        rows = np.flatnonzero(target == g)
+        lists = np.arange(len(centroids)) if g < 0 else np.flatnonzero(groups == g)
+        local, _ = _nearest(x[rows], centroids[lists], None)
+        out[rows] = lists[local]
+    return out
+
+
+def leakage(owners: Ints, clusters: Ints, groups: Ints) -> float:
+    """Share of vectors outside their owner's majority group (what a scoped search cannot reach)."""
+    if len(owners) == 0:
+        return 0.0
+    held = np.asarray(groups, dtype=np.int64)[clusters]  # [N] group of the list each vector is in
+    keys = np.stack([owners, held], axis=1)
+    uniq, counts = np.unique(keys, axis=0, return_counts=True)
+    majority: dict[int, int] = {}
+    for (owner, _group), n in zip(uniq.tolist(), counts.tolist(), strict=True):
+        majority[owner] = max(majority.get(owner, 0), n)
+    inside = sum(majority.values())
+    return 1.0 - inside / len(owners)
+
+
+def _nearest(x: Floats, centroids: Floats, _unused: None) -> tuple[Ints, Floats]:
+    """([N] nearest row of centroids, [N] its inner product), in batches."""
+    idx = np.empty(len(x), dtype=np.int64)
+    best = np.empty(len(x), dtype=np.float32)
+    c = np.ascontiguousarray(centroids, dtype=np.float32)
+    for start in range(0, len(x), _BATCH):
+        sims = x[start : start + _BATCH] @ c.T  # [B, C]
+        idx[start : start + _BATCH] = sims.argmax(axis=1)
+        best[start : start + _BATCH] = sims.max(axis=1)
+    return idx, best
