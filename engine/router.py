@@ -31,13 +31,44 @@ Progress = Callable[[int, int], None]
 
 
 class GateNet(nn.Module):
-    def __init__(self, dim: int, n_classes: int, hidden: int = 256) -> None:
+    """An MLP over the question embedding, plus retrieval-side evidence from the IVF centroids.
+
+    evidence(q)[c] = (1/k) log sum_{lists l of class c} exp(k q.centroid_l), a soft max of the
+    question's similarity to the lists each class owns (-1 for a class without lists); k is the
+    sharpness. logits = mlp(q) + w * evidence(q), with w (and k) fitted on held-out documents.
+    The centroids and their classes are the router's own copy, taken when it was trained, so a
+    router never mixes with a mapping it was not trained for.
+    """
+
+    def __init__(self, dim: int, n_classes: int, hidden: int = 256, n_lists: int = 0) -> None:
         super().__init__()
         self.dim, self.n_classes, self.hidden = dim, n_classes, hidden
         self.net = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Dropout(0.1), nn.Linear(hidden, n_classes))
+        self.centroids: torch.Tensor
+        self.list_class: torch.Tensor
+        self.evidence_params: torch.Tensor
+        self.register_buffer("centroids", torch.zeros(n_lists, dim))  # [L, D]
+        self.register_buffer("list_class", torch.zeros(n_lists, dtype=torch.long))  # [L]
+        self.register_buffer("evidence_params", torch.tensor([0.0, 20.0]))  # [weight w, sharpness k]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)  # [Q, D] -> [Q, C]
+        logits = self.net(x)  # [Q, D] -> [Q, C]
+        w = float(self.evidence_params[0])
+        if w == 0.0 or self.centroids.shape[0] == 0:
+            return logits
+        return logits + w * self.evidence(x)
+
+    def evidence(self, x: torch.Tensor, sharpness: float | None = None) -> torch.Tensor:
+        """[Q, D] -> [Q, C] soft max of q.centroid over each class's lists (-1 where a class has none)."""
+        k = float(self.evidence_params[1]) if sharpness is None else sharpness
+        sims = x @ self.centroids.T  # [Q, L], <= 1 for unit vectors
+        mass = torch.zeros(x.shape[0], self.n_classes, dtype=sims.dtype)  # [Q, C]
+        mass.index_add_(1, self.list_class, torch.exp(k * (sims - 1)))  # shifted: no overflow
+        return torch.where(mass > 0, mass.clamp_min(1e-30).log() / k + 1, torch.full_like(mass, -1.0))
+
+    def set_lists(self, centroids: npt.NDArray[np.float32], list_class: npt.NDArray[np.int64]) -> None:
+        self.centroids = torch.from_numpy(np.ascontiguousarray(centroids, dtype=np.float32))
+        self.list_class = torch.from_numpy(np.ascontiguousarray(list_class, dtype=np.int64))
 
 
 @dataclass
@@ -53,12 +84,18 @@ class TrainConfig:
 
 @dataclass
 class TrainingSet:
-    """x [N, D] float32; y [N] class (E = none); calib [N] bool: held out for calibration and metrics."""
+    """x [N, D] float32; y [N] class (E = none); calib [N] bool: held out for calibration and metrics.
+
+    centroids [L, D] and list_class [L] (the class owning each IVF list) feed the gate's
+    retrieval-side evidence; empty arrays train an MLP alone.
+    """
 
     x: npt.NDArray[np.float32]
     y: npt.NDArray[np.int64]
     calib: npt.NDArray[np.bool_]
     n_classes: int
+    centroids: npt.NDArray[np.float32] = field(default_factory=lambda: np.zeros((0, 0), dtype=np.float32))
+    list_class: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 @dataclass
@@ -116,8 +153,11 @@ class Router:
         temperature: float,
         version_id: int = 0,
     ) -> Router:
-        net = GateNet(dim, len(expert_ids) + 1, hidden)
-        net.load_state_dict(torch.load(io.BytesIO(state), weights_only=True))
+        weights = torch.load(io.BytesIO(state), weights_only=True)
+        n_lists = int(weights["centroids"].shape[0]) if "centroids" in weights else 0
+        net = GateNet(dim, len(expert_ids) + 1, hidden, n_lists)
+        # Versions trained before the evidence term have no buffers: an MLP alone (weight 0).
+        net.load_state_dict(weights, strict="centroids" in weights)
         net.eval()
         return cls(net, temperature, list(expert_ids), version_id)
 
@@ -158,11 +198,16 @@ def train(
         if progress:
             progress(epoch + 1, cfg.epochs + 1)
     net.eval()
+    evidence: dict[str, float] = {}
+    if len(data.list_class):
+        net.set_lists(data.centroids, data.list_class)
+        evidence = fit_evidence(net, x_ho, y_ho)
     with torch.no_grad():  # not inference_mode: the temperature fit needs autograd over these logits
         logits_ho = net(x_ho)  # [H, C]
         train_acc = float((net(x_tr).argmax(-1) == y_tr).float().mean()) if len(y_tr) else 0.0
     temperature = fit_temperature(logits_ho.detach(), y_ho)
     metrics = evaluate(logits_ho, y_ho, temperature, cfg.threshold)
+    metrics.update(evidence)
     metrics.update(
         train_accuracy=train_acc,
         train_size=len(y_tr),
@@ -173,6 +218,44 @@ def train(
     if progress:
         progress(cfg.epochs + 1, cfg.epochs + 1)
     return net, temperature, metrics
+
+
+def fit_evidence(
+    net: GateNet, x: torch.Tensor, y: torch.Tensor, sharpness: tuple[float, ...] = (5, 10, 20, 40)
+) -> dict[str, float]:
+    """Weight (>= 0) and sharpness of the centroid evidence by held-out NLL, with a free temperature.
+
+    The held-out part is whole documents the MLP never trained on, so the weight says how much
+    the centroids add for questions about unseen documents. Sets `net.evidence_params`.
+    """
+    if len(y) == 0:
+        return {}
+    with torch.no_grad():
+        mlp = net.net(x)  # [H, C]
+    nll = nn.CrossEntropyLoss()
+    best = (float("inf"), 0.0, 20.0)
+    for k in sharpness:
+        with torch.no_grad():
+            ev = net.evidence(x, k)  # [H, C]
+        params = torch.zeros(2, requires_grad=True)  # log(1/T), log(w/T)
+        opt = torch.optim.LBFGS([params], lr=0.1, max_iter=100, line_search_fn="strong_wolfe")
+
+        def closure(ev: torch.Tensor = ev, params: torch.Tensor = params, opt: Any = opt) -> torch.Tensor:
+            opt.zero_grad()
+            loss = nll(params[0].exp() * mlp + params[1].exp() * ev, y)
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+        with torch.no_grad():
+            loss = float(nll(params[0].exp() * mlp + params[1].exp() * ev, y))
+            w = float((params[1] - params[0]).exp())
+        if loss < best[0] and np.isfinite(w):
+            best = (loss, w, float(k))
+    with torch.no_grad():
+        mlp_only = float(nll(mlp / fit_temperature(mlp, y), y))
+    net.evidence_params = torch.tensor([best[1], best[2]])
+    return {"evidence_weight": best[1], "evidence_sharpness": best[2], "nll_mlp": mlp_only, "nll_gate": best[0]}
 
 
 def evaluate(logits: torch.Tensor, labels: torch.Tensor, temperature: float, threshold: float) -> dict[str, Any]:

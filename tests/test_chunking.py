@@ -64,3 +64,18 @@ def test_config_is_validated() -> None:
         ChunkingConfig(max_tokens=100, target_tokens=200)
     with pytest.raises(ValueError):
         ChunkingConfig(overlap_tokens=500)
+
+
+def test_a_chunk_never_spans_two_sections_with_enough_text(embedder: Embedder) -> None:
+    """Two FAQ answers under one heading path stay apart when an (empty) heading separates them."""
+    one = " ".join(f"Autoincrement detail {i} about rowid columns." for i in range(8))
+    two = " ".join(f"Dynamic typing detail {i} about stored values." for i in range(8))
+    doc = parse(f"<h1>FAQ</h1><h6></h6><p>{one}</p><h6></h6><p>{two}</p>".encode(), "faq.html")
+    chunks = chunk_document(doc, embedder.count_tokens, ChunkingConfig(min_tokens=16))
+    assert [c.text for c in chunks] == [one, two]
+    assert all(c.headings == ("FAQ",) for c in chunks)
+    # Small sections may merge forward when asked to (min_tokens above their size), never otherwise.
+    merged = chunk_document(doc, embedder.count_tokens, ChunkingConfig(min_tokens=200))
+    assert len(merged) == 1
+    apart = chunk_document(doc, embedder.count_tokens, ChunkingConfig(min_tokens=200, merge_small_sections=False))
+    assert len(apart) == 2

@@ -151,3 +151,15 @@ def test_scan_size_counts_only_the_scanned_lists(populated) -> None:  # type: ig
     scope = [3, 11, 11, 17, -1, idx.nlist]  # duplicates and lists outside the index count once / not at all
     assert idx.scan_size(scope) == (3, int(np.isin(clusters, [3, 11, 17]).sum()))
     assert idx.scan_size([]) == (0, 0)
+
+
+def test_clusters_of_follows_writes(populated) -> None:  # type: ignore[no-untyped-def]
+    idx, x, ids, clusters = populated
+    assert np.array_equal(idx.clusters_of(ids[:100]), clusters[:100])
+    assert idx.clusters_of(np.array([-7, 4])).tolist() == [-1, -1]  # never added
+    idx.remove(ids[:10].tolist())
+    assert (idx.clusters_of(ids[:10]) == -1).all()
+    moved = (clusters[10:20] + 1) % idx.nlist
+    idx.remove(ids[10:20].tolist())
+    idx.add(x[10:20], ids[10:20], moved)
+    assert np.array_equal(idx.clusters_of(ids[10:20]), moved)

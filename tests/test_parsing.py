@@ -94,3 +94,26 @@ def test_text_paragraphs() -> None:
     assert [b.text for b in doc.blocks] == ["para one\nstill one", "para two"]
     with pytest.raises(EmptyDocument):
         parse(b"<html><script>x</script></html>", "empty.html")
+
+
+def test_html_sections_are_structural() -> None:
+    """Every heading (empty too), sectioning element and definition term starts a new section."""
+    html = """<html><body><h1>FAQ</h1>
+    <h6></h6><p>Answer one, first part.</p><p>Answer one, second part.</p>
+    <h6></h6><p>Answer two.</p>
+    <div class="section"><p>DocBook section.</p></div><p>After the section.</p>
+    <section><p>Sphinx section.</p></section>
+    <dl><dt>term one</dt><dd>definition one</dd><dt>term two</dt><dd>definition two</dd></dl>
+    </body></html>"""
+    doc = parse(html.encode(), "faq.html")
+    section = {b.text: b.section for b in doc.blocks}
+    assert section["Answer one, first part."] == section["Answer one, second part."]
+    assert section["Answer one, second part."] != section["Answer two."]
+    assert len({section[t] for t in ("Answer two.", "DocBook section.", "After the section.", "Sphinx section.")}) == 4
+    assert section["term one"] == section["definition one"] != section["term two"] == section["definition two"]
+    assert all(b.headings == ("FAQ",) for b in doc.blocks)  # an empty heading adds nothing to the path
+
+
+def test_html_deep_nesting_does_not_recurse() -> None:
+    html = "<div>" * 5000 + "<p>deep text</p>" + "</div>" * 5000
+    assert [b.text for b in parse(html.encode(), "deep.html").blocks] == ["deep text"]

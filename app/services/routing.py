@@ -152,7 +152,12 @@ class RouterManager:
             "examples": len(examples),
             "holdout": int(calib.sum()),
         }
-        return TrainingSet(x.astype(np.float32), y, calib, none + 1), expert_ids, info
+        with self.sessions() as s:
+            lists = s.execute(select(Cluster.id, Cluster.centroid, Cluster.expert_id).order_by(Cluster.id)).all()
+        centroids = np.frombuffer(b"".join(r[1] for r in lists), dtype=np.float32).reshape(len(lists), dim)
+        list_class = np.array([position.get(r[2], none) if r[2] is not None else none for r in lists], dtype=np.int64)
+        data = TrainingSet(x.astype(np.float32), y, calib, none + 1, centroids, list_class)
+        return data, expert_ids, info
 
     def train(
         self, progress: Progress | None = None, *, activate: bool = True, exclude_documents: Collection[int] = ()
