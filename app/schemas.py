@@ -121,6 +121,13 @@ class ClusterOut(BaseModel):
     size: int
     keywords: list[str]
     expert_id: int | None
+    outside: int = 0  # chunks here whose document belongs mostly to another expert's lists
+
+
+class ScopeLeakageOut(BaseModel):
+    share: float  # of all chunks: outside the expert that holds most of their document
+    chunks_outside: int
+    per_cluster: dict[int, int]
 
 
 class StatsOut(BaseModel):

@@ -67,8 +67,8 @@ class GateNet(nn.Module):
         return torch.where(mass > 0, mass.clamp_min(1e-30).log() / k + 1, torch.full_like(mass, -1.0))
 
     def set_lists(self, centroids: npt.NDArray[np.float32], list_class: npt.NDArray[np.int64]) -> None:
-        self.centroids = torch.from_numpy(np.ascontiguousarray(centroids, dtype=np.float32))
-        self.list_class = torch.from_numpy(np.ascontiguousarray(list_class, dtype=np.int64))
+        self.centroids = torch.tensor(centroids, dtype=torch.float32)  # a copy: SQL rows are read-only
+        self.list_class = torch.tensor(list_class, dtype=torch.long)
 
 
 @dataclass

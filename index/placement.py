@@ -7,8 +7,8 @@ by owner keeps an owner's vectors (a document's chunks) in one group:
 
 1. each vector votes for the group of its nearest list (-1: a list no group holds);
 2. the owner's group is the one with most votes (ties: the larger summed similarity);
-3. each vector goes to the nearest list *of that group*; an owner whose vote is -1 keeps
-   plain nearest-list placement.
+3. each vector goes to the nearest list *of that group* (-1, the lists no expert owns, is a
+   group like the others: a document that belongs to no expert stays out of every scope).
 
 Small free functions over numpy arrays, batched so 1M x 1000 lists never builds a full [N, C]
 similarity matrix.
@@ -58,24 +58,30 @@ def place(x: Floats, owners: Ints, centroids: Floats, groups: Ints) -> Ints:
     out = np.empty(len(x), dtype=np.int64)
     for g in np.unique(target):
         rows = np.flatnonzero(target == g)
-        lists = np.arange(len(centroids)) if g < 0 else np.flatnonzero(groups == g)
+        lists = np.flatnonzero(groups == g)  # -1 is a group too: the lists no expert owns
         local, _ = _nearest(x[rows], centroids[lists], None)
         out[rows] = lists[local]
     return out
 
 
-def leakage(owners: Ints, clusters: Ints, groups: Ints) -> float:
-    """Share of vectors outside their owner's majority group (what a scoped search cannot reach)."""
-    if len(owners) == 0:
-        return 0.0
+def outside(owners: Ints, clusters: Ints, groups: Ints) -> npt.NDArray[np.bool_]:
+    """[N] True for a vector outside its owner's majority group (what a scoped search cannot reach)."""
     held = np.asarray(groups, dtype=np.int64)[clusters]  # [N] group of the list each vector is in
-    keys = np.stack([owners, held], axis=1)
-    uniq, counts = np.unique(keys, axis=0, return_counts=True)
-    majority: dict[int, int] = {}
-    for (owner, _group), n in zip(uniq.tolist(), counts.tolist(), strict=True):
-        majority[owner] = max(majority.get(owner, 0), n)
-    inside = sum(majority.values())
-    return 1.0 - inside / len(owners)
+    keys = np.stack([owners, held], axis=1)  # [N, 2]
+    uniq, inverse, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
+    inverse = inverse.reshape(-1)
+    # Per owner, the (owner, group) pair with most vectors is the majority; ties: the first.
+    order = np.lexsort((-counts, uniq[:, 0]))  # by owner, then count descending
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = uniq[order[1:], 0] != uniq[order[:-1], 0]
+    majority = np.zeros(len(uniq), dtype=bool)
+    majority[order[first]] = True
+    return ~majority[inverse]
+
+
+def leakage(owners: Ints, clusters: Ints, groups: Ints) -> float:
+    """Share of vectors outside their owner's majority group."""
+    return float(outside(owners, clusters, groups).mean()) if len(owners) else 0.0
 
 
 def _nearest(x: Floats, centroids: Floats, _unused: None) -> tuple[Ints, Floats]:

@@ -44,6 +44,9 @@ def routed(client: TestClient) -> dict[str, Any]:
         assert assigned["assigned"] == len(owned)
         # Remapping re-places documents so each stays inside one expert's lists.
         assert wait_job(client, assigned["realign_job"])["status"] == "done"
+    leak = client.get("/admin/api/scope-leakage", headers=AUTH).json()
+    assert leak["chunks_outside"] == 0 and leak["share"] == 0.0, leak
+    assert all(c["outside"] == 0 for c in client.get("/admin/api/clusters", headers=AUTH).json())
     job = wait_job(client, client.post("/admin/api/router/train", headers=AUTH).json()["id"])
     assert job["status"] == "done", job
     return {"experts": experts, "topic_of": topic_of, "job": job}

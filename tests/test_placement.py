@@ -29,7 +29,7 @@ def test_unowned_lists_and_ties() -> None:
     groups = np.array([-1, 5, 6])
     x = unit(np.array([[1, 0, 0.1], [1, 0.1, 0], [0, 1, 0], [0, 0.2, 1]], dtype=np.float32))
     owners = np.array([7, 7, 8, 8])
-    # Document 7 points at the unowned list: plain nearest placement. Document 8 ties 1-1:
+    # Document 7 points at the unowned list: it stays in unowned lists. Document 8 ties 1-1:
     # the larger summed similarity (list 1's chunk is nearer its centroid) wins.
     assert owner_groups(x, owners, centroids, groups) == {7: -1, 8: 5}
     assert place(x, owners, centroids, groups).tolist() == [0, 0, 1, 1]

@@ -27,6 +27,7 @@ from app.schemas import (
     ProposeIn,
     QuestionOut,
     RouterVersionOut,
+    ScopeLeakageOut,
     TrainIn,
 )
 from app.services import experts as expert_service
@@ -53,11 +54,24 @@ def _sizes(rt: RuntimeDep) -> dict[int, int]:
 @router.get("/clusters", response_model=list[ClusterOut])
 def clusters(rt: RuntimeDep) -> list[ClusterOut]:
     sizes = _sizes(rt)
+    outside = rt.indexes.scope_leakage()["per_cluster"]
     with rt.sessions() as s:
         return [
-            ClusterOut(id=c.id, size=sizes.get(c.id, 0), keywords=c.keywords or [], expert_id=c.expert_id)
+            ClusterOut(
+                id=c.id,
+                size=sizes.get(c.id, 0),
+                keywords=c.keywords or [],
+                expert_id=c.expert_id,
+                outside=outside.get(c.id, 0),
+            )
             for c in s.scalars(select(Cluster).order_by(Cluster.id))
         ]
+
+
+@router.get("/scope-leakage", response_model=ScopeLeakageOut)
+def scope_leakage(rt: RuntimeDep) -> ScopeLeakageOut:
+    """Chunks an expert path cannot reach: outside the expert holding most of their document."""
+    return ScopeLeakageOut(**rt.indexes.scope_leakage())
 
 
 @router.get("/clusters/{cluster_id}", response_model=ClusterDetail)

@@ -18,7 +18,7 @@ from app.models import Chunk, Cluster, IndexState
 from app.settings import Settings
 from engine.keywords import cluster_keywords
 from index import ClusteredIndex, IndexCorrupt, auto_cluster_count, kmeans
-from index.placement import leakage, place
+from index.placement import leakage, outside, place
 from index.store import write_atomic
 
 log = logging.getLogger(__name__)
@@ -200,13 +200,22 @@ class IndexManager:
         log.info("realigned chunks to their documents' experts: %s", result)
         return result
 
-    def leakage(self) -> float:
-        """Share of chunks outside the expert that holds most of their document (0 after realign)."""
+    def scope_leakage(self) -> dict[str, Any]:
+        """Chunks outside the expert that holds most of their document (0 after a realign), per cluster."""
         with self.sessions() as s:
             rows = s.execute(select(Chunk.document_id, Chunk.cluster_id)).all()
         owners = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
         clusters = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
-        return leakage(owners, clusters, self.groups())
+        groups = self.groups()
+        if len(rows) == 0 or clusters.max() >= len(groups):
+            return {"share": 0.0, "chunks_outside": 0, "per_cluster": {}}
+        out = outside(owners, clusters, groups)  # [N]
+        per = np.bincount(clusters[out], minlength=len(groups))
+        return {
+            "share": round(float(out.mean()), 4),
+            "chunks_outside": int(out.sum()),
+            "per_cluster": {int(c): int(n) for c, n in enumerate(per) if n},
+        }
 
     # ---- recluster ---------------------------------------------------------------------------------
 

@@ -103,8 +103,11 @@ const pages = {
     $("ov-load").innerHTML = bars(ov.load.map((l) => ({ label: l.expert, value: l.hits })));
   },
   async clusters() {
-    const [clusters, map] = await Promise.all([api("GET", "/admin/api/clusters"), api("GET", "/admin/api/clusters-map")]);
+    const [clusters, map, leak] = await Promise.all([api("GET", "/admin/api/clusters"), api("GET", "/admin/api/clusters-map"),
+      api("GET", "/admin/api/scope-leakage")]);
     state.clusters = clusters;
+    $("cl-leak").textContent = `Scope leakage: ${leak.chunks_outside} chunks (${(100 * leak.share).toFixed(2)}%) sit outside the expert that holds most of their document` +
+      (leak.chunks_outside ? " — remapping re-places them (a realign job)." : ".");
     $("cl-map").innerHTML = scatter(map);
     document.querySelectorAll(".cluster-dot").forEach((d) => d.addEventListener("click", () => showCluster(+d.dataset.id)));
     $("cl-target").innerHTML = expertOptions(null);
@@ -187,7 +190,7 @@ function renderClusters() {
   state.clusterPage = Math.min(state.clusterPage, pages - 1);
   $("cl-page").textContent = `page ${state.clusterPage + 1} / ${pages} (${rows.length} clusters)`;
   $("cl-rows").innerHTML = rows.slice(state.clusterPage * PAGE, (state.clusterPage + 1) * PAGE).map((c) => `<tr data-id="${c.id}">
-    <td><input type="checkbox" class="cl-check" value="${c.id}"></td><td><a href="#" class="cl-open">${c.id}</a></td><td>${c.size}</td>
+    <td><input type="checkbox" class="cl-check" value="${c.id}"></td><td><a href="#" class="cl-open">${c.id}</a></td><td>${c.size}</td><td>${c.outside || ""}</td>
     <td>${c.keywords.map((k) => `<span class="pill">${esc(k)}</span>`).join("")}</td>
     <td><select class="cl-expert" style="border-left: 6px solid ${colorOf(c.expert_id)}">${expertOptions(c.expert_id)}</select></td></tr>`).join("");
   document.querySelectorAll(".cl-expert").forEach((s) => s.addEventListener("change", async () => {
