@@ -210,11 +210,13 @@ def evaluate(
     latency_questions: int = 100,
     reference: list[list[tuple[str, str]]] | None = None,
     faq_blind: bool = False,
+    lexical_weights: tuple[float, ...] = (),
 ) -> Evaluation:
     """Every moerag retrieval mode, the router's quality and /ask latency, on a started Runtime.
 
     reference: the plain reference pipeline's top 10 per question (benchmarks/reference.py).
     faq_blind: also train a router with the FAQ pages left out of its data and score it again.
+    lexical_weights: BM25 weights to sweep (routed, fallback and oracle hit@10 for each).
     """
     from fastapi.testclient import TestClient
 
@@ -328,6 +330,23 @@ def evaluate(
         "ask_latency_ms": {"p50": percentile(lat, 50), "p95": percentile(lat, 95), "n": len(lat)},
         "prepare_latency_ms": {"p50": percentile(prepare_ms, 50), "p95": percentile(prepare_ms, 95)},
     }
+    if lexical_weights:
+        config = rt.pipeline.config
+        served_weight = config.lexical_weight
+        sweep = {}
+        for w in lexical_weights:
+            config.lexical_weight = w
+            row = {
+                "routed": metrics_for(served(rt, questions)[0], questions)["hit@10"],
+                "fallback": metrics_for(served(rt, questions, mode="fallback")[0], questions)["hit@10"],
+                "oracle": metrics_for(
+                    [served(rt, [q], mode="expert", expert_id=ids[q["domain"]])[0][0] for q in questions], questions
+                )["hit@10"],
+            }
+            sweep[str(w)] = row
+            print(json.dumps({"lexical_weight": w, **row}), flush=True)
+        config.lexical_weight = served_weight
+        result["lexical_weight_sweep_hit@10"] = sweep
     if faq_blind:
         print("training a router with the FAQ pages left out ...", flush=True)
         full_version = rt.routers.current().version_id
@@ -414,6 +433,7 @@ def main() -> None:
     ap.add_argument("--skip-train", action="store_true", help="evaluate the active router as it is")
     ap.add_argument("--no-faq-blind", action="store_true", help="skip the router trained without the FAQ pages")
     ap.add_argument("--latency-questions", type=int, default=100)
+    ap.add_argument("--lexical-weights", default="", help="BM25 weights to sweep, e.g. 0,0.1,0.25,0.5")
     ap.add_argument("--name", default="routing", help="results file stem under benchmarks/results/")
     args = ap.parse_args()
 
@@ -445,6 +465,7 @@ def main() -> None:
             latency_questions=args.latency_questions,
             reference=reference,
             faq_blind=not args.no_faq_blind,
+            lexical_weights=tuple(float(w) for w in args.lexical_weights.split(",") if w),
         )
         result = ev.result
         result["ingest"] = ingest

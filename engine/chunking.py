@@ -12,8 +12,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
-from engine.parsing import ParsedDocument
+from engine.parsing import Block, ParsedDocument
 
 TokenCounter = Callable[[Sequence[str]], list[int]]
 
@@ -26,13 +27,18 @@ class ChunkingConfig:
     target_tokens: int = 200
     overlap_tokens: int = 32
     min_tokens: int = 48
-    merge_small_sections: bool = True  # a section under min_tokens joins the next one
+    merge_small_sections: bool = False  # a section under min_tokens joins the next one
+    # What is embedded before a chunk's text: its heading path, its section's own title (nothing
+    # for an untitled section), or nothing. The stored heading is the path either way.
+    heading_prefix: Literal["path", "title", "none"] = "path"
 
     def __post_init__(self) -> None:
         if not 0 < self.min_tokens <= self.target_tokens <= self.max_tokens:
             raise ValueError("need 0 < min_tokens <= target_tokens <= max_tokens")
         if not 0 <= self.overlap_tokens < self.target_tokens:
             raise ValueError("need 0 <= overlap_tokens < target_tokens")
+        if self.heading_prefix not in ("path", "title", "none"):
+            raise ValueError("heading_prefix must be path, title or none")
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,7 @@ class Chunk:
     start: int  # char span in ParsedDocument.text
     end: int
     token_count: int  # tokens of embed_text (without special tokens)
+    context: tuple[str, ...] = ()  # what is embedded before the text (ChunkingConfig.heading_prefix)
 
     @property
     def heading(self) -> str:
@@ -50,7 +57,7 @@ class Chunk:
 
     @property
     def embed_text(self) -> str:
-        return embed_text(self.headings, self.text)
+        return embed_text(self.context, self.text)
 
 
 def embed_text(headings: Sequence[str], text: str) -> str:
@@ -63,8 +70,9 @@ class _Piece:
     start: int
     end: int
     tokens: int
-    headings: tuple[str, ...]
+    headings: tuple[str, ...]  # the embedded context (see ChunkingConfig.heading_prefix)
     section: int
+    path: tuple[str, ...] = ()  # the heading path, stored for display
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?:;])\s+|\n+")
@@ -163,29 +171,37 @@ def chunk_document(doc: ParsedDocument, count: TokenCounter, config: ChunkingCon
             headings = headings[1:]
         return headings
 
+    def context(block: Block) -> tuple[str, ...]:
+        if cfg.heading_prefix == "path":
+            return fit_headings(block.headings)
+        if cfg.heading_prefix == "title" and block.title:
+            return fit_headings((block.title,))
+        return ()
+
     block_counts = count([b.text for b in doc.blocks])
     pieces: list[_Piece] = []
     for block, n in zip(doc.blocks, block_counts, strict=True):
-        headings = fit_headings(block.headings)
+        headings = context(block)
         budget = cfg.max_tokens - prefix(headings)
         if n <= budget:
-            pieces.append(_Piece(block.start, block.end, n, headings, block.section))
+            pieces.append(_Piece(block.start, block.end, n, headings, block.section, block.headings))
         else:
             soft = max(1, min(budget, cfg.target_tokens - prefix(headings)) - cfg.overlap_tokens)
-            pieces.extend(
-                _split_oversized(text[: block.end], block.start, headings, block.section, budget, soft, count)
-            )
+            split = _split_oversized(text[: block.end], block.start, headings, block.section, budget, soft, count)
+            pieces.extend(_Piece(p.start, p.end, p.tokens, p.headings, p.section, block.headings) for p in split)
 
     chunks: list[Chunk] = []
     current: list[_Piece] = []
     headings = ()
+    path: tuple[str, ...] = ()
     section = -1
     body = 0  # tokens of the pieces in `current`
 
     def emit() -> None:
         if current:
             start, end = current[0].start, current[-1].end
-            chunks.append(Chunk(len(chunks), text[start:end], headings, start, end, prefix(headings) + body))
+            tokens = prefix(headings) + body
+            chunks.append(Chunk(len(chunks), text[start:end], path, start, end, tokens, headings))
 
     for piece in pieces:
         if current:
@@ -202,13 +218,14 @@ def chunk_document(doc: ParsedDocument, count: TokenCounter, config: ChunkingCon
                 current.append(piece)
                 body += piece.tokens
                 headings, section = merged_headings, piece.section
+                path = _common_prefix(path, piece.path)
                 continue
             emit()
             carried = _overlap(text, current, piece, cfg, count) if same_section else []
             current = carried
             body = sum(p.tokens for p in carried)
         if not current:
-            headings, section = piece.headings, piece.section
+            headings, section, path = piece.headings, piece.section, piece.path
         current.append(piece)
         body += piece.tokens
     emit()
@@ -230,5 +247,5 @@ def _overlap(text: str, previous: list[_Piece], nxt: _Piece, cfg: ChunkingConfig
         n = count([text[a : last.end]])[0]
         if n > cfg.overlap_tokens:
             break
-        tail = _Piece(a, last.end, n, last.headings, last.section)
+        tail = _Piece(a, last.end, n, last.headings, last.section, last.path)
     return [tail] if tail else []

@@ -49,6 +49,7 @@ class Block:
     start: int  # char offset in ParsedDocument.text
     end: int
     section: int = 0  # structural section: chunks never span two (numbered in document order)
+    title: str = ""  # the section's own heading ("" for an untitled one, e.g. after an empty heading)
 
 
 @dataclass
@@ -71,7 +72,8 @@ class _Builder:
         self.length = 0
         self.blocks: list[Block] = []
 
-    def add(self, text: str, headings: tuple[str, ...], section: int = 0) -> None:
+    def add(self, text: str, headings: tuple[str, ...], section: int = 0, title: str | None = None) -> None:
+        """A block; `title` defaults to the innermost heading of `headings`."""
         text = text.strip()
         if not text:
             return
@@ -81,7 +83,8 @@ class _Builder:
         start = self.length
         self.parts.append(text)
         self.length += len(text)
-        self.blocks.append(Block(text, headings, start, self.length, section))
+        own = (headings[-1] if headings else "") if title is None else title
+        self.blocks.append(Block(text, headings, start, self.length, section, own))
 
     def build(self, kind: str, title: str) -> ParsedDocument:
         doc = ParsedDocument(kind=kind, title=title, text="".join(self.parts), blocks=self.blocks)
@@ -299,13 +302,15 @@ class _HtmlWalker:
         self.headings: list[str] = []
         self.buffer: list[str] = []
         self.pre_depth = 0
+        self.dd_depth = 0  # inside a definition: its own inner lists (fields, options) do not cut it
         self.section = 0
 
     def flush(self) -> None:
         raw = "".join(self.buffer)
         self.buffer.clear()
         text = raw if self.pre_depth else _SPACE.sub(" ", raw)
-        self.builder.add(text, tuple(h for h in self.headings if h), self.section)
+        title = self.headings[-1] if self.headings else ""  # "" when the innermost heading was empty
+        self.builder.add(text, tuple(h for h in self.headings if h), self.section, title)
 
     def boundary(self) -> None:
         self.flush()
@@ -328,6 +333,8 @@ class _HtmlWalker:
                     self.flush()
                 if tag == "pre":
                     self.pre_depth -= 1
+                elif tag == "dd":
+                    self.dd_depth -= 1
                 if tag != "dt" and _starts_section(tag, node.attributes):
                     self.boundary()  # what follows a closed section is not part of it
                 continue
@@ -340,12 +347,14 @@ class _HtmlWalker:
                 title = _SPACE.sub(" ", node.text(deep=True)).strip().rstrip("¶#").strip()
                 self.heading(_HEADING_TAGS[tag], title)
                 continue
-            if _starts_section(tag, node.attributes):
+            if _starts_section(tag, node.attributes) and not (tag == "dt" and self.dd_depth):
                 self.boundary()
             elif tag in _BLOCK_TAGS:
                 self.flush()
             if tag == "pre":
                 self.pre_depth += 1
+            elif tag == "dd":
+                self.dd_depth += 1
             stack.append((node, True))
             stack.extend((child, False) for child in reversed(list(node.iter(include_text=True))))
 

@@ -103,7 +103,8 @@ def test_html_sections_are_structural() -> None:
     <h6></h6><p>Answer two.</p>
     <div class="section"><p>DocBook section.</p></div><p>After the section.</p>
     <section><p>Sphinx section.</p></section>
-    <dl><dt>term one</dt><dd>definition one</dd><dt>term two</dt><dd>definition two</dd></dl>
+    <dl><dt>term one</dt><dd>definition one</dd><dt>term two</dt><dd>definition two
+      <dl><dt>Parameters</dt><dd>a field of term two</dd></dl></dd></dl>
     </body></html>"""
     doc = parse(html.encode(), "faq.html")
     section = {b.text: b.section for b in doc.blocks}
@@ -111,6 +112,7 @@ def test_html_sections_are_structural() -> None:
     assert section["Answer one, second part."] != section["Answer two."]
     assert len({section[t] for t in ("Answer two.", "DocBook section.", "After the section.", "Sphinx section.")}) == 4
     assert section["term one"] == section["definition one"] != section["term two"] == section["definition two"]
+    assert section["definition two"] == section["Parameters"] == section["a field of term two"]  # nested: one entry
     assert all(b.headings == ("FAQ",) for b in doc.blocks)  # an empty heading adds nothing to the path
 
 
