@@ -161,6 +161,8 @@ class Runtime:
                 target_tokens=target,
                 min_tokens=min(s.chunk_min_tokens, target),
                 overlap_tokens=min(s.chunk_overlap_tokens, target // 2),
+                merge_small_sections=s.chunk_merge_small_sections,
+                heading_prefix=s.chunk_heading_prefix,
             )
             self._ingestor = Ingestor(self.sessions, emb, self._indexes, chunking)
             self._indexes.listeners.append(self.lexical.mark_dirty)

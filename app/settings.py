@@ -23,7 +23,15 @@ class Settings(BaseSettings):
     max_bulk_files: int = Field(1000, ge=1)
     chunk_target_tokens: int = Field(200, ge=16)
     chunk_overlap_tokens: int = Field(32, ge=0)
-    chunk_min_tokens: int = Field(48, ge=1, description="A smaller chunk takes in the next section too.")
+    chunk_min_tokens: int = Field(
+        48, ge=1, description="With chunk_merge_small_sections, a smaller chunk takes in the next section too."
+    )
+    chunk_merge_small_sections: bool = Field(
+        False, description="Let a section under chunk_min_tokens merge into the next one (off: sections stay apart)."
+    )
+    chunk_heading_prefix: Literal["path", "title", "none"] = Field(
+        "path", description="Embedded before each chunk: its heading path, its section's own title, or nothing."
+    )
     clusters: int = Field(0, ge=0, description="IVF lists at recluster; 0 picks sqrt(chunks).")
     checkpoint_seconds: float = Field(5.0, gt=0, description="Longest delay before index changes hit disk.")
     route_threshold: float = Field(0.7, ge=0, le=1, description="Calibrated confidence for the expert path.")
@@ -35,7 +43,9 @@ class Settings(BaseSettings):
         0.25, ge=0, description="BM25's weight against dense (1.0) in the fallback's rank fusion."
     )
     router_samples: int = Field(3000, ge=0, description="Query-like samples drawn from chunks per training.")
-    router_holdout: float = Field(0.3, gt=0, lt=1, description="Share of samples held out for calibration.")
+    router_holdout: float = Field(
+        0.3, gt=0, lt=1, description="Share of documents held out (per expert) to calibrate the router on."
+    )
     router_seed: int = 0
     router_refresh_seconds: float = Field(1.0, gt=0, description="How often a worker checks the active router.")
     max_question_chars: int = Field(2000, ge=1)

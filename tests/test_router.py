@@ -73,3 +73,15 @@ def test_weighted_reciprocal_rank_fusion() -> None:
     assert [d for d, _ in fused] == [3, 1, 2, 4]  # 3: 1/4 + 1/2 beats 1: 1/2
     fused = reciprocal_rank_fusion([[1, 2, 3], [3, 4]], k=1, weights=[1.0, 0.1])
     assert [d for d, _ in fused][:2] == [1, 2]
+
+
+def test_bm25_mask_restricts_the_search_to_a_scope() -> None:
+    import numpy as np
+
+    from engine.lexical import LexicalIndex
+
+    lex = LexicalIndex([10, 11, 12, 13], ["git rebase commits", "git merge commits", "sqlite vacuum", "git rebase onto"])
+    assert {i for i, _ in lex.search("git rebase", 4)} == {10, 11, 13}
+    scope = np.array([False, True, True, False])  # only chunks 11 and 12
+    assert [i for i, _ in lex.search("git rebase", 4, scope)] == [11]
+    assert lex.search("git rebase", 4, np.zeros(4, dtype=bool)) == []
