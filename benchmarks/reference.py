@@ -172,10 +172,6 @@ def main() -> None:
     for v in args.variant or ["{}"]:
         fields = json.loads(v)
         prefix = fields.pop("_prefix", "path")
-        from engine import parsing
-
-        # Experiment knob: definition-list entries as hard section boundaries (default: soft, packed whole).
-        parsing._SECTION_TAGS = {"section", "article"} | ({"dt"} if fields.pop("_dt", False) else set())
         systems[f"moerag {v}"] = chunk_moerag(pages, embedder, ChunkingConfig(**fields), prefix)
     result: dict[str, object] = {"pages": len(pages), "sample": args.sample, "systems": {}}
     ranked = {}

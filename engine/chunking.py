@@ -73,7 +73,6 @@ class _Piece:
     headings: tuple[str, ...]  # the embedded context (see ChunkingConfig.heading_prefix)
     section: int
     path: tuple[str, ...] = ()  # the heading path, stored for display
-    entry: int = 0  # definition-list entry within the section (a soft boundary)
 
 
 _SENTENCE_END = re.compile(r"(?<=[.!?:;])\s+|\n+")
@@ -185,23 +184,17 @@ def chunk_document(doc: ParsedDocument, count: TokenCounter, config: ChunkingCon
         headings = context(block)
         budget = cfg.max_tokens - prefix(headings)
         if n <= budget:
-            pieces.append(_Piece(block.start, block.end, n, headings, block.section, block.headings, block.entry))
+            pieces.append(_Piece(block.start, block.end, n, headings, block.section, block.headings))
         else:
             soft = max(1, min(budget, cfg.target_tokens - prefix(headings)) - cfg.overlap_tokens)
             split = _split_oversized(text[: block.end], block.start, headings, block.section, budget, soft, count)
-            pieces.extend(
-                _Piece(p.start, p.end, p.tokens, p.headings, p.section, block.headings, block.entry) for p in split
-            )
-
-    entry_tokens: dict[tuple[int, int], int] = {}  # a definition entry's whole size, to pack it whole
-    for p in pieces:
-        entry_tokens[(p.section, p.entry)] = entry_tokens.get((p.section, p.entry), 0) + p.tokens
+            pieces.extend(_Piece(p.start, p.end, p.tokens, p.headings, p.section, block.headings) for p in split)
 
     chunks: list[Chunk] = []
     current: list[_Piece] = []
     headings = ()
     path: tuple[str, ...] = ()
-    section = entry = -1
+    section = -1
     body = 0  # tokens of the pieces in `current`
 
     def emit() -> None:
@@ -211,16 +204,6 @@ def chunk_document(doc: ParsedDocument, count: TokenCounter, config: ChunkingCon
             chunks.append(Chunk(len(chunks), text[start:end], path, start, end, tokens, headings))
 
     for piece in pieces:
-        if current and piece.section == section and piece.entry != entry:
-            # A new definition entry: packed whole into this chunk if it fits the target, else it
-            # starts the next chunk (no overlap across entries).
-            if body + entry_tokens[(piece.section, piece.entry)] + prefix(headings) <= cfg.target_tokens:
-                current.append(piece)
-                body += piece.tokens
-                entry = piece.entry
-                continue
-            emit()
-            current, body = [], 0
         if current:
             same_section = piece.section == section
             merged_headings = headings if same_section else _common_prefix(headings, piece.headings)
@@ -234,7 +217,7 @@ def chunk_document(doc: ParsedDocument, count: TokenCounter, config: ChunkingCon
             if not same_section and small and fits_max and cfg.merge_small_sections:
                 current.append(piece)
                 body += piece.tokens
-                headings, section, entry = merged_headings, piece.section, piece.entry
+                headings, section = merged_headings, piece.section
                 path = _common_prefix(path, piece.path)
                 continue
             emit()
@@ -243,7 +226,6 @@ def chunk_document(doc: ParsedDocument, count: TokenCounter, config: ChunkingCon
             body = sum(p.tokens for p in carried)
         if not current:
             headings, section, path = piece.headings, piece.section, piece.path
-        entry = piece.entry
         current.append(piece)
         body += piece.tokens
     emit()
@@ -265,5 +247,5 @@ def _overlap(text: str, previous: list[_Piece], nxt: _Piece, cfg: ChunkingConfig
         n = count([text[a : last.end]])[0]
         if n > cfg.overlap_tokens:
             break
-        tail = _Piece(a, last.end, n, last.headings, last.section, last.path, last.entry)
+        tail = _Piece(a, last.end, n, last.headings, last.section, last.path)
     return [tail] if tail else []

@@ -50,7 +50,6 @@ class Block:
     end: int
     section: int = 0  # structural section: chunks never span two (numbered in document order)
     title: str = ""  # the section's own heading ("" for an untitled one, e.g. after an empty heading)
-    entry: int = 0  # definition-list entry within the section: a soft boundary (entries are packed whole)
 
 
 @dataclass
@@ -73,9 +72,7 @@ class _Builder:
         self.length = 0
         self.blocks: list[Block] = []
 
-    def add(
-        self, text: str, headings: tuple[str, ...], section: int = 0, title: str | None = None, entry: int = 0
-    ) -> None:
+    def add(self, text: str, headings: tuple[str, ...], section: int = 0, title: str | None = None) -> None:
         """A block; `title` defaults to the innermost heading of `headings`."""
         text = text.strip()
         if not text:
@@ -87,7 +84,7 @@ class _Builder:
         self.parts.append(text)
         self.length += len(text)
         own = (headings[-1] if headings else "") if title is None else title
-        self.blocks.append(Block(text, headings, start, self.length, section, own, entry))
+        self.blocks.append(Block(text, headings, start, self.length, section, own))
 
     def build(self, kind: str, title: str) -> ParsedDocument:
         doc = ParsedDocument(kind=kind, title=title, text="".join(self.parts), blocks=self.blocks)
@@ -243,11 +240,8 @@ _BLOCK_TAGS = {
     "address",
 }
 # Elements that start a new section: a chunk never spans two of them. Headings (with or
-# without text) are boundaries too, and so is the end of a sectioning element. A definition-list
-# entry (<dt>, not nested in another definition) is a soft boundary: entries are kept whole and
-# packed together up to the chunk target (one section per entry cost 3.5 points of hit@10 on the
-# eval corpus: tens of thousands of one-line chunks crowd the results).
-_SECTION_TAGS = {"section", "article"}
+# without text) are boundaries too, and so is the end of a sectioning element.
+_SECTION_TAGS = {"section", "article", "dt"}
 _SECTION_CLASSES = {"section", "sect1", "sect2", "sect3", "sect4", "refsect1", "refsect2", "chapter", "appendix"}
 # Navigation, menus and in-page tables of contents, by the class or id names that common
 # generators (Sphinx, DocBook, Doxygen-like sites, Node's docs, SQLite's site) give them.
@@ -310,19 +304,17 @@ class _HtmlWalker:
         self.pre_depth = 0
         self.dd_depth = 0  # inside a definition: its own inner lists (fields, options) do not cut it
         self.section = 0
-        self.entry = 0
 
     def flush(self) -> None:
         raw = "".join(self.buffer)
         self.buffer.clear()
         text = raw if self.pre_depth else _SPACE.sub(" ", raw)
         title = self.headings[-1] if self.headings else ""  # "" when the innermost heading was empty
-        self.builder.add(text, tuple(h for h in self.headings if h), self.section, title, self.entry)
+        self.builder.add(text, tuple(h for h in self.headings if h), self.section, title)
 
     def boundary(self) -> None:
         self.flush()
         self.section += 1
-        self.entry = 0
 
     def heading(self, level: int, title: str) -> None:
         self.boundary()
@@ -343,7 +335,7 @@ class _HtmlWalker:
                     self.pre_depth -= 1
                 elif tag == "dd":
                     self.dd_depth -= 1
-                if _starts_section(tag, node.attributes):
+                if tag != "dt" and _starts_section(tag, node.attributes):
                     self.boundary()  # what follows a closed section is not part of it
                 continue
             if node.is_text_node:
@@ -355,11 +347,8 @@ class _HtmlWalker:
                 title = _SPACE.sub(" ", node.text(deep=True)).strip().rstrip("¶#").strip()
                 self.heading(_HEADING_TAGS[tag], title)
                 continue
-            if _starts_section(tag, node.attributes):
+            if _starts_section(tag, node.attributes) and not (tag == "dt" and self.dd_depth):
                 self.boundary()
-            elif tag == "dt" and not self.dd_depth:
-                self.flush()
-                self.entry += 1
             elif tag in _BLOCK_TAGS:
                 self.flush()
             if tag == "pre":

@@ -96,18 +96,3 @@ def test_a_chunk_never_spans_two_sections_with_enough_text(embedder: Embedder) -
     assert len(merged) == 1
     apart = chunk_document(doc, embedder.count_tokens, ChunkingConfig(min_tokens=200))
     assert len(apart) == 2
-
-
-def test_definition_entries_are_packed_whole(embedder: Embedder) -> None:
-    entries = "".join(
-        f"<dt>option-{i}</dt><dd>{' '.join(f'Option {i} changes detail {j}.' for j in range(n))}</dd>"
-        for i, n in enumerate([3, 3, 14, 3])
-    )
-    doc = parse(f"<h1>Options</h1><dl>{entries}</dl>".encode(), "opts.html")
-    chunks = chunk_document(doc, embedder.count_tokens, ChunkingConfig(target_tokens=100, overlap_tokens=0))
-    # Small entries share a chunk; an entry that does not fit starts the next one, never split in two.
-    assert [[f"option-{i}" in c.text for i in range(4)] for c in chunks] == [
-        [True, True, False, False],
-        [False, False, True, False],
-        [False, False, False, True],
-    ]
