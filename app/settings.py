@@ -21,7 +21,7 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = Field(None, description="Bearer token for writes; generated if unset.")
     max_upload_bytes: int = Field(50 * 1024 * 1024, ge=1)
     max_bulk_files: int = Field(1000, ge=1)
-    chunk_target_tokens: int = Field(200, ge=16)
+    chunk_target_tokens: int = Field(254, ge=16, description="Chunk size aimed at (capped by the model window).")
     chunk_overlap_tokens: int = Field(32, ge=0)
     chunk_min_tokens: int = Field(
         48, ge=1, description="With chunk_merge_small_sections, a smaller chunk takes in the next section too."
@@ -30,7 +30,7 @@ class Settings(BaseSettings):
         False, description="Let a section under chunk_min_tokens merge into the next one (off: sections stay apart)."
     )
     chunk_heading_prefix: Literal["path", "title", "none"] = Field(
-        "path", description="Embedded before each chunk: its heading path, its section's own title, or nothing."
+        "title", description="Embedded before each chunk: its heading path, its section's own title, or nothing."
     )
     clusters: int = Field(0, ge=0, description="IVF lists at recluster; 0 picks sqrt(chunks).")
     checkpoint_seconds: float = Field(5.0, gt=0, description="Longest delay before index changes hit disk.")

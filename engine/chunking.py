@@ -24,13 +24,13 @@ HEADING_SEPARATOR = " > "
 @dataclass(frozen=True)
 class ChunkingConfig:
     max_tokens: int = 254  # the model's window less [CLS] and [SEP]
-    target_tokens: int = 200
+    target_tokens: int = 254  # fill the window: 254 beat 200 by 2.3 points of dev hit@10
     overlap_tokens: int = 32
     min_tokens: int = 48
     merge_small_sections: bool = False  # a section under min_tokens joins the next one
     # What is embedded before a chunk's text: its heading path, its section's own title (nothing
     # for an untitled section), or nothing. The stored heading is the path either way.
-    heading_prefix: Literal["path", "title", "none"] = "path"
+    heading_prefix: Literal["path", "title", "none"] = "title"
 
     def __post_init__(self) -> None:
         if not 0 < self.min_tokens <= self.target_tokens <= self.max_tokens:

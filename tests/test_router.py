@@ -80,7 +80,9 @@ def test_bm25_mask_restricts_the_search_to_a_scope() -> None:
 
     from engine.lexical import LexicalIndex
 
-    lex = LexicalIndex([10, 11, 12, 13], ["git rebase commits", "git merge commits", "sqlite vacuum", "git rebase onto"])
+    lex = LexicalIndex(
+        [10, 11, 12, 13], ["git rebase commits", "git merge commits", "sqlite vacuum", "git rebase onto"]
+    )
     assert {i for i, _ in lex.search("git rebase", 4)} == {10, 11, 13}
     scope = np.array([False, True, True, False])  # only chunks 11 and 12
     assert [i for i, _ in lex.search("git rebase", 4, scope)] == [11]
