@@ -40,7 +40,7 @@ class Settings(BaseSettings):
         16, ge=0, description="Expert path probes only this many of its lists nearest the question; 0 = all of them."
     )
     lexical_weight: float = Field(
-        0.25, ge=0, description="BM25's weight against dense (1.0) in the fallback's rank fusion."
+        0.1, ge=0, description="BM25's weight against dense (1.0) in both paths' rank fusion."
     )
     router_samples: int = Field(3000, ge=0, description="Query-like samples drawn from chunks per training.")
     router_holdout: float = Field(

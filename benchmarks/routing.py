@@ -102,7 +102,10 @@ def domain_leakage(rt: Any, ids: dict[str, int]) -> dict[str, Any]:
     name = {v: k for k, v in ids.items()}
     with rt.sessions() as s:
         rows = s.execute(
-            select(Document.source, Cluster.expert_id).select_from(Chunk).join(Document).join(Cluster)
+            select(Document.source, Cluster.expert_id)
+            .select_from(Chunk)
+            .join(Document, Document.id == Chunk.document_id)
+            .join(Cluster, Cluster.id == Chunk.cluster_id)
         ).all()
     out: dict[str, Any] = {"per_domain": {}}
     total = Counter()

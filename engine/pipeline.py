@@ -108,7 +108,7 @@ class PipelineConfig:
     default_top_k: int = 5
     expert_min_score: float = 0.2  # best scoped cosine below this: the expert has nothing good
     candidates: int = 50  # per retriever, before fusion
-    lexical_weight: float = 0.25  # BM25's weight in the fusion (dense has 1.0)
+    lexical_weight: float = 0.1  # BM25's weight in the fusion (dense has 1.0); chosen on dev (README)
     # The expert path probes only this many of its lists nearest the question (0 = all): on the
     # eval corpus 16 of ~40 found the same top 10 with 3.4x fewer vectors; at 1M chunks, 10x faster.
     expert_nprobe: int = 16
