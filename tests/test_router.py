@@ -87,3 +87,15 @@ def test_bm25_mask_restricts_the_search_to_a_scope() -> None:
     scope = np.array([False, True, True, False])  # only chunks 11 and 12
     assert [i for i, _ in lex.search("git rebase", 4, scope)] == [11]
     assert lex.search("git rebase", 4, np.zeros(4, dtype=bool)) == []
+
+
+def test_held_out_documents_are_whole_and_every_expert_keeps_training_documents() -> None:
+    from engine.samples import held_out_documents
+
+    # Documents 1-10 mostly of label 0, 11-13 of label 1, 20 alone of label 2; one chunk per row.
+    documents = [d for d in range(1, 11) for _ in range(3)] + [11, 11, 12, 13] + [20, 20]
+    labels = [0] * 30 + [1, 0, 1, 1] + [2, 2]
+    held = held_out_documents(documents, labels, 0.3, seed=0)
+    assert held == held_out_documents(documents, labels, 0.3, seed=0)  # deterministic
+    assert len(held & set(range(1, 11))) == 3 and len(held & {11, 12, 13}) == 1
+    assert 20 not in held  # the only document of its label stays in training
