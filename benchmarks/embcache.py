@@ -28,7 +28,7 @@ class EmbeddingCache:
         self.db = sqlite3.connect(path, check_same_thread=False)
         self.db.execute("CREATE TABLE IF NOT EXISTS emb (h BLOB PRIMARY KEY, v BLOB NOT NULL)")
         self.salt = f"{embedder.name}:{embedder.dtype_name}:".encode()
-        self._encode = embedder.encode  # the real one, even after `cached` wraps the embedder
+        self.uncached = embedder.encode  # the real one, even after `cached` wraps the embedder
         self.hits = self.misses = 0
 
     def _key(self, text: str) -> bytes:
@@ -58,7 +58,7 @@ class EmbeddingCache:
         t0 = time.perf_counter()
         for start in range(0, len(missing), self.batch):
             idx = missing[start : start + self.batch]
-            vecs = self._encode([texts[i] for i in idx])  # [B, D]
+            vecs = self.uncached([texts[i] for i in idx])  # [B, D]
             out[idx] = vecs
             self.db.executemany(
                 "INSERT OR REPLACE INTO emb VALUES (?, ?)",

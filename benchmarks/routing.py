@@ -28,9 +28,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.evalcorpus import FAQ_PAGES, domain_of, is_hit, load_questions
+from benchmarks.routing_report import DOMAINS, domain_leakage, markdown
 
 RESULTS = Path(__file__).resolve().parent / "results"
-DOMAINS = ("debian", "git", "nodejs", "postgresql", "python", "sqlite")
 ROUTED = "routed (served pipeline)"
 
 
@@ -91,40 +91,6 @@ def setup_experts(rt: Any) -> dict[str, int]:
     print(json.dumps({"realign": rt.indexes.realign()}), flush=True)
     rt.experts.invalidate()
     return ids
-
-
-def domain_leakage(rt: Any, ids: dict[str, int]) -> dict[str, Any]:
-    """Chunks whose list belongs to another domain's expert: out of reach of their own expert path."""
-    from sqlalchemy import select
-
-    from app.models import Chunk, Cluster, Document
-
-    name = {v: k for k, v in ids.items()}
-    with rt.sessions() as s:
-        rows = s.execute(
-            select(Document.source, Cluster.expert_id)
-            .select_from(Chunk)
-            .join(Document, Document.id == Chunk.document_id)
-            .join(Cluster, Cluster.id == Chunk.cluster_id)
-        ).all()
-    out: dict[str, Any] = {"per_domain": {}}
-    total = Counter()
-    leaked = Counter()
-    for source, expert in rows:
-        d = domain_of(source)
-        keys = [d, "all"] + (["faq_pages"] if FAQ_PAGES.match(source) else [])
-        for key in keys:
-            total[key] += 1
-            leaked[key] += name.get(expert) != d
-    for key in total:
-        share = round(leaked[key] / total[key], 4)
-        if key in DOMAINS:
-            out["per_domain"][key] = share
-        else:
-            out[key] = share
-    out["faq_page_chunks_outside"] = leaked["faq_pages"]
-    out["faq_page_chunks"] = total["faq_pages"]
-    return out
 
 
 def per_domain(ranked: dict[str, list[list[tuple[str, str]]]], questions: list[dict[str, str]]) -> dict[str, Any]:
@@ -402,31 +368,6 @@ def reference_ranked(corpus: Path, cache: Any, q_vecs: np.ndarray) -> tuple[list
     return search(vecs, q_vecs, chunks), {"chunks": len(chunks)}
 
 
-def markdown(result: dict[str, Any]) -> str:
-    lines = ["| retrieval | hit@1 | hit@5 | hit@10 | MRR@10 | top-1 domain |", "|---|---|---|---|---|---|"]
-    for name, m in result["retrieval"].items():
-        lines.append(f"| {name} | {m['hit@1']} | {m['hit@5']} | {m['hit@10']} | {m['mrr@10']} | {m['top1_domain']} |")
-    lines += ["", "| routed minus | hit@10 diff | 95% CI | only routed / only other |", "|---|---|---|---|"]
-    for name, d in result["routed_minus"].items():
-        ci = f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"
-        lines.append(f"| {name} | {d['diff']:+.3f} | {ci} | {d['a_only']} / {d['b_only']} |")
-    lines += ["", "| router | accuracy | expert-path share | right on path | ECE | temperature |"]
-    lines += ["|---|---|---|---|---|---|"]
-    for key in ("router", "router_faq_blind"):
-        if key in result:
-            r = result[key]
-            lines.append(
-                f"| {key} | {r['accuracy']} | {r['expert_path_share']} | {r['expert_path_accuracy']} | "
-                f"{r['ece_after']} | {r['temperature']} |"
-            )
-    domains = result["per_domain_hit@10"]
-    names = [n for n in next(iter(domains.values())) if n != "questions"]
-    lines += ["", "| domain (questions) | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
-    for d, row in domains.items():
-        lines.append(f"| {d} ({row['questions']}) | " + " | ".join(str(row[n]) for n in names) + " |")
-    return "\n".join(lines)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir", type=Path, required=True)
@@ -458,6 +399,8 @@ def main() -> None:
     try:
         ingest = prepare_store(rt, args.corpus) if args.corpus is not None else {"ingested": False}
         reference, ref_info = None, {}
+        if cache is not None:
+            embedder.encode = cache.uncached  # from here on the model itself: latencies are real
         if args.corpus is not None and cache is not None:
             q_vecs = embedder.encode([q["question"] for q in questions])
             reference, ref_info = reference_ranked(args.corpus, cache, q_vecs)

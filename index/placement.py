@@ -30,7 +30,7 @@ def owner_groups(x: Floats, owners: Ints, centroids: Floats, groups: Ints) -> di
 
     x [N, D] unit vectors, owners [N], centroids [C, D], groups [C] (-1 = list in no group).
     """
-    nearest, best = _nearest(x, centroids, None)  # [N], [N]
+    nearest, best = _nearest(x, centroids)  # [N], [N]
     voted = groups[nearest]  # [N]
     # Score (count, summed similarity) per (owner, group): the count dominates, similarity breaks ties.
     keys = np.stack([owners, voted], axis=1)  # [N, 2]
@@ -59,7 +59,7 @@ def place(x: Floats, owners: Ints, centroids: Floats, groups: Ints) -> Ints:
     for g in np.unique(target):
         rows = np.flatnonzero(target == g)
         lists = np.flatnonzero(groups == g)  # -1 is a group too: the lists no expert owns
-        local, _ = _nearest(x[rows], centroids[lists], None)
+        local, _ = _nearest(x[rows], centroids[lists])
         out[rows] = lists[local]
     return out
 
@@ -84,7 +84,7 @@ def leakage(owners: Ints, clusters: Ints, groups: Ints) -> float:
     return float(outside(owners, clusters, groups).mean()) if len(owners) else 0.0
 
 
-def _nearest(x: Floats, centroids: Floats, _unused: None) -> tuple[Ints, Floats]:
+def _nearest(x: Floats, centroids: Floats) -> tuple[Ints, Floats]:
     """([N] nearest row of centroids, [N] its inner product), in batches."""
     idx = np.empty(len(x), dtype=np.int64)
     best = np.empty(len(x), dtype=np.float32)
