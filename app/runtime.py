@@ -182,6 +182,7 @@ class Runtime:
                     expert_min_score=s.expert_min_score,
                     lexical_weight=s.lexical_weight,
                     expert_nprobe=s.expert_nprobe,
+                    expert_verify_lists=s.expert_verify_lists,
                 ),
                 matrix=self.expert_matrix,
             )

@@ -39,6 +39,12 @@ class Settings(BaseSettings):
     expert_nprobe: int = Field(
         16, ge=0, description="Expert path probes only this many of its lists nearest the question; 0 = all of them."
     )
+    expert_verify_lists: int = Field(
+        4,
+        ge=0,
+        description="Expert path checks the question's nearest lists outside the expert (at most 1/8 of all); "
+        "a better chunk there sends it to the fallback. 0 = off.",
+    )
     lexical_weight: float = Field(
         0.1, ge=0, description="BM25's weight against dense (1.0) in both paths' rank fusion."
     )

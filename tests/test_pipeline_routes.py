@@ -73,3 +73,24 @@ def test_forced_and_missing_router() -> None:
     assert (r.path, r.reason, r.expert.id if r.expert else None) == ("expert", "forced", 2)
     assert p._route(q, AskRequest("q", mode="expert", expert_id=3)).reason == "expert_has_no_clusters"
     assert p._route(q, AskRequest("q", mode="expert")).reason == "unknown_expert"  # no router to pick one
+
+
+def test_a_route_beaten_by_a_chunk_outside_its_expert_is_checked() -> None:
+    from engine.pipeline import Route
+    from index import ClusteredIndex
+
+    dim = 16
+    index = ClusteredIndex.create(np.eye(dim, dtype=np.float32), "v")  # 16 lists, one per axis
+    inside = np.eye(dim, dtype=np.float32)[[0]]  # list 0's chunk
+    outside = np.eye(dim, dtype=np.float32)[[5]]  # list 5's chunk, nearer the question
+    index.add(np.concatenate([inside, outside]), np.array([1, 2]), np.array([0, 5]))
+    q = np.eye(dim, dtype=np.float32)[[5]] * 0.9 + np.eye(dim, dtype=np.float32)[[0]] * np.sqrt(1 - 0.81)
+    p = pipeline(None, EXPERTS)
+    route = Route("expert", "confident", "", EXPERTS[1], 0.9, [], 0.7, 7)
+    best = float(q[0] @ inside[0])
+    assert p._nearer_outside(q, index, [0], best, route) == pytest.approx(float(q[0] @ outside[0]))
+    assert route.clusters_scanned == 2 and route.vectors_scanned == 1  # 16 // 8 lists probed, one vector there
+    # A route whose best chunk is inside its expert stands.
+    assert p._nearer_outside(q, index, [0, 5], best, route) is None
+    p.config.expert_verify_lists = 0
+    assert p._nearer_outside(q, index, [0], best, route) is None  # off
