@@ -126,12 +126,13 @@ def stage_quality(work: Path, corpus: Path, questions: list[dict[str, str]], lat
     from app.runtime import Runtime
     from app.settings import Settings
     from benchmarks.embcache import EmbeddingCache, cached
+    from benchmarks.reference import reference_ranked
     from engine.embedder import Embedder
 
     embedder = Embedder()
     cache = EmbeddingCache(work / "embeddings.sqlite", embedder)  # the plain reference's vectors, kept
     q_vecs = embedder.encode([q["question"] for q in questions])
-    reference, _ = routing.reference_ranked(corpus, cache, q_vecs)
+    reference, _ = reference_ranked(corpus, cache, q_vecs)
     rt = Runtime(Settings(data_dir=work / "moerag"), embedder=cached(embedder, cache))
     rt.start()
     try:

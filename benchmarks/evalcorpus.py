@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -172,25 +172,28 @@ def uploads(files: list[Path], corpus: Path) -> Iterator[Callable[[], Upload]]:
         yield lambda p=p: Upload(data=p.read_bytes(), source=p.relative_to(corpus).as_posix(), filename=p.name)
 
 
+def ingest_into(rt: Any, corpus: Path) -> dict[str, float]:
+    """Every page of the mirror into a started Runtime, with progress; duplicates are skipped by hash."""
+    files = html_files(corpus)
+    t0, chunks = time.perf_counter(), 0
+    for done, outcome in enumerate(rt.ingestor.ingest_many(uploads(files, corpus)), start=1):
+        chunks += outcome.chunks
+        if done % 250 == 0:
+            rate = chunks / (time.perf_counter() - t0)
+            print(f"ingest: {done}/{len(files)} pages, {chunks} chunks, {rate:.1f} chunks/s", flush=True)
+    return {"documents": len(files), "chunks": chunks, "seconds": round(time.perf_counter() - t0, 1)}
+
+
 def ingest(corpus: Path, data_dir: Path) -> dict[str, float]:
     from app.runtime import Runtime
     from app.settings import Settings
 
-    files = html_files(corpus)
     rt = Runtime(Settings(data_dir=data_dir))
     rt.start()
-    t0, chunks, done = time.perf_counter(), 0, 0
     try:
-        for outcome in rt.ingestor.ingest_many(uploads(files, corpus)):
-            done += 1
-            chunks += outcome.chunks
-            if done % 100 == 0:
-                rate = chunks / (time.perf_counter() - t0)
-                print(f"{done}/{len(files)} documents, {chunks} chunks, {rate:.1f} chunks/s", flush=True)
+        return ingest_into(rt, corpus)
     finally:
         rt.close()
-    elapsed = time.perf_counter() - t0
-    return {"documents": len(files), "chunks": chunks, "seconds": round(elapsed, 1)}
 
 
 def load_questions(path: Path | None = None) -> list[dict[str, str]]:

@@ -21,6 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -121,6 +122,13 @@ def search(vecs: np.ndarray, q_vecs: np.ndarray, chunks: Chunks, k: int = 10, ma
         scores = np.where(mask, scores, -np.inf)  # [Q, N]
     top = np.argsort(-scores, axis=1)[:, :k]  # [Q, k]
     return [[(chunks.text[i], chunks.source[i]) for i in row] for row in top]
+
+
+def reference_ranked(corpus: Path, cache: Any, q_vecs: np.ndarray) -> tuple[list[list[tuple[str, str]]], dict]:
+    """The reference pipeline over the whole mirror: top 10 per question, and its chunk count."""
+    chunks = chunk_reference(corpus_pages(corpus, None))
+    vecs = cache.encode(chunks.embed, progress=True)  # [N, D]
+    return search(vecs, q_vecs, chunks), {"chunks": len(chunks)}
 
 
 def domain_mask(chunks: Chunks, questions: list[dict[str, str]]) -> np.ndarray:

@@ -23,12 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.evalcorpus import FAQ_PAGES, domain_of, is_hit, load_questions
-from benchmarks.routing_report import DOMAINS, domain_leakage, markdown
+from benchmarks.routing_report import DOMAINS, domain_leakage, markdown, router_figures
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROUTED = "routed (served pipeline)"
@@ -123,43 +122,6 @@ def served(rt: Any, questions: list[dict[str, str]], **kw: Any) -> tuple[list[li
 
     preps = [rt.pipeline.prepare(AskRequest(q["question"], top_k=10, **kw)) for q in questions]
     return [[(c.chunk.text, c.chunk.source) for c in p.citations] for p in preps], preps
-
-
-def router_figures(
-    rt: Any, questions: list[dict[str, str]], q_vecs: np.ndarray, ids: dict[str, int], routes: list[Any]
-) -> dict[str, Any]:
-    """The active router on the questions: accuracy, calibration, the expert path's share and precision."""
-    from engine.router import evaluate as evaluate_router
-
-    router = rt.routers.current()
-    position = {e: i for i, e in enumerate(router.expert_ids)}
-    labels = torch.tensor([position[ids[q["domain"]]] for q in questions])
-    quality = evaluate_router(router.logits(q_vecs), labels, router.temperature, rt.settings.route_threshold)
-    expert_path = [r.path == "expert" for r in routes]
-    right = [r.expert is not None and r.expert.name == q["domain"] for r, q in zip(routes, questions, strict=True)]
-    on_path = [ok for ok, e in zip(right, expert_path, strict=True) if e]
-    per_domain_share = {}
-    for d in sorted({q["domain"] for q in questions}):
-        pick = [i for i, q in enumerate(questions) if q["domain"] == d]
-        on = [i for i in pick if expert_path[i]]
-        per_domain_share[d] = {
-            "expert_path_share": round(len(on) / len(pick), 3),
-            "right_on_path": round(sum(right[i] for i in on) / max(len(on), 1), 3),
-        }
-    return {
-        "version": router.version_id,
-        "accuracy": round(quality["accuracy"], 3),
-        "ece_before": round(quality["ece_before"], 4),
-        "ece_after": round(quality["ece_after"], 4),
-        "temperature": round(router.temperature, 3),
-        "coverage_at_threshold": round(quality["coverage_at_threshold"], 3),
-        "accuracy_at_threshold": round(quality["accuracy_at_threshold"], 3),
-        "expert_path_share": round(sum(expert_path) / len(questions), 3),
-        "expert_path_accuracy": round(sum(on_path) / max(len(on_path), 1), 3),
-        "fallback_reasons": dict(Counter(r.reason for r in routes if r.path == "fallback")),
-        "per_domain": per_domain_share,
-        "training": {k: v for k, v in router.metrics.items() if isinstance(v, int | float)},
-    }
 
 
 def faq_documents(rt: Any) -> list[int]:
@@ -344,28 +306,14 @@ def percentile(sorted_values: list[float], p: float) -> float:
 
 def prepare_store(rt: Any, corpus: Path) -> dict[str, Any]:
     """Ingest the mirror into an empty store (embeddings come from the text-hash cache when present)."""
-    from benchmarks.evalcorpus import html_files, uploads
+    from benchmarks.evalcorpus import ingest_into
 
     if rt.stats()["chunks"]:
         return {"ingested": False}
-    files = html_files(corpus)
-    t0, chunks = time.perf_counter(), 0
-    for done, outcome in enumerate(rt.ingestor.ingest_many(uploads(files, corpus)), start=1):
-        chunks += outcome.chunks
-        if done % 250 == 0:
-            print(f"ingest: {done}/{len(files)} pages, {chunks} chunks", flush=True)
-    took = time.perf_counter() - t0
+    info = ingest_into(rt, corpus)
     print("clustering the corpus ...", flush=True)
     rt.indexes.recluster()
-    return {"ingested": True, "pages": len(files), "chunks": chunks, "seconds": round(took, 1)}
-
-
-def reference_ranked(corpus: Path, cache: Any, q_vecs: np.ndarray) -> tuple[list[list[tuple[str, str]]], dict]:
-    from benchmarks.reference import chunk_reference, corpus_pages, search
-
-    chunks = chunk_reference(corpus_pages(corpus, None))
-    vecs = cache.encode(chunks.embed, progress=True)  # [N, D]
-    return search(vecs, q_vecs, chunks), {"chunks": len(chunks)}
+    return {"ingested": True, **info}
 
 
 def main() -> None:
@@ -385,6 +333,7 @@ def main() -> None:
     from app.settings import Settings
     from benchmarks.embcache import EmbeddingCache, cached
     from benchmarks.evalcorpus import build
+    from benchmarks.reference import reference_ranked
     from engine.embedder import Embedder
 
     questions = load_questions(args.questions)

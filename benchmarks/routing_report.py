@@ -1,9 +1,12 @@
-"""The tables of benchmarks/routing.py: scope leakage by domain, per-domain hit@10, the markdown report."""
+"""The tables of benchmarks/routing.py: scope leakage by domain, the router's figures, the markdown report."""
 
 from __future__ import annotations
 
 from collections import Counter
 from typing import Any
+
+import numpy as np
+import torch
 
 from benchmarks.evalcorpus import FAQ_PAGES, domain_of
 
@@ -42,6 +45,43 @@ def domain_leakage(rt: Any, ids: dict[str, int]) -> dict[str, Any]:
     out["faq_page_chunks_outside"] = leaked["faq_pages"]
     out["faq_page_chunks"] = total["faq_pages"]
     return out
+
+
+def router_figures(
+    rt: Any, questions: list[dict[str, str]], q_vecs: np.ndarray, ids: dict[str, int], routes: list[Any]
+) -> dict[str, Any]:
+    """The active router on the questions: accuracy, calibration, the expert path's share and precision."""
+    from engine.router import evaluate as evaluate_router
+
+    router = rt.routers.current()
+    position = {e: i for i, e in enumerate(router.expert_ids)}
+    labels = torch.tensor([position[ids[q["domain"]]] for q in questions])
+    quality = evaluate_router(router.logits(q_vecs), labels, router.temperature, rt.settings.route_threshold)
+    expert_path = [r.path == "expert" for r in routes]
+    right = [r.expert is not None and r.expert.name == q["domain"] for r, q in zip(routes, questions, strict=True)]
+    on_path = [ok for ok, e in zip(right, expert_path, strict=True) if e]
+    per_domain_share = {}
+    for d in sorted({q["domain"] for q in questions}):
+        pick = [i for i, q in enumerate(questions) if q["domain"] == d]
+        on = [i for i in pick if expert_path[i]]
+        per_domain_share[d] = {
+            "expert_path_share": round(len(on) / len(pick), 3),
+            "right_on_path": round(sum(right[i] for i in on) / max(len(on), 1), 3),
+        }
+    return {
+        "version": router.version_id,
+        "accuracy": round(quality["accuracy"], 3),
+        "ece_before": round(quality["ece_before"], 4),
+        "ece_after": round(quality["ece_after"], 4),
+        "temperature": round(router.temperature, 3),
+        "coverage_at_threshold": round(quality["coverage_at_threshold"], 3),
+        "accuracy_at_threshold": round(quality["accuracy_at_threshold"], 3),
+        "expert_path_share": round(sum(expert_path) / len(questions), 3),
+        "expert_path_accuracy": round(sum(on_path) / max(len(on_path), 1), 3),
+        "fallback_reasons": dict(Counter(r.reason for r in routes if r.path == "fallback")),
+        "per_domain": per_domain_share,
+        "training": {k: v for k, v in router.metrics.items() if isinstance(v, int | float)},
+    }
 
 
 def markdown(result: dict[str, Any]) -> str:
