@@ -8,6 +8,7 @@ never an exception.
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -137,7 +138,9 @@ class AskPipeline:
         self.matrix = matrix or (lambda: None)
         self.experts, self.store, self.generator = experts, store, generator
         self.config = config or PipelineConfig()
-        self._masks: dict[tuple[int, str, int, tuple[int, ...]], np.ndarray] = {}
+        # Per BM25 index (weakly held: a rebuilt one starts afresh), scope masks by index state.
+        self._masks: weakref.WeakKeyDictionary[LexicalIndex, dict[tuple[str, int, tuple[int, ...]], np.ndarray]]
+        self._masks = weakref.WeakKeyDictionary()
 
     def prepare(self, req: AskRequest) -> Prepared:
         cfg = self.config
@@ -293,11 +296,12 @@ class AskPipeline:
 
     def _scope_mask(self, lexical: LexicalIndex, index: ClusteredIndex, scope: list[int]) -> np.ndarray:
         """[N] bool over the BM25 index's chunks: those in `scope`'s lists (cached until either changes)."""
-        key = (id(lexical), index.version, index.writes, tuple(scope))
-        mask = self._masks.get(key)
+        masks = self._masks.setdefault(lexical, {})
+        key = (index.version, index.writes, tuple(scope))
+        mask = masks.get(key)
         if mask is None:
             mask = np.isin(index.clusters_of(lexical.ids), np.asarray(scope, dtype=np.int64))  # [N]
-            if len(self._masks) >= 64:
-                self._masks.clear()
-            self._masks[key] = mask
+            if len(masks) >= 64:
+                masks.clear()
+            masks[key] = mask
         return mask
