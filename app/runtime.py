@@ -240,9 +240,7 @@ class Runtime:
         return self.jobs.submit("realign", {}, total=3).id
 
     def _realign_job(self, ctx: JobContext) -> dict[str, Any]:
-        result = self.indexes.realign(lambda done, total: ctx.progress(done, total))
-        self.experts.invalidate()
-        return result
+        return self.indexes.realign(lambda done, total: ctx.progress(done, total))
 
     def _train_job(self, ctx: JobContext) -> dict[str, Any]:
         return self.routers.train(

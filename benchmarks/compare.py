@@ -54,25 +54,16 @@ def semantic_router_gate(ev: routing.Evaluation, questions: list[dict[str, str]]
     from semantic_router.encoders.local import LocalEncoder
     from sqlalchemy import select
 
-    from app.models import Chunk, Cluster, Expert
+    from app.models import Expert
     from engine.calibration import confidence_ece
     from engine.embedder import packaged_model_path
 
     rt = ev.rt
     with rt.sessions() as s:
-        rows = s.execute(
-            select(Chunk.text, Chunk.heading, Chunk.cluster_id, Chunk.document_id).order_by(Chunk.id)
-        ).all()
-        name_of = dict(s.execute(select(Cluster.id, Expert.name).join(Expert, Cluster.expert_id == Expert.id)).all())
+        name_of: dict[int, str] = {i: n for i, n in s.execute(select(Expert.id, Expert.name))}
     # The very samples and split moerag's router trained and calibrated on.
-    label = {c: i for i, c in enumerate(sorted(set(name_of.values())))}
-    samples, calib, _ = rt.routers.sample_split(
-        [r[0] for r in rows],
-        [r[1] for r in rows],
-        [r[3] for r in rows],
-        [label.get(name_of.get(r[2], ""), -1) for r in rows],
-    )
-    labelled = [(smp.text, name_of.get(rows[smp.source][2])) for smp in samples]
+    samples, calib, experts = rt.routers.labelled_samples()
+    labelled = [(smp.text, name_of.get(e) if e is not None else None) for smp, e in zip(samples, experts, strict=True)]
     utterances: dict[str, list[str]] = {}
     for (text, name), held in zip(labelled, calib, strict=True):
         if name is not None and not held:

@@ -23,19 +23,18 @@ import numpy as np
 
 class EmbeddingCache:
     def __init__(self, path: Path, embedder: Any, batch: int = 2048) -> None:
-        self.path, self.embedder, self.batch = path, embedder, batch
+        self.embedder, self.batch = embedder, batch
         path.parent.mkdir(parents=True, exist_ok=True)
         self.db = sqlite3.connect(path, check_same_thread=False)
         self.db.execute("CREATE TABLE IF NOT EXISTS emb (h BLOB PRIMARY KEY, v BLOB NOT NULL)")
         self.salt = f"{embedder.name}:{embedder.dtype_name}:".encode()
         self.uncached = embedder.encode  # the real one, even after `cached` wraps the embedder
-        self.hits = self.misses = 0
 
     def _key(self, text: str) -> bytes:
         return hashlib.sha256(self.salt + text.encode()).digest()
 
-    def lookup(self, texts: Sequence[str]) -> tuple[np.ndarray, list[int]]:
-        """(vectors [N, D] with zeros where missing, indices of the missing texts)"""
+    def encode(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
+        """[N, D]: stored vectors where the text was seen, the rest embedded in batches and stored."""
         out = np.zeros((len(texts), self.embedder.dim), dtype=np.float32)
         keys = [self._key(t) for t in texts]
         found: dict[bytes, bytes] = {}
@@ -49,12 +48,6 @@ class EmbeddingCache:
                 out[i] = np.frombuffer(found[k], dtype=np.float32)
             else:
                 missing.append(i)
-        return out, missing
-
-    def encode(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
-        out, missing = self.lookup(texts)
-        self.hits += len(texts) - len(missing)
-        self.misses += len(missing)
         t0 = time.perf_counter()
         for start in range(0, len(missing), self.batch):
             idx = missing[start : start + self.batch]
@@ -62,7 +55,7 @@ class EmbeddingCache:
             out[idx] = vecs
             self.db.executemany(
                 "INSERT OR REPLACE INTO emb VALUES (?, ?)",
-                [(self._key(texts[i]), v.tobytes()) for i, v in zip(idx, vecs, strict=True)],
+                [(keys[i], v.tobytes()) for i, v in zip(idx, vecs, strict=True)],
             )
             self.db.commit()
             if progress:

@@ -90,11 +90,9 @@ def chunk_reference(pages: list[tuple[Path, str]]) -> Chunks:
     return out
 
 
-def chunk_moerag(
-    pages: list[tuple[Path, str]], embedder: object, config: object = None, prefix: str = "path"
-) -> Chunks:
-    """moerag's chunks; `prefix` (an experiment knob): the heading path, the last heading, or none."""
-    from engine.chunking import chunk_document, embed_text
+def chunk_moerag(pages: list[tuple[Path, str]], embedder: object, config: object = None) -> Chunks:
+    """moerag's chunks as ingested (engine.parsing + engine.chunking with `config`)."""
+    from engine.chunking import chunk_document
     from engine.errors import InputError
     from engine.parsing import parse
 
@@ -105,13 +103,7 @@ def chunk_moerag(
         except InputError:
             continue  # an empty page is refused at ingest too
         chunks = chunk_document(doc, embedder.count_tokens, config)  # type: ignore[attr-defined]
-        if prefix == "last":
-            embed = [embed_text(c.headings[-1:], c.text) for c in chunks]
-        elif prefix == "none":
-            embed = [c.text for c in chunks]
-        else:
-            embed = [c.embed_text for c in chunks]
-        out.extend(embed, [c.text for c in chunks], source)
+        out.extend([c.embed_text for c in chunks], [c.text for c in chunks], source)
     return out
 
 
@@ -178,9 +170,7 @@ def main() -> None:
     if not args.skip_reference:
         systems["reference"] = chunk_reference(pages)
     for v in args.variant or ["{}"]:
-        fields = json.loads(v)
-        prefix = fields.pop("_prefix", "path")
-        systems[f"moerag {v}"] = chunk_moerag(pages, embedder, ChunkingConfig(**fields), prefix)
+        systems[f"moerag {v}"] = chunk_moerag(pages, embedder, ChunkingConfig(**json.loads(v)))
     result: dict[str, object] = {"pages": len(pages), "sample": args.sample, "systems": {}}
     ranked = {}
     for name, chunks in systems.items():

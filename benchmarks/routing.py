@@ -88,7 +88,6 @@ def setup_experts(rt: Any) -> dict[str, int]:
             c.expert_id = ids[votes[c.id].most_common(1)[0][0]] if c.id in votes else None
     rt.experts.invalidate()
     print(json.dumps({"realign": rt.indexes.realign()}), flush=True)
-    rt.experts.invalidate()
     return ids
 
 

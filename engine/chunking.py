@@ -105,26 +105,20 @@ def _pack(spans: list[tuple[int, int]], counts: list[int], budget: int) -> list[
 
 
 def _split_oversized(
-    text: str,
-    start: int,
-    headings: tuple[str, ...],
-    section: int,
-    budget: int,
-    soft_budget: int,
-    count: TokenCounter,
+    text: str, block: Block, headings: tuple[str, ...], budget: int, soft_budget: int, count: TokenCounter
 ) -> list[_Piece]:
     """Cut a block that exceeds the window: at sentence ends, then at words.
 
     No piece exceeds `budget`; sentences are regrouped up to `soft_budget`, which leaves room
     for the overlap carried in front of the next piece.
     """
-    block = text[start:]
-    sentence_spans = _spans(block, start, _SENTENCE_END, keep_matches=False)
+    start, section, path = block.start, block.section, block.headings
+    sentence_spans = _spans(text[start : block.end], start, _SENTENCE_END, keep_matches=False)
     sentence_counts = count([text[a:b] for a, b in sentence_spans])
     pieces: list[_Piece] = []
     for (a, b), n in zip(sentence_spans, sentence_counts, strict=True):
         if n <= budget:
-            pieces.append(_Piece(a, b, n, headings, section))
+            pieces.append(_Piece(a, b, n, headings, section, path))
             continue
         word_spans = _spans(text[a:b], a, _WORD, keep_matches=True)
         word_counts = count([text[x:y] for x, y in word_spans])
@@ -133,12 +127,12 @@ def _split_oversized(
             while m > budget and y - x > 1:
                 y = x + (y - x) // 2
                 m = count([text[x:y]])[0]
-            pieces.append(_Piece(x, y, m, headings, section))
+            pieces.append(_Piece(x, y, m, headings, section, path))
     # Re-merge sentences into paragraph-sized pieces so a cut paragraph stays as whole as it can.
     merged: list[_Piece] = []
     for p in pieces:
         if merged and merged[-1].tokens + p.tokens <= soft_budget:
-            merged[-1] = _Piece(merged[-1].start, p.end, merged[-1].tokens + p.tokens, headings, section)
+            merged[-1] = _Piece(merged[-1].start, p.end, merged[-1].tokens + p.tokens, headings, section, path)
         else:
             merged.append(p)
     return merged
@@ -187,8 +181,7 @@ def chunk_document(doc: ParsedDocument, count: TokenCounter, config: ChunkingCon
             pieces.append(_Piece(block.start, block.end, n, headings, block.section, block.headings))
         else:
             soft = max(1, min(budget, cfg.target_tokens - prefix(headings)) - cfg.overlap_tokens)
-            split = _split_oversized(text[: block.end], block.start, headings, block.section, budget, soft, count)
-            pieces.extend(_Piece(p.start, p.end, p.tokens, p.headings, p.section, block.headings) for p in split)
+            pieces.extend(_split_oversized(text, block, headings, budget, soft, count))
 
     chunks: list[Chunk] = []
     current: list[_Piece] = []

@@ -326,35 +326,40 @@ class _HtmlWalker:
 
     def walk(self, root: Node) -> None:
         # An explicit stack (not recursion): real pages nest deeper than Python's stack allows.
-        stack: list[tuple[Node, bool]] = [(root, False)]
+        # Entries are (node, None) to enter it, or (node, starts_section) to leave it.
+        stack: list[tuple[Node, bool | None]] = [(root, None)]
         while stack:
             node, leaving = stack.pop()
             tag = node.tag or ""
-            if leaving:
-                if tag in _BLOCK_TAGS or tag in _SECTION_TAGS:
-                    self.flush()
+            if leaving is not None:
+                if leaving:
+                    self.boundary()  # what follows a closed section is not part of it
+                elif tag in _BLOCK_TAGS:
+                    self.flush()  # before leaving <pre>: its text keeps its whitespace
                 if tag == "pre":
                     self.pre_depth -= 1
-                if _starts_section(tag, node.attributes):
-                    self.boundary()  # what follows a closed section is not part of it
                 continue
             if node.is_text_node:
                 self.buffer.append(node.text_content or "")
                 continue
-            if not node.is_element_node or _is_chrome(tag, node.attributes):
+            if not node.is_element_node:
+                continue
+            attributes = node.attributes
+            if _is_chrome(tag, attributes):
                 continue
             if tag in _HEADING_TAGS:
                 title = _SPACE.sub(" ", node.text(deep=True)).strip().rstrip("¶#").strip()
                 self.heading(_HEADING_TAGS[tag], title)
                 continue
-            if _starts_section(tag, node.attributes):
+            section = _starts_section(tag, attributes)
+            if section:
                 self.boundary()
             elif tag in _BLOCK_TAGS:
                 self.flush()
             if tag == "pre":
                 self.pre_depth += 1
-            stack.append((node, True))
-            stack.extend((child, False) for child in reversed(list(node.iter(include_text=True))))
+            stack.append((node, section))
+            stack.extend((child, None) for child in reversed(list(node.iter(include_text=True))))
 
 
 def parse_html(text: str, fallback_title: str = "") -> ParsedDocument:

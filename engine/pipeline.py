@@ -175,11 +175,11 @@ class AskPipeline:
             route.clusters_scanned = len(clusters)
             dense = [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True) if i >= 0]
             best = dense[0][1] if dense else float("-inf")
-            outside = self._nearer_outside(q, index, scope, best, route) if req.mode != "expert" else None
-            if best < cfg.expert_min_score and req.mode != "expert":
+            checked = req.mode != "expert"  # a forced expert is searched as asked
+            if checked and best < cfg.expert_min_score:
                 route.path, route.reason = "fallback", "weak_expert_results"
                 route.detail = f"best scoped score {best:.2f} < {cfg.expert_min_score:.2f}: searched everything"
-            elif outside is not None:
+            elif checked and (outside := self._nearer_outside(q, index, scope, best, route)) is not None:
                 route.path, route.reason = "fallback", "nearer_outside_expert"
                 route.detail = (
                     f"a chunk outside expert {route.expert.name!r} scores {outside:.3f} > {best:.3f}, "
@@ -270,10 +270,8 @@ class AskPipeline:
         probe = min(self.config.expert_verify_lists, index.nlist // 8)  # a small share of the lists, always
         if probe <= 0:
             return None
-        inside = set(scope)
-        nearest = index.nearest_lists(q[0], range(index.nlist), probe + len(inside))  # ascending ids
-        order = np.argsort(-(index.centroids()[nearest] @ q[0]))  # nearest first
-        lists = [int(c) for c in nearest[order] if int(c) not in inside][:probe]
+        others = np.setdiff1d(np.arange(index.nlist), scope)  # [C - |scope|]
+        lists = index.nearest_lists(q[0], others, probe).tolist()
         if not lists:
             return None
         scores, _ = index.search(q, 1, lists)  # [1, 1]

@@ -25,26 +25,38 @@ Ints = npt.NDArray[np.int64]
 _BATCH = 16_384
 
 
+def _majority(owners: Ints, groups: Ints, tiebreak: Floats | None = None) -> tuple[Ints, Ints, npt.NDArray[np.bool_]]:
+    """Per (owner, group) pair of the rows: is it the owner's majority group?
+
+    -> (pairs [U, 2] sorted by owner, row -> pair [N], majority [U] bool: one per owner). Ties
+    go to the larger summed `tiebreak` [N], then to the smaller group id.
+    """
+    keys = np.stack([owners, groups], axis=1)  # [N, 2]
+    pairs, inverse, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
+    inverse = inverse.reshape(-1)
+    tie = np.zeros(len(pairs)) if tiebreak is None else np.bincount(inverse, weights=tiebreak, minlength=len(pairs))
+    order = np.lexsort((-tie, -counts, pairs[:, 0]))  # by owner, then most rows, then the tie-break
+    first = np.ones(len(order), dtype=bool)
+    first[1:] = pairs[order[1:], 0] != pairs[order[:-1], 0]
+    majority = np.zeros(len(pairs), dtype=bool)
+    majority[order[first]] = True
+    return pairs, inverse, majority
+
+
 def owner_groups(x: Floats, owners: Ints, centroids: Floats, groups: Ints) -> dict[int, int]:
     """owner id -> its group (-1 = none): the majority group of its vectors' nearest lists.
 
     x [N, D] unit vectors, owners [N], centroids [C, D], groups [C] (-1 = list in no group).
     """
+    pairs = _voted(x, owners, centroids, groups)
+    return {int(o): int(g) for o, g in pairs}
+
+
+def _voted(x: Floats, owners: Ints, centroids: Floats, groups: Ints) -> Ints:
+    """[O, 2] (owner, its group) sorted by owner: each vector votes with its nearest list."""
     nearest, best = _nearest(x, centroids)  # [N], [N]
-    voted = groups[nearest]  # [N]
-    # Score (count, summed similarity) per (owner, group): the count dominates, similarity breaks ties.
-    keys = np.stack([owners, voted], axis=1)  # [N, 2]
-    uniq, inverse = np.unique(keys, axis=0, return_inverse=True)
-    inverse = inverse.reshape(-1)
-    counts = np.bincount(inverse, minlength=len(uniq)).astype(np.float64)  # [U]
-    sims = np.bincount(inverse, weights=best.astype(np.float64), minlength=len(uniq))  # [U]
-    score = counts + sims / (counts.max(initial=1.0) * 4 + 1)  # similarity < one vote
-    out: dict[int, int] = {}
-    top: dict[int, float] = {}
-    for (owner, group), sc in zip(uniq.tolist(), score.tolist(), strict=True):
-        if sc > top.get(owner, -np.inf):
-            top[owner], out[owner] = sc, group
-    return out
+    pairs, _, majority = _majority(owners, np.asarray(groups, dtype=np.int64)[nearest], best.astype(np.float64))
+    return pairs[majority]
 
 
 def place(x: Floats, owners: Ints, centroids: Floats, groups: Ints) -> Ints:
@@ -53,8 +65,9 @@ def place(x: Floats, owners: Ints, centroids: Floats, groups: Ints) -> Ints:
     if len(x) == 0:
         return np.zeros(0, dtype=np.int64)
     groups = np.asarray(groups, dtype=np.int64)
-    chosen = owner_groups(x, owners, centroids, groups)
-    target = np.array([chosen[int(o)] for o in owners], dtype=np.int64)  # [N] group per vector
+    owners = np.asarray(owners, dtype=np.int64)
+    chosen = _voted(x, owners, centroids, groups)  # [O, 2] sorted by owner
+    target = chosen[np.searchsorted(chosen[:, 0], owners), 1]  # [N] group per vector
     out = np.empty(len(x), dtype=np.int64)
     for g in np.unique(target):
         rows = np.flatnonzero(target == g)
@@ -66,16 +79,7 @@ def place(x: Floats, owners: Ints, centroids: Floats, groups: Ints) -> Ints:
 
 def outside(owners: Ints, clusters: Ints, groups: Ints) -> npt.NDArray[np.bool_]:
     """[N] True for a vector outside its owner's majority group (what a scoped search cannot reach)."""
-    held = np.asarray(groups, dtype=np.int64)[clusters]  # [N] group of the list each vector is in
-    keys = np.stack([owners, held], axis=1)  # [N, 2]
-    uniq, inverse, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
-    inverse = inverse.reshape(-1)
-    # Per owner, the (owner, group) pair with most vectors is the majority; ties: the first.
-    order = np.lexsort((-counts, uniq[:, 0]))  # by owner, then count descending
-    first = np.ones(len(order), dtype=bool)
-    first[1:] = uniq[order[1:], 0] != uniq[order[:-1], 0]
-    majority = np.zeros(len(uniq), dtype=bool)
-    majority[order[first]] = True
+    _, inverse, majority = _majority(np.asarray(owners, dtype=np.int64), np.asarray(groups, dtype=np.int64)[clusters])
     return ~majority[inverse]
 
 

@@ -245,3 +245,37 @@ def test_kernel_scoped_search_matches_faiss_on_the_expert_path(client: TestClien
     client.post("/admin/api/clusters/assign", json={"cluster_ids": owned, "expert_id": None}, headers=AUTH)
     res = ask(client, question="x", mode="expert", expert=routed["experts"]["git"])
     assert res["route"]["reason"] == "expert_has_no_clusters"
+
+
+def test_remapping_re_places_a_stray_chunk_in_sql_and_in_the_index(client: TestClient, routed: dict[str, Any]) -> None:
+    import numpy as np
+
+    rt = client.app.state.runtime  # type: ignore[attr-defined]
+    git, sqlite = routed["experts"]["git"], routed["experts"]["sqlite"]
+    git_lists = [c for c, t in routed["topic_of"].items() if t == "git"]
+    sqlite_list = next(c for c, t in routed["topic_of"].items() if t == "sqlite")
+    long_doc = topic_doc("git", 99, paragraphs=24).encode()  # several chunks, all placed in git's lists
+    r = client.post("/documents", files={"file": ("git-long.md", long_doc, "text/markdown")}, headers=AUTH)
+    assert r.status_code == 201, r.text
+    with rt.sessions() as s:  # one of its chunks, pushed into sqlite's list as plain IVF might
+        chunks = s.scalars(select(Chunk).where(Chunk.document_id == r.json()["id"]).order_by(Chunk.id)).all()
+        assert len(chunks) >= 3 and all(c.cluster_id in git_lists for c in chunks)
+        cid, vector = chunks[0].id, np.frombuffer(chunks[0].embedding, dtype=np.float32)[None, :]
+    with rt.indexes.write_lock, rt.sessions.begin() as s:
+        s.get(Chunk, cid).cluster_id = sqlite_list
+        rt.indexes.index.remove([cid])
+        rt.indexes.index.add(vector, np.array([cid]), np.array([sqlite_list]))
+    leak = client.get("/admin/api/scope-leakage", headers=AUTH).json()
+    assert leak["chunks_outside"] == 1 and leak["per_cluster"] == {str(sqlite_list): 1}
+    assert {c["id"]: c["outside"] for c in client.get("/admin/api/clusters", headers=AUTH).json()}[sqlite_list] == 1
+
+    assigned = client.post(
+        "/admin/api/clusters/assign", json={"cluster_ids": git_lists, "expert_id": git}, headers=AUTH
+    ).json()
+    job = wait_job(client, assigned["realign_job"])
+    assert job["status"] == "done" and job["result"]["moved"] == 1, job
+    assert client.get("/admin/api/scope-leakage", headers=AUTH).json()["chunks_outside"] == 0
+    with rt.sessions() as s:
+        back = s.get(Chunk, cid).cluster_id
+    assert back in git_lists and rt.indexes.index.clusters_of(np.array([cid])).tolist() == [back]
+    assert rt.experts.profiles()[sqlite].clusters == (sqlite_list,)  # the mapping itself is untouched

@@ -118,3 +118,8 @@ def test_html_sections_are_structural() -> None:
 def test_html_deep_nesting_does_not_recurse() -> None:
     html = "<div>" * 5000 + "<p>deep text</p>" + "</div>" * 5000
     assert [b.text for b in parse(html.encode(), "deep.html").blocks] == ["deep text"]
+
+
+def test_html_pre_keeps_its_whitespace_and_prose_does_not() -> None:
+    doc = parse(b"<h1>T</h1><pre>a  b\n  c</pre><p>x   y\n z</p>", "t.html")
+    assert [b.text for b in doc.blocks] == ["a  b\n  c", "x y z"]

@@ -175,8 +175,6 @@ def propose(body: ProposeIn, rt: RuntimeDep) -> dict[str, object]:
                 p["expert_id"] = e.id
     if body.apply:
         rt.mapping_changed()
-    else:
-        rt.experts.invalidate()
     return {"proposals": proposals, "applied": body.apply}
 
 

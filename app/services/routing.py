@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,20 @@ Progress = Callable[[int, int], None]
 
 class NotTrainable(ValueError):
     pass
+
+
+@dataclass
+class _Corpus:
+    """What router training reads, in one session."""
+
+    expert_ids: list[int]  # class position -> expert id (the last class, "none", has no expert)
+    lists: Sequence[Any]  # (cluster id, centroid, expert id) by cluster id
+    rows: Sequence[Any]  # (cluster id, embedding, text, heading, document id) by chunk id
+    examples: Sequence[Any]  # (question, expert id)
+    labels: npt.NDArray[np.int64]  # [N] class of each chunk
+
+    def expert_of(self, label: int) -> int | None:
+        return self.expert_ids[label] if label < len(self.expert_ids) else None
 
 
 class RouterManager:
@@ -81,20 +96,49 @@ class RouterManager:
 
     # ---- training --------------------------------------------------------------------------------------
 
-    def sample_split(
-        self, texts: list[str], headings: list[str], documents: list[int], labels: list[int]
-    ) -> tuple[list[Sample], npt.NDArray[np.bool_], set[int]]:
-        """Query-like samples drawn from these chunks, which are held out (calibration), and the held documents.
+    def _corpus(self, exclude_documents: Collection[int] = ()) -> _Corpus:
+        """Experts, lists, chunks (labelled by their list's expert) and labelled questions, in one read."""
+        with self.sessions() as s:
+            expert_ids = list(s.scalars(select(Expert.id).order_by(Expert.id)))
+            lists = s.execute(select(Cluster.id, Cluster.centroid, Cluster.expert_id).order_by(Cluster.id)).all()
+            query = select(Chunk.cluster_id, Chunk.embedding, Chunk.text, Chunk.heading, Chunk.document_id).order_by(
+                Chunk.id
+            )
+            if exclude_documents:
+                query = query.where(Chunk.document_id.not_in(list(exclude_documents)))
+            rows = s.execute(query).all()
+            examples = s.execute(select(RouterExample.question, RouterExample.expert_id)).all()
+        if not expert_ids or not any(r[2] is not None for r in lists):
+            raise NotTrainable("map at least one cluster to an expert before training the router")
+        position = {e: i for i, e in enumerate(expert_ids)}
+        none = len(expert_ids)
+        list_class = {r[0]: position[r[2]] if r[2] is not None else none for r in lists}
+        labels = np.array([list_class.get(r[0], none) for r in rows], dtype=np.int64)
+        return _Corpus(expert_ids, lists, rows, examples, labels)
 
-        Held out by document: calibration then measures questions about documents the gate
-        never trained on, which is what real questions mostly are.
+    def _split(self, corpus: _Corpus) -> tuple[list[Sample], npt.NDArray[np.bool_], set[int]]:
+        """Query-like samples drawn from the chunks, which are held out (calibration), and the held documents.
+
+        Held out by document: calibration then measures documents the gate never trained on,
+        which is what real questions are mostly about.
         """
+        rows = corpus.rows
+        documents = [r[4] for r in rows]
+        texts, headings = [r[2] for r in rows], [r[3] for r in rows]
         samples = query_like_samples(texts, headings, self.settings.router_samples, seed=self.settings.router_seed)
-        held = held_out_documents(documents, labels, self.settings.router_holdout, seed=self.settings.router_seed)
+        held = held_out_documents(
+            documents, corpus.labels.tolist(), self.settings.router_holdout, seed=self.settings.router_seed
+        )
         calib = np.array([documents[smp.source] in held for smp in samples], dtype=bool)
         if not calib.any():  # too few documents to hold any out: hold out samples instead
             calib = np.random.default_rng(self.settings.router_seed).random(len(samples)) < self.settings.router_holdout
         return samples, calib, held
+
+    def labelled_samples(self) -> tuple[list[Sample], npt.NDArray[np.bool_], list[int | None]]:
+        """The samples training draws, which of them calibrate, and each one's expert id (None: no expert)."""
+        corpus = self._corpus()
+        samples, calib, _ = self._split(corpus)
+        return samples, calib, [corpus.expert_of(int(corpus.labels[smp.source])) for smp in samples]
 
     def training_set(
         self, progress: Progress | None = None, exclude_documents: Collection[int] = ()
@@ -105,33 +149,18 @@ class RouterManager:
         evaluation can then ask about documents the router never saw).
         """
         report = progress or (lambda d, t: None)
-        with self.sessions() as s:
-            expert_ids = list(s.scalars(select(Expert.id).order_by(Expert.id)))
-            mapping = {c: e for c, e in s.execute(select(Cluster.id, Cluster.expert_id))}
-            query = select(Chunk.cluster_id, Chunk.embedding, Chunk.text, Chunk.heading, Chunk.document_id).order_by(
-                Chunk.id
-            )
-            if exclude_documents:
-                query = query.where(Chunk.document_id.not_in(list(exclude_documents)))
-            rows = s.execute(query).all()
-            examples = s.execute(select(RouterExample.question, RouterExample.expert_id)).all()
-        if not expert_ids or not any(e is not None for e in mapping.values()):
-            raise NotTrainable("map at least one cluster to an expert before training the router")
-        position = {e: i for i, e in enumerate(expert_ids)}
-        none = len(expert_ids)
-        cluster_expert = {c: position[e] for c, e in mapping.items() if e is not None}
-        labels = np.array([cluster_expert.get(r[0], none) for r in rows], dtype=np.int64)
+        corpus = self._corpus(exclude_documents)
+        rows, labels, examples = corpus.rows, corpus.labels, corpus.examples
+        position = {e: i for i, e in enumerate(corpus.expert_ids)}
+        none = len(corpus.expert_ids)
         dim = self.embedder.dim
         chunk_x = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), dim)
 
-        documents = [r[4] for r in rows]
-        samples, sample_calib, held = self.sample_split(
-            [r[2] for r in rows], [r[3] for r in rows], documents, labels.tolist()
-        )
+        samples, sample_calib, held = self._split(corpus)
         # Chunks of held-out documents are not trained on: they calibrate, with the samples drawn
         # from them (samples alone are harder than real questions: the router came out
         # under-confident, ECE 0.11 on the dev questions; with the chunks 0.055).
-        held_chunks = np.array([d in held for d in documents], dtype=bool)
+        held_chunks = np.array([r[4] in held for r in rows], dtype=bool)
         texts = [smp.text for smp in samples] + [q for q, _ in examples]
         vectors = np.zeros((0, dim), dtype=np.float32)
         for start in range(0, len(texts), 256):  # embedded in slices so progress can be shown
@@ -139,8 +168,7 @@ class RouterManager:
             report(min(start + 256, len(texts)), len(texts))
         sample_y = np.array([labels[smp.source] for smp in samples], dtype=np.int64)
         example_y = np.array([position.get(e, none) for _, e in examples], dtype=np.int64)
-        # Held out: a share of the query-like samples and of the labelled questions (never chunks):
-        # the temperature is fitted on text shaped like questions, where it will be used.
+        # Labelled questions: a random share of them calibrates too.
         example_calib = (
             np.random.default_rng(self.settings.router_seed + 1).random(len(examples)) < self.settings.router_holdout
         )
@@ -154,12 +182,11 @@ class RouterManager:
             "examples": len(examples),
             "holdout": int(calib.sum()),
         }
-        with self.sessions() as s:
-            lists = s.execute(select(Cluster.id, Cluster.centroid, Cluster.expert_id).order_by(Cluster.id)).all()
+        lists = corpus.lists
         centroids = np.frombuffer(b"".join(r[1] for r in lists), dtype=np.float32).reshape(len(lists), dim)
-        list_class = np.array([position.get(r[2], none) if r[2] is not None else none for r in lists], dtype=np.int64)
+        list_class = np.array([position[r[2]] if r[2] is not None else none for r in lists], dtype=np.int64)
         data = TrainingSet(x.astype(np.float32), y, calib, none + 1, centroids, list_class)
-        return data, expert_ids, info
+        return data, corpus.expert_ids, info
 
     def train(
         self, progress: Progress | None = None, *, activate: bool = True, exclude_documents: Collection[int] = ()

@@ -103,11 +103,11 @@ const pages = {
     $("ov-load").innerHTML = bars(ov.load.map((l) => ({ label: l.expert, value: l.hits })));
   },
   async clusters() {
-    const [clusters, map, leak] = await Promise.all([api("GET", "/admin/api/clusters"), api("GET", "/admin/api/clusters-map"),
-      api("GET", "/admin/api/scope-leakage")]);
+    const [clusters, map] = await Promise.all([api("GET", "/admin/api/clusters"), api("GET", "/admin/api/clusters-map")]);
     state.clusters = clusters;
-    $("cl-leak").textContent = `Scope leakage: ${leak.chunks_outside} chunks (${(100 * leak.share).toFixed(2)}%) sit outside the expert that holds most of their document` +
-      (leak.chunks_outside ? " — remapping re-places them (a realign job)." : ".");
+    const outside = clusters.reduce((n, c) => n + c.outside, 0), total = clusters.reduce((n, c) => n + c.size, 0);
+    $("cl-leak").textContent = `Scope leakage: ${outside} chunks (${(100 * outside / Math.max(total, 1)).toFixed(2)}%) sit outside the expert that holds most of their document` +
+      (outside ? " — remapping re-places them (a realign job)." : ".");
     $("cl-map").innerHTML = scatter(map);
     document.querySelectorAll(".cluster-dot").forEach((d) => d.addEventListener("click", () => showCluster(+d.dataset.id)));
     $("cl-target").innerHTML = expertOptions(null);
