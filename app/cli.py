@@ -253,7 +253,9 @@ def cmd_router_eval(args: argparse.Namespace) -> None:
                 raise SystemExit(f"moerag: unknown expert {expert!r} in {args.file}")
             labels.append(position[eid])
             texts.append(r["question"])
-        logits = router.logits(rt.embedder.encode(texts))  # [Q, E+1]
+        q = rt.embedder.encode(texts)  # [Q, D]
+        neighbours, _ = router.probe(rt.indexes.index, q)
+        logits = router.logits(q, neighbours)  # [Q, E+1]
         metrics = evaluate(logits, torch.tensor(labels), router.temperature, rt.settings.route_threshold)
         keep = ("accuracy", "ece_before", "ece_after", "coverage_at_threshold", "accuracy_at_threshold")
         print(json.dumps({"questions": len(rows), "router_version": router.version_id} | {k: metrics[k] for k in keep}))

@@ -167,7 +167,7 @@ class Runtime:
             self._ingestor = Ingestor(self.sessions, emb, self._indexes, chunking)
             self._indexes.listeners.append(self.lexical.mark_dirty)
             self.lexical.refresh(force=True)
-            self._routers = RouterManager(s, self.sessions, emb)
+            self._routers = RouterManager(s, self.sessions, emb, lambda: self.indexes.index)
             self._routers.reload()
             self._pipeline = AskPipeline(
                 embedder=emb,

@@ -48,6 +48,12 @@ class Settings(BaseSettings):
     lexical_weight: float = Field(
         0.1, ge=0, description="BM25's weight against dense (1.0) in both paths' rank fusion."
     )
+    router_probe_lists: int = Field(
+        8,
+        ge=0,
+        description="The gate's vote: the question's nearest chunks in this many of its nearest lists (at most "
+        "1/8 of all) vote for their expert. 0 = no vote (the gate reads the question and the centroids only).",
+    )
     router_samples: int = Field(3000, ge=0, description="Query-like samples drawn from chunks per training.")
     router_holdout: float = Field(
         0.3, gt=0, lt=1, description="Share of documents held out (per expert) to calibrate the router on."

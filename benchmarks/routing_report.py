@@ -56,7 +56,10 @@ def router_figures(
     router = rt.routers.current()
     position = {e: i for i, e in enumerate(router.expert_ids)}
     labels = torch.tensor([position[ids[q["domain"]]] for q in questions])
-    quality = evaluate_router(router.logits(q_vecs), labels, router.temperature, rt.settings.route_threshold)
+    neighbours, _ = router.probe(rt.indexes.index, q_vecs)
+    quality = evaluate_router(
+        router.logits(q_vecs, neighbours), labels, router.temperature, rt.settings.route_threshold
+    )
     expert_path = [r.path == "expert" for r in routes]
     right = [r.expert is not None and r.expert.name == q["domain"] for r, q in zip(routes, questions, strict=True)]
     on_path = [ok for ok, e in zip(right, expert_path, strict=True) if e]

@@ -166,13 +166,13 @@ class AskPipeline:
             matrix = self.matrix()
             if matrix is not None:  # GPU deployments: the expert-sorted copy and the scoped kernel
                 scores, ids = matrix.search(q, [route.expert.id], n)  # [1, N]
-                route.vectors_scanned = matrix.sizes([route.expert.id])
+                route.vectors_scanned += matrix.sizes([route.expert.id])
             else:  # FAISS: only the expert's inverted lists (the nearest ones, when capped)
                 if cfg.expert_nprobe:
                     clusters = index.nearest_lists(q[0], scope, cfg.expert_nprobe).tolist()
                 scores, ids = index.search(q, n, clusters)  # [1, N]
-                route.vectors_scanned = index.scan_size(clusters)[1]
-            route.clusters_scanned = len(clusters)
+                route.vectors_scanned += index.scan_size(clusters)[1]
+            route.clusters_scanned += len(clusters)
             dense = [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True) if i >= 0]
             best = dense[0][1] if dense else float("-inf")
             checked = req.mode != "expert"  # a forced expert is searched as asked
@@ -194,7 +194,9 @@ class AskPipeline:
             n = max(cfg.candidates, k)
             _, ids = index.search(q, n)  # [1, N] exact, every cluster
             citations = self._fuse([int(i) for i in ids[0] if i >= 0], req.question, k, n, index, None)
-            route.clusters_scanned, route.vectors_scanned = index.scan_size()
+            lists, vectors = index.scan_size()
+            route.clusters_scanned += lists
+            route.vectors_scanned += vectors
         timings["retrieve"] = (time.perf_counter() - t) * 1000
 
         expert = route.expert if route.path == "expert" else None
@@ -206,7 +208,10 @@ class AskPipeline:
         cfg = self.config
         experts = self.experts()
         router = self.router()
-        decision = router.route(q, k=3)[0] if router is not None else None
+        neighbours, probed = None, 0
+        if router is not None and req.mode != "fallback":  # the gate's vote: one small IVF probe
+            neighbours, probed = router.probe(self.index(), q)
+        decision = router.route(q, k=3, neighbours=neighbours)[0] if router is not None else None
         top: list[tuple[ExpertProfile | None, float]] = []
         if decision is not None and router is not None:
             for cls, p in zip(decision.classes, decision.probs, strict=True):
@@ -223,7 +228,8 @@ class AskPipeline:
             expert: ExpertProfile | None,
             threshold: float = cfg.threshold,
         ) -> Route:
-            return Route(path, reason, detail, expert, confidence, top, threshold, version, entropy)
+            lists = router.probe_size[0] if neighbours is not None and router is not None else 0
+            return Route(path, reason, detail, expert, confidence, top, threshold, version, entropy, lists, probed)
 
         if req.mode == "fallback":
             return make("fallback", "forced", "fallback requested", None)

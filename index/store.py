@@ -196,6 +196,22 @@ class ClusteredIndex:
             scores, ids = self._ivf.search_preassigned(q, k, probe, None)
             return scores, ids
 
+    def search_nearest(self, q: Floats, k: int, nprobe: int) -> tuple[Floats, Ints, int]:
+        """IVF search of each question's own `nprobe` nearest lists (no shared state mutated).
+
+        q [Q, D] -> (scores [Q, K], ids [Q, K], vectors scanned in all); missing slots get id -1.
+        """
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        nq, nprobe = len(q), max(1, min(nprobe, self.nlist))
+        with self._lock:
+            _, nearest = self._ivf.quantizer.search(q, nprobe)  # [Q, P]
+            probe = np.full((nq, self.nlist), -1, dtype=np.int64)  # [Q, C], -1 = no list
+            probe[:, :nprobe] = nearest
+            scores, ids = self._ivf.search_preassigned(q, k, probe, None)
+            invlists = self._ivf.invlists
+            scanned = sum(int(invlists.list_size(int(c))) for c in nearest.ravel() if c >= 0)
+        return scores, ids, scanned
+
     # ---- persistence -------------------------------------------------------------------------
 
     def to_bytes(self) -> bytes:

@@ -163,3 +163,19 @@ def test_clusters_of_follows_writes(populated) -> None:  # type: ignore[no-untyp
     idx.remove(ids[10:20].tolist())
     idx.add(x[10:20], ids[10:20], moved)
     assert np.array_equal(idx.clusters_of(ids[10:20]), moved)
+
+
+def test_search_nearest_probes_each_questions_own_lists(populated) -> None:  # type: ignore[no-untyped-def]
+    idx, x, _, _ = populated
+    q = x[[0, 500, 2999]] + 0.01  # [3, D]
+    scores, found, scanned = idx.search_nearest(q, 5, 3)
+    sizes = idx.list_sizes()
+    expected_scanned = 0
+    for row in range(3):
+        lists = np.argsort(-(idx.centroids() @ q[row]))[:3]  # this question's 3 nearest lists
+        want_scores, want_ids = idx.search(q[row : row + 1], 5, lists)
+        assert found[row].tolist() == want_ids[0].tolist()
+        assert np.allclose(scores[row], want_scores[0])
+        expected_scanned += int(sizes[lists].sum())
+    assert scanned == expected_scanned
+    assert set(idx.clusters_of(found).ravel().tolist()) <= set(range(idx.nlist))

@@ -94,3 +94,25 @@ def test_a_route_beaten_by_a_chunk_outside_its_expert_is_checked() -> None:
     assert p._nearer_outside(q, index, [0, 5], best, route) is None
     p.config.expert_verify_lists = 0
     assert p._nearer_outside(q, index, [0], best, route) is None  # off
+
+
+def test_the_gates_vote_probes_the_index_and_can_settle_a_route() -> None:
+    """An unsure gate (git ~ sqlite) becomes sure when the question's nearest chunks all lie in git's lists."""
+    from index import ClusteredIndex
+
+    router = router_with_logits([0.0, 0.0, 0.0, -9.0], [1, 2, 3])
+    centroids = np.eye(4, dtype=np.float32)  # 4 lists, one per axis
+    router.net.set_lists(centroids, np.array([0, 0, 1, 3], dtype=np.int64))  # lists 0, 1: git; 2: sqlite
+    index = ClusteredIndex.create(centroids, "v")
+    near = np.full((3, 4), 0.5, dtype=np.float32)  # the question itself, three times
+    far = np.eye(4, dtype=np.float32)[[2, 2]]
+    index.add(np.concatenate([near, far]), np.arange(5), np.array([0, 0, 1, 2, 2]))
+    p = pipeline(router, EXPERTS)
+    p.index = lambda: index
+    q = np.full((1, 4), 0.5, dtype=np.float32)
+    assert p._route(q, AskRequest("q")).reason == "low_confidence"  # vote weight 0: no probe
+    router.net.vote_params.copy_(torch.tensor([3.0, 4.0, 3.0, 20.0, 0.01]))  # probe 4 lists, 3 chunks vote
+    route = p._route(q, AskRequest("q"))
+    assert (route.path, route.reason, route.expert.id if route.expert else None) == ("expert", "confident", 1)
+    assert route.clusters_scanned == 4 and route.vectors_scanned == 5  # the probe is counted as work
+    assert p._route(q, AskRequest("q", mode="fallback")).vectors_scanned == 0  # no gate, no probe

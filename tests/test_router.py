@@ -99,3 +99,60 @@ def test_held_out_documents_are_whole_and_every_expert_keeps_training_documents(
     assert held == held_out_documents(documents, labels, 0.3, seed=0)  # deterministic
     assert len(held & set(range(1, 11))) == 3 and len(held & {11, 12, 13}) == 1
     assert 20 not in held  # the only document of its label stays in training
+
+
+def test_vote_evidence_shares_and_empty_rows() -> None:
+    from engine.router import vote_evidence
+
+    scores = torch.tensor([[0.9, 0.9, 0.5], [0.8, -torch.inf, -torch.inf], [-torch.inf, -torch.inf, -torch.inf]])
+    classes = torch.tensor([[0, 1, 1], [2, -1, -1], [-1, -1, -1]])
+    share = vote_evidence(scores, classes, 3, sharpness=10.0, alpha=0.0 + 1e-9).exp()  # [3, 3]
+    far = float(np.exp(-4.0))  # 0.5 is 0.4 below the best: weight e^(-10 * 0.4)
+    assert share[0].tolist() == pytest.approx([1 / (2 + far), (1 + far) / (2 + far), 0.0], abs=1e-6)
+    assert share[1].tolist() == pytest.approx([0.0, 0.0, 1.0], abs=1e-6)  # empty slots do not vote
+    assert share[2].tolist() == pytest.approx([1 / 3] * 3)  # no hits: uniform, which the softmax ignores
+    smoothed = vote_evidence(scores, classes, 3, sharpness=10.0, alpha=0.5).exp()
+    assert float(smoothed[1, 0]) == pytest.approx(0.5 / 2.5) and torch.allclose(smoothed.sum(1), torch.ones(3))
+
+
+def test_without_self_drops_the_own_id_or_the_last() -> None:
+    from engine.router import without_self
+
+    scores = np.array([[0.9, 0.8, 0.7], [0.9, 0.8, 0.7], [0.9, -np.inf, -np.inf]], dtype=np.float32)
+    ids = np.array([[5, 6, 7], [1, 2, 3], [4, -1, -1]], dtype=np.int64)
+    s, i = without_self(scores, ids, np.array([6, 9, -1]), 2)
+    assert i.tolist() == [[5, 7], [1, 2], [4, -1]]
+    assert s[0].tolist() == pytest.approx([0.9, 0.7])
+
+
+def test_the_vote_is_fitted_and_travels_with_the_router() -> None:
+    """Neighbours whose lists belong to the true class: the fit gives the vote weight, routing uses it."""
+    x, y = blobs(150, 3, spread=1.5)  # overlapping: the MLP alone is unsure
+    calib = np.random.default_rng(1).random(len(y)) < 0.4
+    held = int(calib.sum())
+    lists = np.where(np.random.default_rng(2).random((held, 5)) < 0.8, y[calib][:, None], (y[calib][:, None] + 1) % 3)
+    scores = np.full((held, 5), 0.8, dtype=np.float32)
+    data = TrainingSet(
+        x, y, calib, 3, x[:3].copy(), np.arange(3, dtype=np.int64), neighbours=(scores, lists), probe=(2, 5)
+    )
+    net, t, metrics = train(data, TrainConfig(hidden=16, epochs=5))
+    assert metrics["vote_weight"] > 0 and metrics["accuracy"] > 0.9
+    router = Router(net, t, expert_ids=[10, 20])
+    assert router.probe_size == (2, 5)
+    neighbours = (scores[:4], lists[:4])
+    with_votes = router.logits(x[calib][:4], neighbours)
+    assert not torch.allclose(with_votes, router.logits(x[calib][:4]))
+    restored = Router.from_state(router.state_bytes(), dim=16, hidden=16, expert_ids=[10, 20], temperature=t)
+    assert restored.probe_size == (2, 5)
+    assert torch.allclose(restored.logits(x[calib][:4], neighbours), with_votes)
+
+
+def test_a_router_saved_before_the_vote_loads_without_one() -> None:
+    x, y = blobs(40, 2)
+    net, t, _ = train(TrainingSet(x, y, np.arange(len(y)) % 3 == 0, 2), TrainConfig(hidden=8, epochs=2))
+    state = {k: v for k, v in net.state_dict().items() if k != "vote_params"}
+    buf = __import__("io").BytesIO()
+    torch.save(state, buf)
+    old = Router.from_state(buf.getvalue(), dim=16, hidden=8, expert_ids=[1], temperature=t)
+    assert old.probe_size == (0, 0)
+    assert torch.allclose(old.logits(x[:3]), Router(net, t, [1]).logits(x[:3]))

@@ -17,8 +17,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.models import Chunk, Cluster, Expert, RouterExample, RouterVersion
 from app.settings import Settings
 from engine.embedder import Embedder
-from engine.router import Router, TrainConfig, TrainingSet, train
+from engine.router import VOTE_CHUNKS, Router, TrainConfig, TrainingSet, train, without_self
 from engine.samples import Sample, held_out_documents, query_like_samples
+from index.store import ClusteredIndex
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int, int], None]
@@ -34,7 +35,7 @@ class _Corpus:
 
     expert_ids: list[int]  # class position -> expert id (the last class, "none", has no expert)
     lists: Sequence[Any]  # (cluster id, centroid, expert id) by cluster id
-    rows: Sequence[Any]  # (cluster id, embedding, text, heading, document id) by chunk id
+    rows: Sequence[Any]  # (cluster id, embedding, text, heading, document id, chunk id) by chunk id
     examples: Sequence[Any]  # (question, expert id)
     labels: npt.NDArray[np.int64]  # [N] class of each chunk
 
@@ -43,8 +44,15 @@ class _Corpus:
 
 
 class RouterManager:
-    def __init__(self, settings: Settings, sessions: sessionmaker[Session], embedder: Embedder) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        sessions: sessionmaker[Session],
+        embedder: Embedder,
+        index: Callable[[], ClusteredIndex] | None = None,
+    ) -> None:
         self.settings, self.sessions, self.embedder = settings, sessions, embedder
+        self.index = index  # for the gate's vote: None trains a gate without one
         self._router: Router | None = None
         self._checked = 0.0
         self._lock = threading.Lock()
@@ -101,9 +109,9 @@ class RouterManager:
         with self.sessions() as s:
             expert_ids = list(s.scalars(select(Expert.id).order_by(Expert.id)))
             lists = s.execute(select(Cluster.id, Cluster.centroid, Cluster.expert_id).order_by(Cluster.id)).all()
-            query = select(Chunk.cluster_id, Chunk.embedding, Chunk.text, Chunk.heading, Chunk.document_id).order_by(
-                Chunk.id
-            )
+            query = select(
+                Chunk.cluster_id, Chunk.embedding, Chunk.text, Chunk.heading, Chunk.document_id, Chunk.id
+            ).order_by(Chunk.id)
             if exclude_documents:
                 query = query.where(Chunk.document_id.not_in(list(exclude_documents)))
             rows = s.execute(query).all()
@@ -186,7 +194,29 @@ class RouterManager:
         centroids = np.frombuffer(b"".join(r[1] for r in lists), dtype=np.float32).reshape(len(lists), dim)
         list_class = np.array([position[r[2]] if r[2] is not None else none for r in lists], dtype=np.int64)
         data = TrainingSet(x.astype(np.float32), y, calib, none + 1, centroids, list_class)
+        # Each held-out row's own chunk (a sample's source; none for a labelled question) is not
+        # its own neighbour: the vote is fitted as questions meet it, on other chunks.
+        own = np.concatenate(
+            [
+                np.array([r[5] for r in rows], dtype=np.int64),
+                np.array([rows[smp.source][5] for smp in samples], dtype=np.int64),
+                np.full(len(examples), -1, dtype=np.int64),
+            ]
+        )
+        self._probe(data, own)
         return data, corpus.expert_ids, info
+
+    def _probe(self, data: TrainingSet, own: npt.NDArray[np.int64]) -> None:
+        """The held-out rows' nearest chunks (themselves excluded), for fitting the gate's vote."""
+        index = self.index() if self.index is not None else None
+        lists = min(self.settings.router_probe_lists, index.nlist // 8) if index is not None else 0
+        if index is None or lists <= 0 or index.ntotal <= VOTE_CHUNKS:
+            return
+        held = np.flatnonzero(data.calib)  # [H]
+        scores, ids, _ = index.search_nearest(data.x[held], VOTE_CHUNKS + 1, lists)  # [H, M+1]
+        scores, ids = without_self(scores, ids, own[held], VOTE_CHUNKS)  # [H, M]
+        data.neighbours = (scores, index.clusters_of(ids))
+        data.probe = (lists, VOTE_CHUNKS)
 
     def train(
         self, progress: Progress | None = None, *, activate: bool = True, exclude_documents: Collection[int] = ()
