@@ -51,6 +51,7 @@ def router_figures(
     rt: Any, questions: list[dict[str, str]], q_vecs: np.ndarray, ids: dict[str, int], routes: list[Any]
 ) -> dict[str, Any]:
     """The active router on the questions: accuracy, calibration, the expert path's share and precision."""
+    from engine.calibration import ece_noise_floor
     from engine.router import evaluate as evaluate_router
 
     router = rt.routers.current()
@@ -60,6 +61,8 @@ def router_figures(
     quality = evaluate_router(
         router.logits(q_vecs, neighbours), labels, router.temperature, rt.settings.route_threshold
     )
+    conf = torch.softmax(router.logits(q_vecs, neighbours) / router.temperature, -1).max(-1).values  # [Q]
+    floor = ece_noise_floor(conf)
     expert_path = [r.path == "expert" for r in routes]
     right = [r.expert is not None and r.expert.name == q["domain"] for r, q in zip(routes, questions, strict=True)]
     on_path = [ok for ok, e in zip(right, expert_path, strict=True) if e]
@@ -76,6 +79,8 @@ def router_figures(
         "accuracy": round(quality["accuracy"], 3),
         "ece_before": round(quality["ece_before"], 4),
         "ece_after": round(quality["ece_after"], 4),
+        # What a perfectly calibrated gate with these confidences would show on this many questions.
+        "ece_if_calibrated": {k: round(v, 4) for k, v in floor.items()},
         "temperature": round(router.temperature, 3),
         "coverage_at_threshold": round(quality["coverage_at_threshold"], 3),
         "accuracy_at_threshold": round(quality["accuracy_at_threshold"], 3),
@@ -95,14 +100,15 @@ def markdown(result: dict[str, Any]) -> str:
     for name, d in result["routed_minus"].items():
         ci = f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"
         lines.append(f"| {name} | {d['diff']:+.3f} | {ci} | {d['a_only']} / {d['b_only']} |")
-    lines += ["", "| router | accuracy | expert-path share | right on path | ECE | temperature |"]
-    lines += ["|---|---|---|---|---|---|"]
+    lines += ["", "| router | accuracy | expert-path share | right on path | ECE | ECE if calibrated (mean, p95) | T |"]
+    lines += ["|---|---|---|---|---|---|---|"]
     for key in ("router", "router_faq_blind"):
         if key in result:
             r = result[key]
             lines.append(
                 f"| {key} | {r['accuracy']} | {r['expert_path_share']} | {r['expert_path_accuracy']} | "
-                f"{r['ece_after']} | {r['temperature']} |"
+                f"{r['ece_after']} | {r['ece_if_calibrated']['mean']}, {r['ece_if_calibrated']['p95']} | "
+                f"{r['temperature']} |"
             )
     domains = result["per_domain_hit@10"]
     names = [n for n in next(iter(domains.values())) if n != "questions"]

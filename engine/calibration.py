@@ -48,6 +48,22 @@ def confidence_ece(conf: torch.Tensor, correct: torch.Tensor, bins: int = ECE_BI
     return float(ece)
 
 
+def ece_noise_floor(conf: torch.Tensor, rounds: int = 2000, seed: int = 0) -> dict[str, float]:
+    """ECE that a perfectly calibrated model with these confidences conf [N] would show on N questions.
+
+    Outcomes are drawn right with probability conf; the mean and 95th percentile of their ECE
+    say how small an ECE this many questions can show at all (with 174 questions and the
+    router's confidences, about 0.05: a measured ECE near it is noise, not miscalibration).
+    """
+    if len(conf) == 0:
+        return {"mean": 0.0, "p95": 0.0}
+    g = torch.Generator().manual_seed(seed)
+    draws = torch.tensor(
+        [confidence_ece(conf, (torch.rand(len(conf), generator=g) < conf).float()) for _ in range(rounds)]
+    )  # [rounds]
+    return {"mean": float(draws.mean()), "p95": float(torch.quantile(draws, 0.95))}
+
+
 def reliability(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS) -> list[dict[str, float]]:
     """Per-bin confidence, accuracy and count, for the console's reliability diagram."""
     conf, pred = probs.max(dim=1)

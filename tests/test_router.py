@@ -156,3 +156,11 @@ def test_a_router_saved_before_the_vote_loads_without_one() -> None:
     old = Router.from_state(buf.getvalue(), dim=16, hidden=8, expert_ids=[1], temperature=t)
     assert old.probe_size == (0, 0)
     assert torch.allclose(old.logits(x[:3]), Router(net, t, [1]).logits(x[:3]))
+
+
+def test_ece_noise_floor_shrinks_with_more_questions() -> None:
+    from engine.calibration import ece_noise_floor
+
+    few = ece_noise_floor(torch.full((50,), 0.8), rounds=300)
+    many = ece_noise_floor(torch.full((5000,), 0.8), rounds=300)
+    assert 0.02 < few["mean"] < 0.1 and many["mean"] < 0.01 and few["p95"] >= few["mean"]
