@@ -6,11 +6,12 @@ import hmac
 import time
 from typing import Annotated
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Header, Path, Query, Request
 
 from app.auth import SESSION_COOKIE, csrf_token, session_valid, token_matches
 from app.errors import ApiError
 from app.runtime import Runtime
+from app.schemas import INT64_MAX
 
 
 def get_runtime(request: Request) -> Runtime:
@@ -22,6 +23,8 @@ def get_runtime(request: Request) -> Runtime:
 
 
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
+IdPath = Annotated[int, Path(ge=0, le=INT64_MAX)]  # an id in a URL: beyond int64 it is a 422, not a 500
+Offset = Annotated[int, Query(ge=0, le=INT64_MAX)]
 
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 

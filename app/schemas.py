@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+INT64_MAX = 2**63 - 1  # the largest id, offset or cluster a request may name (SQL BIGINT, FAISS ids)
+# Integers in request bodies are strict: "5", true and 5.0 are not numbers here.
+Id = Annotated[int, Field(strict=True, ge=0, le=INT64_MAX)]
 
 
 class TextDocumentIn(BaseModel):
@@ -95,8 +99,8 @@ class SearchIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     query: str = Field(min_length=1, max_length=4000)
-    k: int = Field(10, ge=1, le=200)
-    clusters: list[int] | None = Field(None, description="Scan only these clusters; null scans all.")
+    k: int = Field(10, strict=True, ge=1, le=200)
+    clusters: list[Id] | None = Field(None, description="Scan only these clusters; null scans all.")
 
 
 class SearchHit(BaseModel):
@@ -141,9 +145,9 @@ class AskIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     question: str = Field(min_length=1)
-    top_k: int | None = Field(None, ge=1)
+    top_k: int | None = Field(None, strict=True, ge=1)
     mode: Literal["auto", "expert", "fallback"] = "auto"
-    expert: int | None = Field(None, description="Expert id for mode=expert (default: the router's top expert).")
+    expert: Id | None = Field(None, description="Expert id for mode=expert (default: the router's top expert).")
     generate: bool = True
     stream: bool = False
 
@@ -174,7 +178,7 @@ class ExpertIn(BaseModel):
     description: str = ""
     system_prompt: str = ""
     generator: str = "extractive"
-    top_k: int = Field(5, ge=1, le=50)
+    top_k: int = Field(5, strict=True, ge=1, le=50)
     threshold: float | None = Field(None, ge=0, le=1)
 
 
@@ -185,7 +189,7 @@ class ExpertPatch(BaseModel):
     description: str | None = None
     system_prompt: str | None = None
     generator: str | None = None
-    top_k: int | None = Field(None, ge=1, le=50)
+    top_k: int | None = Field(None, strict=True, ge=1, le=50)
     threshold: float | None = Field(None, ge=0, le=1)
 
 
@@ -216,20 +220,20 @@ class ClusterDetail(ClusterOut):
 class ClusterPut(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    expert_id: int | None
+    expert_id: Id | None
 
 
 class AssignIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    cluster_ids: list[int] = Field(min_length=1)
-    expert_id: int | None
+    cluster_ids: list[Id] = Field(min_length=1)
+    expert_id: Id | None
 
 
 class ProposeIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    n: int = Field(6, ge=1, le=500)
+    n: int = Field(6, strict=True, ge=1, le=500)
     apply: bool = Field(False, description="Create the proposed experts and map their clusters.")
 
 
@@ -237,7 +241,7 @@ class ExampleIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     question: str = Field(min_length=1, max_length=4000)
-    expert_id: int
+    expert_id: Id
 
 
 class TrainIn(BaseModel):
@@ -275,7 +279,7 @@ class QuestionOut(BaseModel):
 class LabelIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    expert_id: int
+    expert_id: Id
 
 
 class ExampleTry(BaseModel):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -58,7 +60,13 @@ def choose_dtype(requested: str, device: str) -> torch.dtype:
 
 
 class Embedder:
-    """Wraps a SentenceTransformer: normalised float32 vectors, exact token counts."""
+    """Wraps a SentenceTransformer: normalised float32 vectors, exact token counts; safe across threads.
+
+    A fast tokenizer keeps its padding and truncation settings as state, set by every call:
+    counting (no padding, no truncation) racing an encode (both) made the encode fail to build
+    its tensors. Counting has its own tokenizer copy, and each kind of call is serialised by a
+    lock of its own (encode was already one at a time in effect: torch uses every core).
+    """
 
     def __init__(
         self,
@@ -86,6 +94,9 @@ class Embedder:
         # Token budget for one text: the model's window less its [CLS] and [SEP].
         self.max_tokens = int(self.model.max_seq_length or 256) - 2
         self.name = path.name if model_path else "all-MiniLM-L6-v2"
+        self._counter = copy.deepcopy(self.model.tokenizer)  # counting's own state
+        self._count_lock = threading.Lock()
+        self._encode_lock = threading.Lock()
         log.info("embedder %s loaded from %s (dim %d, %s)", self.name, path, self.dim, self.dtype_name)
 
     @property
@@ -95,21 +106,22 @@ class Embedder:
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         if not texts:
             return []
-        enc = self.model.tokenizer(
-            list(texts),
-            add_special_tokens=False,
-            truncation=False,
-            return_attention_mask=False,
-            return_token_type_ids=False,
-            verbose=False,
-        )
+        with self._count_lock:
+            enc = self._counter(
+                list(texts),
+                add_special_tokens=False,
+                truncation=False,
+                return_attention_mask=False,
+                return_token_type_ids=False,
+                verbose=False,
+            )
         return [len(ids) for ids in enc["input_ids"]]
 
     def encode(self, texts: Sequence[str]) -> Vectors:
         """[N, D] float32, L2-normalised (inner product = cosine)."""
         if not texts:
             return np.zeros((0, self.dim), dtype=np.float32)
-        with torch.inference_mode():
+        with self._encode_lock, torch.inference_mode():
             out = self.model.encode(
                 list(texts),
                 batch_size=self.batch_size,

@@ -32,3 +32,21 @@ def test_dtype_choice() -> None:
 def test_missing_model_path_is_a_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(FileNotFoundError, match="not found"):
         Embedder(tmp_path / "nope")
+
+
+def test_counting_and_encoding_are_safe_across_threads(embedder) -> None:  # type: ignore[no-untyped-def]
+    """Issue 11 #2: count_tokens (no padding) and encode (padding) once shared tokenizer state."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    texts = [("word " * n).strip() for n in (3, 400, 7, 120, 1, 900)]  # uneven, some past the window
+    want_counts = embedder.count_tokens(texts)
+    want_vecs = embedder.encode(texts)
+
+    def work(i: int) -> bool:
+        if i % 2:
+            return embedder.count_tokens(texts) == want_counts
+        return bool(np.allclose(embedder.encode(texts), want_vecs, atol=2e-2))
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(work, range(200)))
+    assert all(results)

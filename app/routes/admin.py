@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Response
 from sqlalchemy import func, select
 from starlette.concurrency import run_in_threadpool
 
-from app.deps import AdminDep, RuntimeDep
+from app.deps import AdminDep, IdPath, Offset, RuntimeDep
 from app.errors import ApiError
 from app.models import Chunk, Cluster, Document, Expert, QueryLog, RouterExample, RouterVersion
 from app.schemas import (
@@ -75,7 +75,9 @@ def scope_leakage(rt: RuntimeDep) -> ScopeLeakageOut:
 
 
 @router.get("/clusters/{cluster_id}", response_model=ClusterDetail)
-def cluster_detail(cluster_id: int, rt: RuntimeDep, samples: Annotated[int, Query(ge=0, le=50)] = 5) -> ClusterDetail:
+def cluster_detail(
+    cluster_id: IdPath, rt: RuntimeDep, samples: Annotated[int, Query(ge=0, le=50)] = 5
+) -> ClusterDetail:
     with rt.sessions() as s:
         c = s.get(Cluster, cluster_id)
         if c is None:
@@ -98,7 +100,7 @@ def cluster_detail(cluster_id: int, rt: RuntimeDep, samples: Annotated[int, Quer
 
 
 @router.put("/clusters/{cluster_id}", response_model=ClusterOut)
-def put_cluster(cluster_id: int, body: ClusterPut, rt: RuntimeDep) -> ClusterOut:
+def put_cluster(cluster_id: IdPath, body: ClusterPut, rt: RuntimeDep) -> ClusterOut:
     with rt.sessions.begin() as s:
         expert_service.assign_clusters(s, [cluster_id], body.expert_id)
     rt.mapping_changed()
@@ -143,7 +145,7 @@ def create_expert(body: ExpertIn, rt: RuntimeDep) -> ExpertOut:
 
 
 @router.patch("/experts/{expert_id}", response_model=ExpertOut)
-def patch_expert(expert_id: int, body: ExpertPatch, rt: RuntimeDep) -> ExpertOut:
+def patch_expert(expert_id: IdPath, body: ExpertPatch, rt: RuntimeDep) -> ExpertOut:
     with rt.sessions.begin() as s:
         expert_service.update_expert(s, expert_id, body.model_dump(exclude_unset=True))
     rt.experts.invalidate()
@@ -151,7 +153,7 @@ def patch_expert(expert_id: int, body: ExpertPatch, rt: RuntimeDep) -> ExpertOut
 
 
 @router.delete("/experts/{expert_id}", status_code=204)
-def delete_expert(expert_id: int, rt: RuntimeDep) -> Response:
+def delete_expert(expert_id: IdPath, rt: RuntimeDep) -> Response:
     with rt.sessions.begin() as s:
         expert_service.delete_expert(s, expert_id)
     rt.mapping_changed()
@@ -194,7 +196,7 @@ def router_versions(rt: RuntimeDep) -> list[RouterVersionOut]:
 
 
 @router.post("/router/versions/{version_id}/activate")
-async def activate(version_id: int, rt: RuntimeDep) -> dict[str, int]:
+async def activate(version_id: IdPath, rt: RuntimeDep) -> dict[str, int]:
     try:
         await run_in_threadpool(rt.routers.activate, version_id)
     except LookupError as exc:
@@ -221,7 +223,7 @@ def add_examples(body: list[ExampleIn], rt: RuntimeDep) -> dict[str, int]:
 def questions(
     rt: RuntimeDep,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
 ) -> list[QuestionOut]:
     with rt.sessions() as s:
         rows = s.scalars(select(QueryLog).order_by(QueryLog.id.desc()).offset(offset).limit(limit))
@@ -229,7 +231,7 @@ def questions(
 
 
 @router.post("/questions/{query_id}/label")
-def label_question(query_id: int, body: LabelIn, rt: RuntimeDep) -> dict[str, int]:
+def label_question(query_id: IdPath, body: LabelIn, rt: RuntimeDep) -> dict[str, int]:
     """An operator marks the right expert: the question becomes router training data."""
     with rt.sessions.begin() as s:
         q = s.get(QueryLog, query_id)

@@ -8,7 +8,7 @@ from sqlalchemy import func, select
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from app.deps import AdminDep, RuntimeDep
+from app.deps import AdminDep, IdPath, Offset, RuntimeDep
 from app.errors import ApiError
 from app.models import Chunk, Document
 from app.routes.uploads import check_declared_length, read_upload_file, upload_from_request
@@ -115,7 +115,7 @@ async def bulk_ingest(request: Request, rt: RuntimeDep) -> JobOut:
 @router.get("/documents", response_model=DocumentPage)
 def list_documents(
     rt: RuntimeDep,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Offset = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> DocumentPage:
     with rt.sessions() as s:
@@ -133,7 +133,7 @@ def list_documents(
 
 
 @router.get("/documents/{document_id}", response_model=DocumentDetail)
-def get_document(document_id: int, rt: RuntimeDep) -> DocumentDetail:
+def get_document(document_id: IdPath, rt: RuntimeDep) -> DocumentDetail:
     with rt.sessions() as s:
         doc = s.get(Document, document_id)
         if doc is None:
@@ -143,7 +143,7 @@ def get_document(document_id: int, rt: RuntimeDep) -> DocumentDetail:
 
 
 @router.put("/documents/{document_id}", response_model=IngestOut, dependencies=[AdminDep], openapi_extra=_UPLOAD_BODY)
-async def replace_document(document_id: int, request: Request, rt: RuntimeDep) -> IngestOut:
+async def replace_document(document_id: IdPath, request: Request, rt: RuntimeDep) -> IngestOut:
     """New content for an existing document; its id stays, its chunks are replaced."""
     upload = await upload_from_request(request, rt.settings.max_upload_bytes)
     outcome = await run_in_threadpool(rt.ingestor.update, document_id, upload)
@@ -151,13 +151,13 @@ async def replace_document(document_id: int, request: Request, rt: RuntimeDep) -
 
 
 @router.delete("/documents/{document_id}", response_model=DeletedOut, dependencies=[AdminDep])
-def delete_document(document_id: int, rt: RuntimeDep) -> DeletedOut:
+def delete_document(document_id: IdPath, rt: RuntimeDep) -> DeletedOut:
     n = rt.ingestor.delete(document_id)
     return DeletedOut(id=document_id, deleted=True, chunks=n)
 
 
 @router.get("/chunks/{chunk_id}", response_model=ChunkOut)
-def get_chunk(chunk_id: int, rt: RuntimeDep) -> ChunkOut:
+def get_chunk(chunk_id: IdPath, rt: RuntimeDep) -> ChunkOut:
     with rt.sessions() as s:
         c = s.get(Chunk, chunk_id)
         if c is None:

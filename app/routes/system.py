@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
-from app.deps import RuntimeDep
+from app.deps import IdPath, RuntimeDep
 from app.models import Job
 from app.runtime import Runtime
 from app.schemas import JobOut, SearchHit, SearchIn, SearchOut, StatsOut
@@ -62,7 +62,7 @@ def list_jobs(rt: RuntimeDep, limit: Annotated[int, Query(ge=1, le=200)] = 20) -
 
 
 @router.get("/jobs/{job_id}", response_model=JobOut, tags=["jobs"])
-def get_job(job_id: int, rt: RuntimeDep) -> JobOut:
+def get_job(job_id: IdPath, rt: RuntimeDep) -> JobOut:
     with rt.sessions() as s:
         job = s.get(Job, job_id)
         if job is None:

@@ -1,0 +1,47 @@
+"""Issue 11: requests that name numbers beyond int64, or numbers that are not numbers, get a JSON 422."""
+
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.conftest import AUTH
+
+BIG = 2**63  # one past SQL BIGINT: once a plain-text 500 (OverflowError) and a closed connection
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("GET", f"/documents/{BIG}"),
+        ("GET", f"/chunks/{BIG}"),
+        ("GET", f"/jobs/{BIG}"),
+        ("GET", f"/documents?offset={BIG}"),
+        ("GET", f"/admin/api/questions?offset={BIG}"),
+        ("GET", f"/admin/api/clusters/{BIG}"),
+        ("DELETE", f"/documents/{BIG}"),
+        ("DELETE", f"/admin/api/experts/{BIG}"),
+        ("POST", f"/admin/api/router/versions/{BIG}/activate"),
+    ],
+)
+def test_ids_beyond_int64_are_422(client: TestClient, method: str, path: str) -> None:
+    r = client.request(method, path, headers=AUTH)
+    assert r.status_code == 422, (path, r.text)
+    assert r.json()["error"]["code"] == "invalid_request"
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/search", {"query": "x", "clusters": [BIG]}),
+        ("/search", {"query": "x", "clusters": [False]}),
+        ("/search", {"query": "x", "k": "5"}),
+        ("/ask", {"question": "x", "top_k": "5"}),
+        ("/ask", {"question": "x", "top_k": True}),
+        ("/ask", {"question": "x", "expert": BIG}),
+        ("/admin/api/clusters/assign", {"cluster_ids": [BIG], "expert_id": None}),
+        ("/admin/api/clusters/assign", {"cluster_ids": [0], "expert_id": "1"}),
+    ],
+)
+def test_bodies_with_out_of_range_or_lax_numbers_are_422(client: TestClient, path: str, body: dict) -> None:  # type: ignore[type-arg]
+    r = client.post(path, json=body, headers=AUTH)
+    assert r.status_code == 422, (path, body, r.text)
+    assert r.json()["error"]["code"] == "invalid_request"
