@@ -31,6 +31,7 @@ from app.services.routing import RouterManager
 from app.settings import Settings
 from engine.chunking import ChunkingConfig
 from engine.embedder import Embedder
+from engine.errors import InvalidSetting
 from engine.expert_matrix import ExpertMatrix
 from engine.generators import ExtractiveGenerator, Generator, GeneratorError, OpenAIGenerator
 from engine.pipeline import AskPipeline, PipelineConfig
@@ -134,6 +135,13 @@ class Runtime:
             key = s.openai_api_key.get_secret_value() if s.openai_api_key else ""
             return OpenAIGenerator(s.openai_base_url, model, key)
         raise GeneratorError(f"unknown generator {name!r}; use extractive, openai or openai:MODEL")
+
+    def check_generator(self, name: str) -> None:
+        """A generator name an expert may be given: it resolves here, or InvalidSetting (422)."""
+        try:
+            self.generator(name)
+        except GeneratorError as exc:
+            raise InvalidSetting(str(exc)) from None
 
     # ---- life cycle ----------------------------------------------------------------------------------
 

@@ -27,3 +27,9 @@ class UndecodableDocument(InputError):
 
 class CorruptDocument(InputError):
     code = "corrupt_document"
+
+
+class InvalidSetting(InputError):
+    """A setting names something that does not exist here (a generator, a model)."""
+
+    code = "invalid_setting"

@@ -7,6 +7,7 @@ declares to be data, never instructions.
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from collections.abc import Iterator, Sequence
@@ -45,14 +46,24 @@ def generate(gen: Generator, question: str, passages: Sequence[Passage], system_
     return "".join(gen.stream(question, passages, system_prompt))
 
 
-def _escape(text: str) -> str:
-    # A passage must not be able to close its own delimiter and speak as the prompt.
-    return text.replace("</passage>", "</ passage>").replace("<passage", "< passage")
+# Anything a reader could take for a passage tag, in any case and spacing: "</PASSAGE>", "< /passage >".
+_PASSAGE_TAG = re.compile(r"<(?=\s*/?\s*passage)", re.IGNORECASE)
+
+
+def _escape_text(text: str) -> str:
+    """A passage cannot open or close a passage block, so it cannot speak as the prompt."""
+    return _PASSAGE_TAG.sub("&lt;", text)
+
+
+def _escape_attribute(value: str) -> str:
+    """A source is quoted data: no quote, angle bracket or ampersand survives to end the attribute."""
+    return html.escape(value, quote=True)
 
 
 def build_messages(question: str, passages: Sequence[Passage], system_prompt: str) -> list[dict[str, str]]:
     blocks = "\n".join(
-        f'<passage n="{p.n}" source="{_escape(p.source)}">\n{_escape(p.text)}\n</passage>' for p in passages
+        f'<passage n="{p.n}" source="{_escape_attribute(p.source)}">\n{_escape_text(p.text)}\n</passage>'
+        for p in passages
     )
     return [
         {"role": "system", "content": f"{system_prompt or GENERIC_SYSTEM_PROMPT}\n\n{DATA_NOTICE}"},

@@ -137,6 +137,7 @@ def list_experts(rt: RuntimeDep) -> list[ExpertOut]:
 
 @router.post("/experts", response_model=ExpertOut, status_code=201)
 def create_expert(body: ExpertIn, rt: RuntimeDep) -> ExpertOut:
+    rt.check_generator(body.generator)
     with rt.sessions.begin() as s:
         e = expert_service.create_expert(s, body.model_dump())
         out = _expert_out(e, {})
@@ -146,6 +147,8 @@ def create_expert(body: ExpertIn, rt: RuntimeDep) -> ExpertOut:
 
 @router.patch("/experts/{expert_id}", response_model=ExpertOut)
 def patch_expert(expert_id: IdPath, body: ExpertPatch, rt: RuntimeDep) -> ExpertOut:
+    if body.generator is not None:
+        rt.check_generator(body.generator)
     with rt.sessions.begin() as s:
         expert_service.update_expert(s, expert_id, body.model_dump(exclude_unset=True))
     rt.experts.invalidate()
