@@ -61,7 +61,7 @@ def _runtime(settings: Settings) -> Iterator[Runtime]:
 
     rt = Runtime(settings)
     try:
-        rt.start()
+        rt.start(run_jobs=False)  # jobs are the server's: a one-shot command neither resumes nor abandons them
     except DataDirBusy as exc:
         raise SystemExit(f"moerag: {exc}") from None
     try:
@@ -272,6 +272,8 @@ def ensure_sample(settings: Settings) -> None:
     """Ingest, cluster, propose experts and train a router on the pydoc sample when the store is empty."""
     from app.sample import build_sample_corpus
 
+    if not store_is_empty(settings):
+        return  # no runtime at all: nothing to prepare, and the server alone resumes jobs
     with _runtime(settings) as rt:  # one start-up (one model load) for the whole preparation
         if rt.stats()["documents"] > 0:
             return
@@ -295,6 +297,30 @@ def ensure_sample(settings: Settings) -> None:
         rt.indexes.realign()  # each document's chunks into its expert's lists
         log.warning("training the router on the sample corpus")
         rt.routers.train()
+
+
+def store_is_empty(settings: Settings) -> bool:
+    """No documents and no jobs in the store, read without starting a runtime (no model, no lock)."""
+    from sqlalchemy import func, inspect, select
+    from sqlalchemy.exc import OperationalError
+
+    from app.db import make_engine
+    from app.models import Document, Job
+
+    if settings.db_url.startswith("sqlite") and not settings.resolved_data_dir.exists():
+        return True
+    engine = make_engine(settings.db_url)
+    try:
+        with engine.connect() as c:
+            if not inspect(c).has_table("document"):
+                return True
+            documents = c.scalar(select(func.count()).select_from(Document)) or 0
+            jobs = c.scalar(select(func.count()).select_from(Job)) or 0
+            return documents == 0 and jobs == 0
+    except OperationalError:  # no database yet: the runtime's start-up will create (or report) it
+        return True
+    finally:
+        engine.dispose()
 
 
 def cmd_serve(args: argparse.Namespace) -> None:

@@ -145,8 +145,12 @@ class Runtime:
 
     # ---- life cycle ----------------------------------------------------------------------------------
 
-    def start(self) -> None:
-        """Lock the data dir, migrate, load the model, verify the index, resume jobs."""
+    def start(self, *, run_jobs: bool = True) -> None:
+        """Lock the data dir, migrate, load the model, verify the index, resume jobs.
+
+        run_jobs=False (one-shot CLI commands, the sample's preparation) leaves queued and
+        interrupted jobs in SQL for the server to run: one runtime runs a job, never two.
+        """
         try:
             s = self.settings
             s.resolved_data_dir.mkdir(parents=True, exist_ok=True)
@@ -204,7 +208,8 @@ class Runtime:
                 },
             )
             self._clean_spool()
-            self._jobs.start()
+            if run_jobs:
+                self._jobs.start()
             self._checkpointer = threading.Thread(target=self._checkpoint_loop, name="moerag-checkpoint", daemon=True)
             self._checkpointer.start()
             self.ready = True

@@ -27,9 +27,9 @@ class Server:
         self.env = {**os.environ, "MOERAG_ADMIN_TOKEN": token, "MOERAG_DATA_DIR": str(data_dir), **env}
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self, timeout: float = 180) -> httpx.Client:
+    def start(self, timeout: float = 180, *args: str) -> httpx.Client:
         log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child process
-        cmd = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port)]
+        cmd = [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1", "--port", str(self.port), *args]
         self.proc = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT)
         client = httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}, timeout=60)
         deadline = time.monotonic() + timeout

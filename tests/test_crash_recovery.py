@@ -94,3 +94,41 @@ def test_sigkill_mid_bulk_ingest_then_restart(tmp_path: Path) -> None:
         assert not any((data_dir / "spool").iterdir())
     finally:
         server.stop()
+
+
+def test_sigkill_then_restart_with_sample_runs_the_job_once(tmp_path: Path) -> None:
+    """Issue 11 #1: `serve --sample` on a non-empty store once started a second runtime that
+    resumed the job, abandoned it at stop, and the serving runtime ran it again (chunks != vectors)."""
+    data_dir = tmp_path / "data"
+    files = [
+        ("files", (f"{t}-{i}.md", topic_doc(t, i, paragraphs=6).encode(), "text/markdown"))
+        for i in range(25)
+        for t in ("sqlite", "git")
+    ]
+    server = Server(data_dir, TOKEN, tmp_path / "server.log", MOERAG_CHECKPOINT_SECONDS="1")
+    try:
+        client = server.start()
+        job = client.post("/documents/bulk", files=files).json()
+        deadline = time.monotonic() + 300
+        while (state := client.get(f"/jobs/{job['id']}").json())["done"] < 5:
+            assert state["status"] != "done", "ingest finished before it could be interrupted"
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        server.kill()
+
+        client = server.start(180, "--sample")
+        while (state := client.get(f"/jobs/{job['id']}").json())["status"] not in ("done", "failed"):
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        assert state["status"] == "done", state
+        stats = client.get("/stats").json()
+        assert stats["documents"] == len(files)  # the sample was not added to a store that had documents
+        assert stats["chunks"] == stats["index_vectors"]
+        result = state["result"]
+        assert result["created"] + result["duplicate"] == len(files) and result["failed"] == 0
+        assert result["created"] >= 5  # the resumed run carried the first run's counts
+        log = (tmp_path / "server.log").read_text()
+        assert log.count(f"job {job['id']} (ingest) done") == 1
+        assert log.count("moerag ready") == 2  # one runtime per start: --sample started none of its own
+    finally:
+        server.stop()

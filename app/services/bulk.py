@@ -38,20 +38,26 @@ def bulk_handler(ingestor: Ingestor) -> Callable[[JobContext], dict[str, Any]]:
     def run(ctx: JobContext) -> dict[str, Any]:
         files: list[dict[str, Any]] = ctx.params["files"]
         total = len(files)
-        counts = {"created": 0, "duplicate": 0, "failed": 0, "chunks": 0}
-        failures: list[dict[str, str]] = []
+        # A resumed job starts after the last file it recorded, with the counts it had: files
+        # ingested after that report (under half a second's worth) count again, as duplicates.
+        start = int(ctx.resumed.get("next", 0))
+        counts = {"created": 0, "duplicate": 0, "failed": 0, "chunks": 0} | ctx.resumed.get("counts", {})
+        failures: list[dict[str, str]] = list(ctx.resumed.get("failures", []))
 
         def thunks() -> Iterator[Callable[[], Upload]]:
-            for f in files:
+            for f in files[start:]:
                 yield partial(_read, f)
 
-        ctx.progress(0, total, force=True)
-        for done, outcome in enumerate(ingestor.ingest_many(thunks()), start=1):
+        def state(done: int) -> dict[str, Any]:
+            return {"next": done, "counts": counts, "failures": failures[:100]}
+
+        ctx.progress(start, total, force=True, state=state(start))
+        for done, outcome in enumerate(ingestor.ingest_many(thunks()), start=start + 1):
             counts[outcome.status] = counts.get(outcome.status, 0) + 1
             counts["chunks"] += outcome.chunks
             if outcome.error is not None:
                 failures.append({"source": files[done - 1]["source"], "error": outcome.error.message})
-            ctx.progress(done, total)
+            ctx.progress(done, total, state=state(done))
         ctx.progress(total, total, force=True)
         spool = ctx.params.get("spool")
         if spool:

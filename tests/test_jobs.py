@@ -1,0 +1,94 @@
+"""Issue 11 #1: a job is claimed once, a stopping runner cancels and waits (never abandons), the job resumes."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+
+from app.db import make_engine, make_sessionmaker
+from app.migrate import upgrade
+from app.models import Job
+from app.services.jobs import JobContext, JobRunner
+
+
+def sessions(tmp_path: Path):  # type: ignore[no-untyped-def]
+    engine = make_engine(f"sqlite:///{tmp_path / 'jobs.db'}")
+    upgrade(engine)
+    return make_sessionmaker(engine)
+
+
+def status(maker: Any, job_id: int) -> Job:
+    with maker() as s:
+        job = s.get(Job, job_id)
+        s.expunge(job)
+        return job
+
+
+def test_a_job_runs_once_however_many_runners_see_it(tmp_path: Path) -> None:
+    maker = sessions(tmp_path)
+    calls: list[int] = []
+    gate = threading.Event()
+
+    def slow(ctx: JobContext) -> dict[str, Any]:
+        calls.append(ctx.job_id)
+        gate.wait(10)
+        return {"ok": True}
+
+    first, second = JobRunner(maker, {"slow": slow}), JobRunner(maker, {"slow": slow})
+    first.start()
+    second.start()
+    job = first.submit("slow", {})  # into the first runner's queue...
+    second._queue.put(job.id)  # ...and the second's: both try to claim it
+    time.sleep(0.5)
+    gate.set()
+    first.stop()
+    second.stop()
+    assert calls == [job.id]
+    assert status(maker, job.id).status == "done"
+
+
+def test_stop_cancels_at_the_next_report_and_the_job_resumes_where_it_was(tmp_path: Path) -> None:
+    maker = sessions(tmp_path)
+    seen: list[dict[str, Any]] = []
+
+    def counting(ctx: JobContext) -> dict[str, Any]:
+        seen.append(dict(ctx.resumed))
+        start = int(ctx.resumed.get("next", 0))
+        for i in range(start, 200):
+            time.sleep(0.01)
+            ctx.progress(i + 1, 200, state={"next": i + 1})
+        return {"finished_from": start}
+
+    runner = JobRunner(maker, {"count": counting})
+    job = runner.submit("count", {}, total=200)
+    runner.start()
+    while status(maker, job.id).done < 20:
+        time.sleep(0.01)
+    t = time.monotonic()
+    runner.stop()
+    assert time.monotonic() - t < 2  # cancelled at the next report, not waited out
+    assert runner._thread is None
+    stopped = status(maker, job.id)
+    assert stopped.status == "queued" and 20 <= stopped.done < 200
+    assert stopped.result == {"partial": {"next": stopped.done}}
+
+    again = JobRunner(maker, {"count": counting})
+    again.start()
+    while status(maker, job.id).status != "done":
+        time.sleep(0.05)
+    again.stop()
+    assert seen[1] == {"next": stopped.done}  # the second run started from the recorded state
+    assert status(maker, job.id).result == {"finished_from": stopped.done}
+
+
+def test_a_runner_that_never_started_leaves_jobs_queued(tmp_path: Path) -> None:
+    maker = sessions(tmp_path)
+    runner = JobRunner(maker, {"noop": lambda ctx: {}})
+    job = runner.submit("noop", {})
+    runner.stop()
+    with maker() as s:
+        assert s.scalar(select(Job.status).where(Job.id == job.id)) == "queued"
