@@ -66,5 +66,11 @@ def session_valid(token: str, cookie: str | None, now: float) -> bool:
     return hmac.compare_digest(signature, _sign(token, "session:" + expires))
 
 
+def session_parts(cookie: str) -> tuple[int, str]:
+    """(expiry in epoch seconds, signature) of a well-formed cookie."""
+    expires, _, signature = cookie.partition(".")
+    return int(expires), signature
+
+
 def csrf_token(token: str, cookie: str) -> str:
     return _sign(token, "csrf:" + cookie)

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import hmac
-import time
 from typing import Annotated
 
 from fastapi import Depends, Header, Path, Query, Request
 
-from app.auth import SESSION_COOKIE, csrf_token, session_valid, token_matches
+from app.auth import SESSION_COOKIE, csrf_token, token_matches
 from app.errors import ApiError
 from app.runtime import Runtime
 from app.schemas import INT64_MAX
@@ -39,7 +38,7 @@ def require_admin(
     if token_matches(rt.admin_token, authorization):
         return
     cookie = request.cookies.get(SESSION_COOKIE)
-    if cookie is not None and session_valid(rt.admin_token, cookie, time.time()):
+    if cookie is not None and rt.console_sessions.valid(rt.admin_token, cookie):
         if request.method in SAFE_METHODS:
             return
         if x_csrf_token and hmac.compare_digest(x_csrf_token, csrf_token(rt.admin_token, cookie)):

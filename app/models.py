@@ -178,3 +178,12 @@ class QueryLog(Base):
     vectors_scanned: Mapped[int] = mapped_column(Integer, default=0)
     router_version_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     feedback_expert_id: Mapped[int | None] = mapped_column(ForeignKey("expert.id", ondelete="SET NULL"), nullable=True)
+
+
+class RevokedSession(Base):
+    """A console session signed out before it expired (sessions are otherwise stateless)."""
+
+    __tablename__ = "revoked_session"
+
+    signature: Mapped[str] = mapped_column(String(64), primary_key=True)
+    expires_at: Mapped[int] = mapped_column(BigInteger, index=True)  # epoch seconds; deleted after

@@ -22,6 +22,7 @@ from app.migrate import upgrade
 from app.models import Chunk, Cluster, Document, Job
 from app.services.ask import SqlChunkStore
 from app.services.bulk import bulk_handler
+from app.services.console_sessions import ConsoleSessions
 from app.services.documents import Ingestor
 from app.services.experts import ExpertDirectory
 from app.services.indexing import IndexManager
@@ -55,6 +56,7 @@ class Runtime:
         self._matrix_lock = threading.Lock()
         self.lexical = LexicalManager(self.sessions)
         self.experts = ExpertDirectory(self.sessions)
+        self.console_sessions = ConsoleSessions(self.sessions)
         self.metrics = Metrics()
         self.admin_token = ""
         self.ready = False

@@ -21,6 +21,9 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = Field(None, description="Bearer token for writes; generated if unset.")
     max_upload_bytes: int = Field(50 * 1024 * 1024, ge=1)
     max_bulk_files: int = Field(1000, ge=1)
+    max_request_bytes: int = Field(
+        1024 * 1024, ge=1024, description="Largest body of any request but a document upload (413 above it)."
+    )
     chunk_target_tokens: int = Field(254, ge=16, description="Chunk size aimed at (capped by the model window).")
     chunk_overlap_tokens: int = Field(32, ge=0)
     chunk_min_tokens: int = Field(

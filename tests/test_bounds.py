@@ -45,3 +45,26 @@ def test_bodies_with_out_of_range_or_lax_numbers_are_422(client: TestClient, pat
     r = client.post(path, json=body, headers=AUTH)
     assert r.status_code == 422, (path, body, r.text)
     assert r.json()["error"]["code"] == "invalid_request"
+
+
+def test_oversized_bodies_are_refused_before_they_are_buffered(client: TestClient) -> None:
+    """Issue 11 #3: a 500 MB chunked body to /search or /ask was read whole before the 422."""
+    limit = client.app.state.runtime.settings.max_request_bytes  # type: ignore[attr-defined]
+    big = b'{"question": "' + b"a" * (limit + 10) + b'"}'
+    r = client.post("/ask", content=big, headers={"Content-Type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "too_large"  # declared length: refused unread
+
+    sent = 0
+
+    def chunks():  # type: ignore[no-untyped-def]
+        nonlocal sent
+        for _ in range(64):
+            sent += 64 * 1024
+            yield b"x" * (64 * 1024)
+
+    r = client.post("/search", content=chunks(), headers={"Content-Type": "application/json"})  # no length: chunked
+    assert r.status_code == 413 and r.json()["error"]["code"] == "too_large"
+    # Documents keep their own, larger limit.
+    doc = {"text": "word " * (limit // 4), "title": "big"}
+    r = client.post("/documents", json=doc, headers=AUTH)
+    assert r.status_code == 201, r.text[:200]

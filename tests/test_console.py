@@ -57,6 +57,32 @@ def test_session_cookie_needs_csrf_for_changes(client: TestClient) -> None:
 
 
 @pytest.mark.slow
+def test_logout_revokes_the_session_everywhere(client: TestClient) -> None:
+    """Issue 11 #8: the old cookie and its CSRF header still created experts after logout."""
+    cookie = client.post("/admin/login", data={"token": TOKEN}, follow_redirects=False).cookies["moerag_session"]
+    client.cookies.clear()
+    headers = {"Cookie": f"moerag_session={cookie}"}
+    page = client.get("/admin", headers=headers)
+    csrf = re.search(r'name="csrf" content="([0-9a-f]+)"', page.text).group(1)  # type: ignore[union-attr]
+    r = client.post("/admin/logout", data={"csrf": csrf}, headers=headers, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/admin/login"
+    r = client.post("/admin/api/experts", json={"name": "a"}, headers={**headers, "X-CSRF-Token": csrf})
+    assert r.status_code == 401
+    assert client.get("/admin", headers=headers, follow_redirects=False).status_code == 303
+    # A new sign-in works; the bearer token is unaffected.
+    assert client.post("/admin/login", data={"token": TOKEN}, follow_redirects=False).status_code == 303
+    assert client.get("/admin/api/experts", headers=AUTH).status_code == 200
+
+
+def test_console_pages_forbid_framing_sniffing_and_foreign_scripts(client: TestClient) -> None:
+    for path in ("/admin/login", "/admin/static/console.js"):
+        r = client.get(path)
+        assert r.headers["x-frame-options"] == "DENY" and r.headers["x-content-type-options"] == "nosniff"
+        csp = r.headers["content-security-policy"]
+        assert "script-src 'self'" in csp and "frame-ancestors 'none'" in csp
+    assert client.get("/healthz").headers["x-content-type-options"] == "nosniff"
+
+
 def test_console_end_to_end_in_chromium(tmp_path: Path) -> None:
     if not Path(CHROMIUM).exists():
         if os.environ.get("CI"):

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
-from app.auth import SESSION_COOKIE, SESSION_SECONDS, csrf_token, new_session, session_valid, token_matches
+from app.auth import SESSION_COOKIE, SESSION_SECONDS, csrf_token, new_session, token_matches
 from app.deps import RuntimeDep
 
 CONSOLE_DIR = Path(__file__).resolve().parent.parent / "console"
@@ -21,7 +21,7 @@ router = APIRouter(prefix="/admin", tags=["console"], include_in_schema=False)
 @router.get("", response_class=HTMLResponse)
 def console(request: Request, rt: RuntimeDep) -> Response:
     cookie = request.cookies.get(SESSION_COOKIE)
-    if not session_valid(rt.admin_token, cookie, time.time()):
+    if not rt.console_sessions.valid(rt.admin_token, cookie):
         return RedirectResponse("/admin/login", status_code=303)
     assert cookie is not None
     return templates.TemplateResponse(request, "console.html", {"csrf": csrf_token(rt.admin_token, cookie)})
@@ -56,6 +56,8 @@ async def logout(request: Request, rt: RuntimeDep) -> Response:
     cookie = request.cookies.get(SESSION_COOKIE) or ""
     form = await request.form()
     if cookie and hmac.compare_digest(str(form.get("csrf") or ""), csrf_token(rt.admin_token, cookie)):
+        if rt.console_sessions.valid(rt.admin_token, cookie):
+            rt.console_sessions.revoke(cookie)  # the cookie is dead everywhere, not only in this browser
         response = RedirectResponse("/admin/login", status_code=303)
         response.delete_cookie(SESSION_COOKIE, path="/")
         return response
