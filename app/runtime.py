@@ -177,6 +177,7 @@ class Runtime:
                 overlap_tokens=min(s.chunk_overlap_tokens, target // 2),
                 merge_small_sections=s.chunk_merge_small_sections,
                 heading_prefix=s.chunk_heading_prefix,
+                max_chunks=s.max_chunks_per_document,
             )
             self._ingestor = Ingestor(self.sessions, emb, self._indexes, chunking)
             self._indexes.listeners.append(self.lexical.mark_dirty)

@@ -35,6 +35,9 @@ class Settings(BaseSettings):
     chunk_heading_prefix: Literal["path", "title", "none"] = Field(
         "title", description="Embedded before each chunk: its heading path, its section's own title, or nothing."
     )
+    max_chunks_per_document: int = Field(
+        20_000, ge=1, description="A document that makes more chunks is refused whole (413 document_too_large)."
+    )
     clusters: int = Field(0, ge=0, description="IVF lists at recluster; 0 picks sqrt(chunks).")
     checkpoint_seconds: float = Field(5.0, gt=0, description="Longest delay before index changes hit disk.")
     route_threshold: float = Field(0.7, ge=0, le=1, description="Calibrated confidence for the expert path.")

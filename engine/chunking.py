@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from engine.errors import DocumentTooLarge
 from engine.parsing import Block, ParsedDocument
 
 TokenCounter = Callable[[Sequence[str]], list[int]]
@@ -31,6 +32,11 @@ class ChunkingConfig:
     # What is embedded before a chunk's text: its heading path, its section's own title (nothing
     # for an untitled section), or nothing. The stored heading is the path either way.
     heading_prefix: Literal["path", "title", "none"] = "title"
+    # A token never stands for more than this many characters when sizing chunks: a run of one
+    # character is one [UNK] token however long, and once made a 45 MB chunk. 16 x 254 caps a
+    # chunk near 4,000 characters; ordinary prose (4-5 characters a token) never reaches it.
+    max_chars_per_token: int = 16
+    max_chunks: int = 20_000  # per document: more is refused (413) rather than half-ingested
 
     def __post_init__(self) -> None:
         if not 0 < self.min_tokens <= self.target_tokens <= self.max_tokens:
@@ -39,6 +45,8 @@ class ChunkingConfig:
             raise ValueError("need 0 <= overlap_tokens < target_tokens")
         if self.heading_prefix not in ("path", "title", "none"):
             raise ValueError("heading_prefix must be path, title or none")
+        if self.max_chars_per_token < 1 or self.max_chunks < 1:
+            raise ValueError("need max_chars_per_token >= 1 and max_chunks >= 1")
 
 
 @dataclass(frozen=True)
@@ -105,7 +113,13 @@ def _pack(spans: list[tuple[int, int]], counts: list[int], budget: int) -> list[
 
 
 def _split_oversized(
-    text: str, block: Block, headings: tuple[str, ...], budget: int, soft_budget: int, count: TokenCounter
+    text: str,
+    block: Block,
+    headings: tuple[str, ...],
+    budget: int,
+    soft_budget: int,
+    count: TokenCounter,
+    chars_per_token: int,
 ) -> list[_Piece]:
     """Cut a block that exceeds the window: at sentence ends, then at words.
 
@@ -123,11 +137,19 @@ def _split_oversized(
         word_spans = _spans(text[a:b], a, _WORD, keep_matches=True)
         word_counts = count([text[x:y] for x, y in word_spans])
         for x, y, m in _pack(word_spans, word_counts, budget):
-            # A single "word" longer than the window (a hash, a base64 blob) is cut by characters.
-            while m > budget and y - x > 1:
-                y = x + (y - x) // 2
-                m = count([text[x:y]])[0]
-            pieces.append(_Piece(x, y, m, headings, section, path))
+            if m <= budget:
+                pieces.append(_Piece(x, y, m, headings, section, path))
+                continue
+            # A single "word" longer than the window (a hash, a base64 blob) is cut by characters,
+            # slice after slice to its end: nothing of it is dropped.
+            while x < y:
+                z = min(y, x + budget * chars_per_token)  # within the character cap at once
+                n = count([text[x:z]])[0]
+                while n > budget and z - x > 1:
+                    z = x + (z - x) // 2
+                    n = count([text[x:z]])[0]
+                pieces.append(_Piece(x, z, n, headings, section, path))
+                x = z
     # Re-merge sentences into paragraph-sized pieces so a cut paragraph stays as whole as it can.
     merged: list[_Piece] = []
     for p in pieces:
@@ -145,9 +167,16 @@ def _common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
     return a[:n]
 
 
-def chunk_document(doc: ParsedDocument, count: TokenCounter, config: ChunkingConfig | None = None) -> list[Chunk]:
+def chunk_document(
+    doc: ParsedDocument, count_tokens: TokenCounter, config: ChunkingConfig | None = None
+) -> list[Chunk]:
     cfg = config or ChunkingConfig()
     text = doc.text
+
+    def count(texts: Sequence[str]) -> list[int]:
+        """Tokens, or characters / max_chars_per_token where that is more: the size a chunk is held to."""
+        return [max(n, -(-len(t) // cfg.max_chars_per_token)) for t, n in zip(texts, count_tokens(texts), strict=True)]
+
     heading_paths = sorted({b.headings for b in doc.blocks})
     prefix_counts = count([HEADING_SEPARATOR.join(h) for h in heading_paths])
     prefix_tokens = {
@@ -181,7 +210,7 @@ def chunk_document(doc: ParsedDocument, count: TokenCounter, config: ChunkingCon
             pieces.append(_Piece(block.start, block.end, n, headings, block.section, block.headings))
         else:
             soft = max(1, min(budget, cfg.target_tokens - prefix(headings)) - cfg.overlap_tokens)
-            pieces.extend(_split_oversized(text, block, headings, budget, soft, count))
+            pieces.extend(_split_oversized(text, block, headings, budget, soft, count, cfg.max_chars_per_token))
 
     chunks: list[Chunk] = []
     current: list[_Piece] = []
@@ -192,6 +221,11 @@ def chunk_document(doc: ParsedDocument, count: TokenCounter, config: ChunkingCon
 
     def emit() -> None:
         if current:
+            if len(chunks) >= cfg.max_chunks:
+                raise DocumentTooLarge(
+                    f"the document makes more than {cfg.max_chunks} chunks; "
+                    "split it, or raise MOERAG_MAX_CHUNKS_PER_DOCUMENT"
+                )
             start, end = current[0].start, current[-1].end
             tokens = prefix(headings) + body
             chunks.append(Chunk(len(chunks), text[start:end], path, start, end, tokens, headings))

@@ -21,6 +21,7 @@ import torch
 log = logging.getLogger(__name__)
 
 Vectors = npt.NDArray[np.float32]
+_COUNT_SLICE = 4096  # texts tokenized per call when counting
 
 
 def packaged_model_path() -> Path:
@@ -106,16 +107,19 @@ class Embedder:
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         if not texts:
             return []
+        counts: list[int] = []
         with self._count_lock:
-            enc = self._counter(
-                list(texts),
-                add_special_tokens=False,
-                truncation=False,
-                return_attention_mask=False,
-                return_token_type_ids=False,
-                verbose=False,
-            )
-        return [len(ids) for ids in enc["input_ids"]]
+            for start in range(0, len(texts), _COUNT_SLICE):  # slices: a million lines never sit encoded at once
+                enc = self._counter(
+                    list(texts[start : start + _COUNT_SLICE]),
+                    add_special_tokens=False,
+                    truncation=False,
+                    return_attention_mask=False,
+                    return_token_type_ids=False,
+                    verbose=False,
+                )
+                counts += [len(ids) for ids in enc["input_ids"]]
+        return counts
 
     def encode(self, texts: Sequence[str]) -> Vectors:
         """[N, D] float32, L2-normalised (inner product = cosine)."""

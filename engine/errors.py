@@ -21,6 +21,11 @@ class EmptyDocument(InputError):
     code = "empty_document"
 
 
+class DocumentTooLarge(InputError):
+    status = 413
+    code = "document_too_large"
+
+
 class UndecodableDocument(InputError):
     code = "undecodable_document"
 

@@ -96,3 +96,37 @@ def test_a_chunk_never_spans_two_sections_with_enough_text(embedder: Embedder) -
     assert len(merged) == 1
     apart = chunk_document(doc, embedder.count_tokens, ChunkingConfig(min_tokens=200))
     assert len(apart) == 2
+
+
+def test_a_run_of_one_character_is_cut_into_bounded_chunks_and_nothing_is_lost(embedder) -> None:  # type: ignore[no-untyped-def]
+    """Issue 11 #4: 45 MB of one character was one chunk (one [UNK] token) of 45 MB."""
+    import itertools
+    import time
+
+    from engine.chunking import ChunkingConfig, chunk_document
+    from engine.parsing import parse
+
+    text = "intro words here. " + "x" * 2_000_000 + " and the end."
+    t = time.perf_counter()
+    chunks = chunk_document(parse(text.encode(), "run.txt"), embedder.count_tokens)
+    assert time.perf_counter() - t < 30
+    cfg = ChunkingConfig()
+    assert max(len(c.text) for c in chunks) <= cfg.max_tokens * cfg.max_chars_per_token
+    covered = sorted((c.start, c.end) for c in chunks)
+    assert covered[0][0] == 0 and covered[-1][1] == len(text.strip())
+    doc_text = parse(text.encode(), "run.txt").text
+    gaps = [doc_text[a[1] : b[0]] for a, b in itertools.pairwise(covered) if b[0] > a[1]]
+    assert all(not g.strip() for g in gaps)  # only whitespace between chunks: nothing dropped
+
+
+def test_too_many_chunks_is_refused_whole() -> None:
+    import pytest
+
+    from engine.chunking import ChunkingConfig, chunk_document
+    from engine.errors import DocumentTooLarge
+    from engine.parsing import parse
+
+    doc = parse(("# H\n\nparagraph\n\n" * 50).encode(), "many.md")
+    with pytest.raises(DocumentTooLarge) as err:
+        chunk_document(doc, lambda texts: [len(t.split()) for t in texts], ChunkingConfig(max_chunks=10))
+    assert err.value.status == 413
