@@ -75,8 +75,12 @@ def ingest_local(settings: Settings, files: list[Path], progress: bool = True) -
         return ingest_files(rt, files, progress)
 
 
-def ingest_files(rt: Runtime, files: list[Path], progress: bool = True) -> dict[str, int]:
-    """Ingest local files through a started runtime, with a progress bar; failures are listed, not fatal."""
+def ingest_files(rt: Runtime, files: list[Path], progress: bool = True, root: Path | None = None) -> dict[str, int]:
+    """Ingest local files through a started runtime, with a progress bar; failures are listed, not fatal.
+
+    A document's source is its path as given, or relative to `root` (files the server placed
+    itself, like the sample corpus: no server path reaches the API).
+    """
     from tqdm import tqdm
 
     from app.services.documents import Upload
@@ -84,7 +88,7 @@ def ingest_files(rt: Runtime, files: list[Path], progress: bool = True) -> dict[
     counts = {"created": 0, "duplicate": 0, "failed": 0, "chunks": 0}
 
     def read(f: Path) -> Upload:
-        return Upload(data=f.read_bytes(), source=str(f), filename=f.name)
+        return Upload(data=f.read_bytes(), source=str(f.relative_to(root) if root else f), filename=f.name)
 
     def thunks() -> Iterator[Callable[[], Upload]]:
         for f in files:
@@ -284,7 +288,7 @@ def ensure_sample(settings: Settings) -> None:
             len(files),
             settings.resolved_data_dir,
         )
-        ingest_files(rt, files)
+        ingest_files(rt, files, root=folder)
         rt.indexes.recluster()
         # Experts proposed from the clusters and a trained router, so the first question can
         # already take the expert path.

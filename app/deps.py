@@ -53,3 +53,27 @@ def require_admin(
 
 
 AdminDep = Depends(require_admin)
+
+
+def require_reader(
+    request: Request,
+    rt: RuntimeDep,
+    authorization: Annotated[str | None, Header()] = None,
+) -> None:
+    """Reads are open unless MOERAG_READ_TOKEN is set; then its token, the admin token or a console session."""
+    configured = rt.settings.read_token
+    if configured is None:
+        return
+    if token_matches(configured.get_secret_value(), authorization) or token_matches(rt.admin_token, authorization):
+        return
+    if rt.console_sessions.valid(rt.admin_token, request.cookies.get(SESSION_COOKIE)):
+        return
+    raise ApiError(
+        401,
+        "unauthorized",
+        "reads need a token here (MOERAG_READ_TOKEN is set): Authorization: Bearer <token>",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
+
+
+ReaderDep = Depends(require_reader)

@@ -19,6 +19,9 @@ class Settings(BaseSettings):
     embed_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     embed_batch_size: int = Field(32, ge=1, le=1024)
     admin_token: SecretStr | None = Field(None, description="Bearer token for writes; generated if unset.")
+    read_token: SecretStr | None = Field(
+        None, description="When set, every read (documents, chunks, search, ask, jobs, stats, metrics) needs it too."
+    )
     max_upload_bytes: int = Field(50 * 1024 * 1024, ge=1)
     max_bulk_files: int = Field(1000, ge=1)
     max_request_bytes: int = Field(

@@ -21,3 +21,26 @@ def test_bearer_and_session_checks() -> None:
     assert not session_valid("other", cookie, now=1001.0)  # a new token signs everyone out
     assert not session_valid("t0k", cookie, now=10**9)  # expired
     assert csrf_token("t0k", cookie) != csrf_token("t0k", new_session("t0k", now=2000.0))
+
+
+def test_a_read_token_closes_every_read(client) -> None:  # type: ignore[no-untyped-def]
+    """Issue 11 #5: reads were open by design with no way to close them."""
+    from pydantic import SecretStr
+
+    from tests.conftest import AUTH
+
+    gets = ["/documents", "/documents/1", "/chunks/1", "/jobs", "/jobs/1", "/stats", "/metrics"]
+    reads = [("GET", p) for p in gets] + [("POST", "/search"), ("POST", "/ask")]
+    bodies = {"/search": {"query": "x"}, "/ask": {"question": "x", "generate": False}}
+    for method, path in reads:  # open by default
+        assert client.request(method, path, json=bodies.get(path)).status_code != 401, path
+    client.app.state.runtime.settings.read_token = SecretStr("reader")
+    for method, path in reads:
+        r = client.request(method, path, json=bodies.get(path))
+        assert r.status_code == 401 and r.json()["error"]["code"] == "unauthorized", path
+        for token in ("reader", AUTH["Authorization"].split()[1]):  # the read token, or the admin token
+            r = client.request(method, path, json=bodies.get(path), headers={"Authorization": f"Bearer {token}"})
+            assert r.status_code != 401, (path, token)
+    assert client.get("/healthz").status_code == 200  # probes stay open
+    r = client.post("/documents", json={"text": "x"}, headers={"Authorization": "Bearer reader"})
+    assert r.status_code == 401  # the read token never writes

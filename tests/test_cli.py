@@ -73,3 +73,21 @@ def test_sample_corpus_is_built_from_pydoc(tmp_path: Path) -> None:
     paths = build_sample_corpus(tmp_path, modules=("json", "csv", "heapq", "no_such_module_xyz"))
     assert sorted(p.name for p in paths) == ["csv.md", "heapq.md", "json.html"]
     assert "JSONDecoder" in (tmp_path / "json.html").read_text()
+
+
+def test_files_the_server_places_itself_keep_no_server_path(runtime, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 11 #5: the sample corpus's sources were absolute paths under the data dir."""
+    from app.cli import ingest_files
+
+    folder = tmp_path / "sample-corpus"
+    paths = build_sample_corpus(folder, modules=("json",))
+    ingest_files(runtime, paths, progress=False, root=folder)
+    docs = runtime.stats()["documents"]
+    assert docs == len(paths)
+    from sqlalchemy import select
+
+    from app.models import Document
+
+    with runtime.sessions() as s:
+        sources = list(s.scalars(select(Document.source)))
+    assert sources and not any(src.startswith("/") or str(tmp_path) in src for src in sources)

@@ -10,7 +10,7 @@ from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
-from app.deps import RuntimeDep
+from app.deps import ReaderDep, RuntimeDep
 from app.errors import ApiError
 from app.runtime import Runtime
 from app.schemas import AskIn, AskOut, CitationOut
@@ -58,7 +58,7 @@ def _finish(rt: Runtime, prepared: Prepared) -> int:
     return log_question(rt.sessions, prepared)
 
 
-@router.post("/ask", response_model=AskOut)
+@router.post("/ask", response_model=AskOut, dependencies=[ReaderDep])
 async def ask(body: AskIn, rt: RuntimeDep) -> AskOut | StreamingResponse:
     """Route the question, retrieve, answer with numbered citations; the route says which path and why."""
     prepared = await run_in_threadpool(_prepare, rt, body)
@@ -102,7 +102,7 @@ def _sse(rt: Runtime, prepared: Prepared, generate: bool) -> Iterator[str]:
     yield event("done", {"timings_ms": prepared.timings_ms, "query_id": query_id})
 
 
-@router.get("/metrics", tags=["system"])
+@router.get("/metrics", tags=["system"], dependencies=[ReaderDep])
 def metrics(rt: RuntimeDep) -> Response:
     """Prometheus exposition: requests by path and expert, confidence and latency histograms, balance."""
     return Response(generate_latest(rt.metrics.registry), media_type=CONTENT_TYPE_LATEST)

@@ -8,7 +8,7 @@ from sqlalchemy import func, select
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from app.deps import AdminDep, IdPath, Offset, RuntimeDep
+from app.deps import AdminDep, IdPath, Offset, ReaderDep, RuntimeDep
 from app.errors import ApiError
 from app.models import Chunk, Document
 from app.routes.uploads import check_declared_length, read_upload_file, upload_from_request
@@ -112,7 +112,7 @@ async def bulk_ingest(request: Request, rt: RuntimeDep) -> JobOut:
     return JobOut.model_validate(job)
 
 
-@router.get("/documents", response_model=DocumentPage)
+@router.get("/documents", response_model=DocumentPage, dependencies=[ReaderDep])
 def list_documents(
     rt: RuntimeDep,
     offset: Offset = 0,
@@ -132,7 +132,7 @@ def list_documents(
     return DocumentPage(items=items, total=total, offset=offset, limit=limit)
 
 
-@router.get("/documents/{document_id}", response_model=DocumentDetail)
+@router.get("/documents/{document_id}", response_model=DocumentDetail, dependencies=[ReaderDep])
 def get_document(document_id: IdPath, rt: RuntimeDep) -> DocumentDetail:
     with rt.sessions() as s:
         doc = s.get(Document, document_id)
@@ -156,7 +156,7 @@ def delete_document(document_id: IdPath, rt: RuntimeDep) -> DeletedOut:
     return DeletedOut(id=document_id, deleted=True, chunks=n)
 
 
-@router.get("/chunks/{chunk_id}", response_model=ChunkOut)
+@router.get("/chunks/{chunk_id}", response_model=ChunkOut, dependencies=[ReaderDep])
 def get_chunk(chunk_id: IdPath, rt: RuntimeDep) -> ChunkOut:
     with rt.sessions() as s:
         c = s.get(Chunk, chunk_id)

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
-from app.deps import IdPath, RuntimeDep
+from app.deps import IdPath, ReaderDep, RuntimeDep
 from app.models import Job
 from app.runtime import Runtime
 from app.schemas import JobOut, SearchHit, SearchIn, SearchOut, StatsOut
@@ -49,19 +49,19 @@ def readyz(request: Request) -> JSONResponse:
     )
 
 
-@router.get("/stats", response_model=StatsOut, tags=["system"])
+@router.get("/stats", response_model=StatsOut, tags=["system"], dependencies=[ReaderDep])
 def stats(rt: RuntimeDep) -> StatsOut:
     return StatsOut(**rt.stats())
 
 
-@router.get("/jobs", response_model=list[JobOut], tags=["jobs"])
+@router.get("/jobs", response_model=list[JobOut], tags=["jobs"], dependencies=[ReaderDep])
 def list_jobs(rt: RuntimeDep, limit: Annotated[int, Query(ge=1, le=200)] = 20) -> list[JobOut]:
     with rt.sessions() as s:
         jobs = s.scalars(select(Job).order_by(Job.id.desc()).limit(limit)).all()
         return [JobOut.model_validate(j) for j in jobs]
 
 
-@router.get("/jobs/{job_id}", response_model=JobOut, tags=["jobs"])
+@router.get("/jobs/{job_id}", response_model=JobOut, tags=["jobs"], dependencies=[ReaderDep])
 def get_job(job_id: IdPath, rt: RuntimeDep) -> JobOut:
     with rt.sessions() as s:
         job = s.get(Job, job_id)
@@ -70,7 +70,7 @@ def get_job(job_id: IdPath, rt: RuntimeDep) -> JobOut:
         return JobOut.model_validate(job)
 
 
-@router.post("/search", response_model=SearchOut, tags=["search"])
+@router.post("/search", response_model=SearchOut, tags=["search"], dependencies=[ReaderDep])
 async def search_chunks(body: SearchIn, rt: RuntimeDep) -> SearchOut:
     """Dense retrieval: every cluster (exact) or only the given clusters (scoped)."""
 
