@@ -6,6 +6,7 @@ import hmac
 from typing import Annotated
 
 from fastapi import Depends, Header, Path, Query, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.auth import SESSION_COOKIE, csrf_token, token_matches
 from app.errors import ApiError
@@ -26,16 +27,25 @@ IdPath = Annotated[int, Path(ge=0, le=INT64_MAX)]  # an id in a URL: beyond int6
 Offset = Annotated[int, Query(ge=0, le=INT64_MAX)]
 
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
+# Declares the bearer scheme in the OpenAPI spec; the checks below decide (a console session may stand in).
+bearer = HTTPBearer(
+    auto_error=False, description="The admin token (writes), or MOERAG_READ_TOKEN where reads are closed."
+)
+Bearer = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
+
+
+def _authorization(credentials: HTTPAuthorizationCredentials | None) -> str | None:
+    return f"Bearer {credentials.credentials}" if credentials is not None else None
 
 
 def require_admin(
     request: Request,
     rt: RuntimeDep,
-    authorization: Annotated[str | None, Header()] = None,
+    credentials: Bearer,
     x_csrf_token: Annotated[str | None, Header()] = None,
 ) -> None:
     """The bearer token, or a console session cookie (plus its CSRF header on state changes)."""
-    if token_matches(rt.admin_token, authorization):
+    if token_matches(rt.admin_token, _authorization(credentials)):
         return
     cookie = request.cookies.get(SESSION_COOKIE)
     if cookie is not None and rt.console_sessions.valid(rt.admin_token, cookie):
@@ -55,15 +65,12 @@ def require_admin(
 AdminDep = Depends(require_admin)
 
 
-def require_reader(
-    request: Request,
-    rt: RuntimeDep,
-    authorization: Annotated[str | None, Header()] = None,
-) -> None:
+def require_reader(request: Request, rt: RuntimeDep, credentials: Bearer) -> None:
     """Reads are open unless MOERAG_READ_TOKEN is set; then its token, the admin token or a console session."""
     configured = rt.settings.read_token
     if configured is None:
         return
+    authorization = _authorization(credentials)
     if token_matches(configured.get_secret_value(), authorization) or token_matches(rt.admin_token, authorization):
         return
     if rt.console_sessions.valid(rt.admin_token, request.cookies.get(SESSION_COOKIE)):

@@ -16,6 +16,7 @@ from app import errors
 from app.body_limit import BodyLimit, limit_for
 from app.routes import admin, ask, console, documents, system
 from app.runtime import Runtime
+from app.schemas import ERROR_RESPONSES
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -53,10 +54,10 @@ def create_app(
     errors.install(app)
     app.add_middleware(SecurityHeaders)
     app.add_middleware(BodyLimit, limit=limit_for(rt.settings))
-    app.include_router(system.router)
-    app.include_router(documents.router)
-    app.include_router(ask.router)
-    app.include_router(admin.router)
+    app.include_router(system.router, responses=ERROR_RESPONSES)
+    app.include_router(documents.router, responses=ERROR_RESPONSES)
+    app.include_router(ask.router, responses=ERROR_RESPONSES)
+    app.include_router(admin.router, responses=ERROR_RESPONSES)
     app.include_router(console.router)
     app.mount("/admin/static", StaticFiles(directory=console.CONSOLE_DIR / "static"), name="console-static")
     return app

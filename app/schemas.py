@@ -2,14 +2,45 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 INT64_MAX = 2**63 - 1  # the largest id, offset or cluster a request may name (SQL BIGINT, FAISS ids)
-# Integers in request bodies are strict: "5", true and 5.0 are not numbers here.
-Id = Annotated[int, Field(strict=True, ge=0, le=INT64_MAX)]
+
+
+def _number_not_text(value: Any) -> Any:
+    """JSON integers only: "5" and true are refused; 5.0 is the integer 5 (as JSON Schema counts it)."""
+    if isinstance(value, bool | str | bytes):
+        raise ValueError("must be a JSON integer")
+    return value
+
+
+# Integers in request bodies: numbers, never strings or booleans.
+Int = Annotated[int, BeforeValidator(_number_not_text)]
+Id = Annotated[Int, Field(ge=0, le=INT64_MAX)]
+# Stored times are UTC; SQLite returns them without a zone, which a date-time must carry.
+Utc = Annotated[datetime, AfterValidator(lambda d: d if d.tzinfo else d.replace(tzinfo=UTC))]
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    message: str
+    details: list[dict[str, Any]] | None = None
+
+
+class ErrorOut(BaseModel):
+    """Every error response: {"error": {"code", "message"[, "details"]}}."""
+
+    error: ErrorDetail
+
+
+# Documented on every operation: any 4xx or 5xx has the same shape (the codes are in README › API).
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    "4XX": {"model": ErrorOut, "description": "The request cannot be served as sent (the code says why)."},
+    "5XX": {"model": ErrorOut, "description": "Not ready (503), or an upstream generator failed (502)."},
+}
 
 
 class TextDocumentIn(BaseModel):
@@ -41,8 +72,8 @@ class DocumentOut(BaseModel):
     chunks: int
     metadata: dict[str, Any]
     content_hash: str
-    created_at: datetime
-    updated_at: datetime
+    created_at: Utc
+    updated_at: Utc
 
 
 class ChunkSummary(BaseModel):
@@ -91,15 +122,15 @@ class JobOut(BaseModel):
     total: int
     error: str | None
     result: dict[str, Any]
-    created_at: datetime
-    updated_at: datetime
+    created_at: Utc
+    updated_at: Utc
 
 
 class SearchIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     query: str = Field(min_length=1, max_length=4000)
-    k: int = Field(10, strict=True, ge=1, le=200)
+    k: Int = Field(10, ge=1, le=200)
     clusters: list[Id] | None = Field(None, description="Scan only these clusters; null scans all.")
 
 
@@ -145,7 +176,7 @@ class AskIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     question: str = Field(min_length=1)
-    top_k: int | None = Field(None, strict=True, ge=1)
+    top_k: Int | None = Field(None, ge=1)
     mode: Literal["auto", "expert", "fallback"] = "auto"
     expert: Id | None = Field(None, description="Expert id for mode=expert (default: the router's top expert).")
     generate: bool = True
@@ -178,7 +209,7 @@ class ExpertIn(BaseModel):
     description: str = ""
     system_prompt: str = ""
     generator: str = "extractive"
-    top_k: int = Field(5, strict=True, ge=1, le=50)
+    top_k: Int = Field(5, ge=1, le=50)
     threshold: float | None = Field(None, ge=0, le=1)
 
 
@@ -189,7 +220,7 @@ class ExpertPatch(BaseModel):
     description: str | None = None
     system_prompt: str | None = None
     generator: str | None = None
-    top_k: int | None = Field(None, strict=True, ge=1, le=50)
+    top_k: Int | None = Field(None, ge=1, le=50)
     threshold: float | None = Field(None, ge=0, le=1)
 
 
@@ -233,7 +264,7 @@ class AssignIn(BaseModel):
 class ProposeIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    n: int = Field(6, strict=True, ge=1, le=500)
+    n: Int = Field(6, ge=1, le=500)
     apply: bool = Field(False, description="Create the proposed experts and map their clusters.")
 
 
@@ -255,7 +286,7 @@ class RouterVersionOut(BaseModel):
 
     id: int
     active: bool
-    created_at: datetime
+    created_at: Utc
     temperature: float
     expert_ids: list[int]
     metrics: dict[str, Any]
@@ -265,7 +296,7 @@ class QuestionOut(BaseModel):
     model_config = ConfigDict(from_attributes=True)
 
     id: int
-    created_at: datetime
+    created_at: Utc
     question: str
     path: str
     reason: str

@@ -68,3 +68,21 @@ def test_oversized_bodies_are_refused_before_they_are_buffered(client: TestClien
     doc = {"text": "word " * (limit // 4), "title": "big"}
     r = client.post("/documents", json=doc, headers=AUTH)
     assert r.status_code == 201, r.text[:200]
+
+
+def test_a_row_gone_in_a_concurrent_change_is_a_409_not_a_500(client: TestClient) -> None:
+    """Schemathesis found PUT /admin/api/clusters/0 racing an expert's deletion: FOREIGN KEY failed, 500."""
+    from sqlalchemy.exc import IntegrityError
+
+    from app.routes import admin
+
+    def racing(*_: object) -> int:
+        raise IntegrityError("UPDATE cluster", {}, Exception("FOREIGN KEY constraint failed"))
+
+    original = admin.expert_service.assign_clusters
+    admin.expert_service.assign_clusters = racing  # type: ignore[assignment]
+    try:
+        r = client.put("/admin/api/clusters/0", json={"expert_id": 1}, headers=AUTH)
+    finally:
+        admin.expert_service.assign_clusters = original  # type: ignore[assignment]
+    assert r.status_code == 409 and r.json()["error"]["code"] == "conflict"

@@ -19,6 +19,14 @@ from engine.generators import GeneratorError
 from engine.pipeline import AskRequest, Prepared
 
 router = APIRouter(tags=["ask"])
+# One server-sent event: `route` (route and citations), `token` ({"text"}), `error`, `done`; data is JSON.
+_SSE_EVENT = {
+    "type": "object",
+    "properties": {
+        "event": {"type": "string", "enum": ["route", "token", "error", "done"]},
+        "data": {"type": "string"},
+    },
+}
 
 
 def _citations(p: Prepared) -> list[CitationOut]:
@@ -58,7 +66,12 @@ def _finish(rt: Runtime, prepared: Prepared) -> int:
     return log_question(rt.sessions, prepared)
 
 
-@router.post("/ask", response_model=AskOut, dependencies=[ReaderDep])
+@router.post(
+    "/ask",
+    response_model=AskOut,
+    dependencies=[ReaderDep],
+    responses={200: {"content": {"text/event-stream": {"schema": _SSE_EVENT}}}},  # stream: true
+)
 async def ask(body: AskIn, rt: RuntimeDep) -> AskOut | StreamingResponse:
     """Route the question, retrieve, answer with numbered citations; the route says which path and why."""
     prepared = await run_in_threadpool(_prepare, rt, body)
@@ -102,7 +115,13 @@ def _sse(rt: Runtime, prepared: Prepared, generate: bool) -> Iterator[str]:
     yield event("done", {"timings_ms": prepared.timings_ms, "query_id": query_id})
 
 
-@router.get("/metrics", tags=["system"], dependencies=[ReaderDep])
+@router.get(
+    "/metrics",
+    tags=["system"],
+    dependencies=[ReaderDep],
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}}}},
+)
 def metrics(rt: RuntimeDep) -> Response:
     """Prometheus exposition: requests by path and expert, confidence and latency histograms, balance."""
     return Response(generate_latest(rt.metrics.registry), media_type=CONTENT_TYPE_LATEST)

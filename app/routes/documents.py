@@ -21,6 +21,7 @@ from app.schemas import (
     DocumentPage,
     IngestOut,
     JobOut,
+    TextDocumentIn,
 )
 from app.services.bulk import new_spool, spool_file
 from app.services.documents import NotFound
@@ -41,7 +42,7 @@ _UPLOAD_BODY = {
                     },
                 }
             },
-            "application/json": {"schema": {"$ref": "#/components/schemas/TextDocumentIn"}},
+            "application/json": {"schema": TextDocumentIn.model_json_schema()},
         }
     }
 }
@@ -69,6 +70,7 @@ def _out(doc: Document, n_chunks: int) -> DocumentOut:
     status_code=201,
     dependencies=[AdminDep],
     openapi_extra=_UPLOAD_BODY,
+    responses={200: {"model": IngestOut, "description": "The same bytes were already stored: that document."}},
 )
 async def create_document(request: Request, response: Response, rt: RuntimeDep) -> IngestOut:
     """Ingest one document (multipart `file` of txt/md/html/pdf, or JSON text). Same bytes -> same id."""
