@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
 
 from fastapi import APIRouter
 from fastapi.responses import Response, StreamingResponse
@@ -97,7 +99,25 @@ async def ask(body: AskIn, rt: RuntimeDep) -> AskOut | StreamingResponse:
     return await run_in_threadpool(run)
 
 
-def _sse(rt: Runtime, prepared: Prepared, generate: bool) -> Iterator[str]:
+class _LogOnce:
+    """Logs a question exactly once: at the end of its stream, or when the client cut it (marked)."""
+
+    def __init__(self, rt: Runtime, prepared: Prepared) -> None:
+        self.rt, self.prepared = rt, prepared
+        self.lock = threading.Lock()
+        self.query_id: int | None = None
+
+    def __call__(self, aborted: bool = False) -> int:
+        with self.lock:
+            if self.query_id is None:
+                if aborted:
+                    elapsed = (time.perf_counter() - self.prepared.started) * 1000
+                    self.prepared.timings_ms["aborted"] = self.prepared.timings_ms["total"] = elapsed
+                self.query_id = _finish(self.rt, self.prepared)
+            return self.query_id
+
+
+def _events(prepared: Prepared, generate: bool, log: _LogOnce) -> Iterator[str]:
     def event(name: str, data: object) -> str:
         return f"event: {name}\ndata: {json.dumps(data)}\n\n"
 
@@ -111,8 +131,25 @@ def _sse(rt: Runtime, prepared: Prepared, generate: bool) -> Iterator[str]:
                 yield event("token", {"text": delta})
         except GeneratorError as exc:
             yield event("error", {"code": "generator_failed", "message": str(exc)})
-    query_id = _finish(rt, prepared)
+    query_id = log()
     yield event("done", {"timings_ms": prepared.timings_ms, "query_id": query_id})
+
+
+async def _sse(rt: Runtime, prepared: Prepared, generate: bool) -> AsyncIterator[str]:
+    """The events, each produced in a worker thread; a cut stream still logs its question.
+
+    When the client goes away, this generator is closed (its `finally` runs) while the sync one
+    would only be suspended forever: so the logging of a cut stream lives here, in a thread of
+    its own (nothing may be awaited once the request is cancelled).
+    """
+    log = _LogOnce(rt, prepared)
+    events = _events(prepared, generate, log)
+    try:
+        while (chunk := await run_in_threadpool(next, events, None)) is not None:
+            yield chunk
+    finally:
+        if log.query_id is None:
+            threading.Thread(target=log, kwargs={"aborted": True}, name="moerag-log-cut", daemon=True).start()
 
 
 @router.get(
