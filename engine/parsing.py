@@ -163,50 +163,11 @@ def parse_text(text: str, fallback_title: str = "") -> ParsedDocument:
     return builder.build("txt", title)
 
 
-_ATX = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
-_SETEXT = re.compile(r"^(=+|-+)\s*$")
-_FENCE = re.compile(r"^\s*(```|~~~)")
-
-
 def parse_markdown(text: str, fallback_title: str = "") -> ParsedDocument:
-    builder = _Builder()
-    headings: list[str] = []
-    para: list[str] = []
-    in_fence = False
-    section = 0
+    """Markdown by markdown-it (engine/markdown.py): imported here, when used, as it builds on this module."""
+    from engine.markdown import parse_markdown as parse_md
 
-    def flush() -> None:
-        builder.add("\n".join(para), tuple(headings), section)
-        para.clear()
-
-    def set_heading(level: int, title: str) -> None:
-        nonlocal section
-        flush()
-        section += 1
-        del headings[level - 1 :]
-        headings.extend([""] * (level - 1 - len(headings)))
-        headings.append(title)
-
-    for line in text.replace("\r\n", "\n").split("\n"):
-        if _FENCE.match(line):
-            in_fence = not in_fence
-            para.append(line)
-            continue
-        if in_fence:
-            para.append(line)
-            continue
-        if m := _ATX.match(line):
-            set_heading(len(m.group(1)), m.group(2))
-        elif _SETEXT.match(line) and len(para) == 1 and para[0].strip():
-            title = para.pop()
-            set_heading(1 if line.lstrip().startswith("=") else 2, title.strip())
-        elif not line.strip():
-            flush()
-        else:
-            para.append(line)
-    flush()
-    first_heading = next((b.headings[0] for b in builder.blocks if b.headings and b.headings[0]), "")
-    return builder.build("md", first_heading or fallback_title or _first_line(builder))
+    return parse_md(text, fallback_title)
 
 
 # Tags whose content is page chrome or code that is not prose.

@@ -123,3 +123,15 @@ def test_html_deep_nesting_does_not_recurse() -> None:
 def test_html_pre_keeps_its_whitespace_and_prose_does_not() -> None:
     doc = parse(b"<h1>T</h1><pre>a  b\n  c</pre><p>x   y\n z</p>", "t.html")
     assert [b.text for b in doc.blocks] == ["a  b\n  c", "x y z"]
+
+
+def test_markdown_raw_html_becomes_text_without_markup() -> None:
+    """Issue 11 #10: /ask returned raw document HTML (<script>, <img onerror>) from Markdown sources."""
+    md = (
+        "# Notes\n\nSafe <img src=x onerror=alert(1)> text with <b>bold</b> words.\n\n"
+        "<div><script>alert('x')</script><p>Inside a <em>block</em>.</p></div>\n\n"
+        "| a | b |\n|---|---|\n| 1 | <i>2</i> |\n\n- item one\n- item two\n"
+    )
+    doc = parse(md.encode(), "n.md")
+    texts = [b.text for b in doc.blocks]
+    assert texts == ["Safe  text with bold words.", "Inside a block .", "a | b\n1 | 2", "item one", "item two"]
