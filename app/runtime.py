@@ -20,6 +20,7 @@ from app.locking import DataDirLock
 from app.metrics import Metrics
 from app.migrate import upgrade
 from app.models import Chunk, Cluster, Document, Job
+from app.ratelimit import RateLimiter
 from app.services.ask import SqlChunkStore
 from app.services.bulk import bulk_handler
 from app.services.console_sessions import ConsoleSessions
@@ -57,6 +58,7 @@ class Runtime:
         self.lexical = LexicalManager(self.sessions)
         self.experts = ExpertDirectory(self.sessions)
         self.console_sessions = ConsoleSessions(self.sessions)
+        self.ask_limiter = RateLimiter(settings.ask_rate_per_minute) if settings.ask_rate_per_minute else None
         self.metrics = Metrics()
         self.admin_token = ""
         self.ready = False

@@ -86,3 +86,29 @@ def test_a_row_gone_in_a_concurrent_change_is_a_409_not_a_500(client: TestClient
     finally:
         admin.expert_service.assign_clusters = original  # type: ignore[assignment]
     assert r.status_code == 409 and r.json()["error"]["code"] == "conflict"
+
+
+def test_ask_rate_limit_per_client() -> None:
+    """Issue 11 #5: anonymous /ask wrote the query log with no rate limit (now configurable, off by default)."""
+    from app.ratelimit import RateLimiter
+
+    limiter = RateLimiter(per_minute=60, burst=2)  # one a second, two at once
+    assert limiter.take("a", now=0.0) == 0.0 and limiter.take("a", now=0.0) == 0.0
+    wait = limiter.take("a", now=0.0)
+    assert wait == pytest.approx(1.0)  # the third must wait a second
+    assert limiter.take("b", now=0.0) == 0.0  # another client has its own bucket
+    assert limiter.take("a", now=1.0) == 0.0
+
+
+def test_ask_over_the_limit_is_429_with_retry_after(client: TestClient) -> None:
+    from app.ratelimit import RateLimiter
+
+    rt = client.app.state.runtime  # type: ignore[attr-defined]
+    rt.ask_limiter = RateLimiter(per_minute=6, burst=1)
+    try:
+        assert client.post("/ask", json={"question": "x", "generate": False}).status_code != 429
+        r = client.post("/ask", json={"question": "x", "generate": False})
+        assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limited"
+        assert int(r.headers["retry-after"]) >= 1
+    finally:
+        rt.ask_limiter = None

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
@@ -74,8 +75,13 @@ def _finish(rt: Runtime, prepared: Prepared) -> int:
     dependencies=[ReaderDep],
     responses={200: {"content": {"text/event-stream": {"schema": _SSE_EVENT}}}},  # stream: true
 )
-async def ask(body: AskIn, rt: RuntimeDep) -> AskOut | StreamingResponse:
+async def ask(body: AskIn, request: Request, rt: RuntimeDep) -> AskOut | StreamingResponse:
     """Route the question, retrieve, answer with numbered citations; the route says which path and why."""
+    if rt.ask_limiter is not None and (wait := rt.ask_limiter.take(request.client.host if request.client else "")):
+        raise ApiError(
+            429, "rate_limited", f"too many questions from this client; retry in {wait:.0f} s",
+            headers={"Retry-After": str(math.ceil(wait))},
+        )  # fmt: skip
     prepared = await run_in_threadpool(_prepare, rt, body)
     if body.stream:
         return StreamingResponse(_sse(rt, prepared, body.generate), media_type="text/event-stream")
