@@ -231,7 +231,10 @@ class Runtime:
         if self._checkpointer is not None:
             self._checkpointer.join(10)
         if self._indexes is not None and self.ready:
-            self._indexes.checkpoint()
+            try:
+                self._indexes.checkpoint()
+            except OSError:  # a full disk: SQL holds everything; the next start verifies and rebuilds
+                log.exception("final index checkpoint failed")
         self.ready = False
         self._lock.release()
         self.engine.dispose()

@@ -103,3 +103,38 @@ def test_model_mismatch_is_a_clear_error_not_a_crash_loop(settings: Settings, em
         assert r.status_code == 503 and "some-other-model" in r.json()["error"]
         assert client.get("/healthz").status_code == 200
         assert client.get("/documents").status_code == 503
+
+
+def test_a_full_disk_at_a_checkpoint_loses_nothing(
+    settings: Settings, embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 11: the checkpoint cleared its dirty flag before writing; a failed write was never retried."""
+    import errno
+
+    from app.services import indexing
+
+    path = fill(settings, embedder)
+    rt = reopen(settings, embedder)
+    try:
+        real_write = indexing.write_atomic
+
+        def disk_full(*_: object) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(indexing, "write_atomic", disk_full)
+        outcome = rt.ingestor.ingest(Upload(data=topic_doc("git", 99).encode(), source="late.md", filename="late.md"))
+        assert outcome.status == "created"  # acknowledged: SQL has it
+        with pytest.raises(OSError):
+            rt.indexes.checkpoint()
+        monkeypatch.setattr(indexing, "write_atomic", real_write)  # the disk has room again
+        assert rt.indexes.checkpoint() is True  # written now, not skipped as clean
+        assert_consistent(rt)
+    finally:
+        rt.close()
+    rt = reopen(settings, embedder)
+    try:
+        assert rt.index_status == "loaded"  # the file on disk already held the late document
+        assert_consistent(rt)
+        assert path.exists() and rt.stats()["documents"] == 9
+    finally:
+        rt.close()

@@ -137,7 +137,12 @@ class IndexManager:
                 return False
             data, version = self.index.to_bytes(), self.index.version
             self._dirty = False
-        write_atomic(self.path_for(version), data)
+        try:
+            write_atomic(self.path_for(version), data)
+        except OSError:  # a full disk: SQL holds everything; the next checkpoint writes again
+            with self.write_lock:
+                self._dirty = True
+            raise
         return True
 
     def _remove_stale_files(self, keep: str) -> None:
