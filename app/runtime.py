@@ -55,7 +55,7 @@ class Runtime:
         self._pipeline: AskPipeline | None = None
         self._matrix: tuple[tuple[int, int], ExpertMatrix] | None = None
         self._matrix_lock = threading.Lock()
-        self.lexical = LexicalManager(self.sessions)
+        self.lexical = LexicalManager(self.sessions, settings.lexical_rebuild_share)
         self.experts = ExpertDirectory(self.sessions)
         self.console_sessions = ConsoleSessions(self.sessions)
         self.ask_limiter = RateLimiter(settings.ask_rate_per_minute) if settings.ask_rate_per_minute else None

@@ -54,6 +54,13 @@ class Settings(BaseSettings):
         description="Expert path checks the question's nearest lists outside the expert (at most 1/8 of all); "
         "a better chunk there sends it to the fallback. 0 = off.",
     )
+    lexical_rebuild_share: float = Field(
+        0.1,
+        gt=0,
+        le=1,
+        description="BM25 rebuilds take at most this share of the time under steady ingestion (after a rebuild "
+        "of t s the next waits t / share - t); meanwhile new chunks are found by dense search alone.",
+    )
     lexical_weight: float = Field(
         0.1, ge=0, description="BM25's weight against dense (1.0) in both paths' rank fusion."
     )

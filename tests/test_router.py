@@ -164,3 +164,24 @@ def test_ece_noise_floor_shrinks_with_more_questions() -> None:
     few = ece_noise_floor(torch.full((50,), 0.8), rounds=300)
     many = ece_noise_floor(torch.full((5000,), 0.8), rounds=300)
     assert 0.02 < few["mean"] < 0.1 and many["mean"] < 0.01 and few["p95"] >= few["mean"]
+
+
+def test_bm25_rebuilds_are_spaced_to_a_share_of_the_time(runtime) -> None:  # type: ignore[no-untyped-def]
+    """The soak found BM25 rebuilt over every chunk at each checkpoint under steady ingestion."""
+    from app.services.lexical import LexicalManager
+
+    now = [100.0]
+
+    def clock() -> float:
+        now[0] += 0.5  # every reading of the clock: half a second later (a rebuild "takes" 0.5 s)
+        return now[0]
+
+    manager = LexicalManager(runtime.sessions, max_share=0.1, clock=clock)
+    assert manager.refresh(force=True)  # took 0.5 s: the next waits until 5 s after its start
+    manager.mark_dirty()
+    assert not manager.refresh()  # too soon: deferred, still dirty
+    now[0] += 5.0
+    assert manager.refresh()  # due now
+    assert not manager.refresh()  # clean
+    manager.mark_dirty()
+    assert manager.refresh(force=True)  # forced: at once
