@@ -95,7 +95,9 @@ def langchain_build(
         "chunks": len(chunks),
         "load_split_seconds": round(t_split, 1),
         "embed_seconds": round(t_embed, 1),
-        "total_seconds": round(time.perf_counter() - t0, 1),
+        "total_seconds": round(
+            time.perf_counter() - t0, 4
+        ),  # rounded to 0.0 on tiny runs, a division by zero in compare.py
         "chunks_per_second": round(len(chunks) / (time.perf_counter() - t0), 2),
     }
     (out / "build.json").write_text(json.dumps(stats, indent=2))
