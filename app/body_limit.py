@@ -17,16 +17,21 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app.settings import Settings
 
 LimitFor = Callable[[str], int]  # path -> the largest body accepted there, in bytes
+MULTIPART_SLACK = 64 * 1024  # an upload's multipart framing, beyond the file's own limit
 
 
 def limit_for(settings: Settings) -> LimitFor:
-    """Documents may be as large as an upload (a bulk request, that many uploads); any other body is small."""
+    """Documents may be as large as an upload (a bulk request, that many uploads); any other body is small.
+
+    The one place request sizes are refused before reading: the upload routes then hold each
+    file (or JSON text) to MOERAG_MAX_UPLOAD_BYTES as they read it.
+    """
 
     def limit(path: str) -> int:
         if path == "/documents/bulk":
             return settings.max_upload_bytes * settings.max_bulk_files
         if path == "/documents" or path.startswith("/documents/"):
-            return settings.max_upload_bytes + 64 * 1024  # multipart framing
+            return settings.max_upload_bytes + MULTIPART_SLACK
         return settings.max_request_bytes
 
     return limit

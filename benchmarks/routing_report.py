@@ -58,10 +58,9 @@ def router_figures(
     position = {e: i for i, e in enumerate(router.expert_ids)}
     labels = torch.tensor([position[ids[q["domain"]]] for q in questions])
     neighbours, _ = router.probe(rt.indexes.index, q_vecs)
-    quality = evaluate_router(
-        router.logits(q_vecs, neighbours), labels, router.temperature, rt.settings.route_threshold
-    )
-    conf = torch.softmax(router.logits(q_vecs, neighbours) / router.temperature, -1).max(-1).values  # [Q]
+    logits = router.logits(q_vecs, neighbours)  # [Q, C]
+    quality = evaluate_router(logits, labels, router.temperature, rt.settings.route_threshold)
+    conf = torch.softmax(logits / router.temperature, -1).max(-1).values  # [Q]
     floor = ece_noise_floor(conf)
     expert_path = [r.path == "expert" for r in routes]
     right = [r.expert is not None and r.expert.name == q["domain"] for r, q in zip(routes, questions, strict=True)]

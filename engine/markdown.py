@@ -13,7 +13,6 @@ from selectolax.lexbor import LexborHTMLParser
 from engine.parsing import ParsedDocument, _Builder, _first_line
 
 _MD = MarkdownIt("commonmark", {"html": True}).enable("table")
-_DROP_INLINE = {"html_inline"}
 
 
 def _inline_text(token: Token) -> str:

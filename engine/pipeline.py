@@ -273,7 +273,7 @@ class AskPipeline:
         likely a misroute (on the dev questions 5 of 6 confident misroutes, against under 5% of
         right routes). Returns that better score, or None when the route stands.
         """
-        probe = min(self.config.expert_verify_lists, index.nlist // 8)  # a small share of the lists, always
+        probe = index.probe_budget(self.config.expert_verify_lists)
         if probe <= 0:
             return None
         others = np.setdiff1d(np.arange(index.nlist), scope)  # [C - |scope|]

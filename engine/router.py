@@ -57,7 +57,7 @@ class GateNet(nn.Module):
         self.register_buffer("evidence_params", torch.tensor([0.0, 20.0]))  # [weight w, sharpness k]
         self.vote_params: torch.Tensor
         # [weight v, lists probed, chunks voting, sharpness, smoothing]; v = 0: no probe.
-        self.register_buffer("vote_params", torch.tensor([0.0, 0.0, 5.0, 20.0, 0.01]))
+        self.register_buffer("vote_params", torch.tensor([0.0, 0.0, float(VOTE_CHUNKS), 20.0, 0.01]))
 
     def forward(self, x: torch.Tensor, votes: torch.Tensor | None = None) -> torch.Tensor:
         """x [Q, D], votes [Q, C] (`vote_evidence`; None: no probe was made) -> logits [Q, C]."""

@@ -95,6 +95,10 @@ class ClusteredIndex:
         invlists = self._ivf.invlists
         return len(lists), sum(int(invlists.list_size(int(c))) for c in lists)
 
+    def probe_budget(self, wanted: int) -> int:
+        """Lists a side probe may scan (the gate's vote, the route's check): at most 1/8 of them."""
+        return max(0, min(wanted, self.nlist // 8))
+
     def nearest_lists(self, q: Floats, clusters: Iterable[int], nprobe: int) -> Ints:
         """The `nprobe` of `clusters` whose centroids are nearest q [D] (IVF probing inside a scope)."""
         lists = self._valid_lists(clusters)

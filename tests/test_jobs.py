@@ -7,8 +7,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
-
 from app.db import make_engine, make_sessionmaker
 from app.migrate import upgrade
 from app.models import Job
@@ -85,10 +83,25 @@ def test_stop_cancels_at_the_next_report_and_the_job_resumes_where_it_was(tmp_pa
     assert status(maker, job.id).result == {"finished_from": stopped.done}
 
 
-def test_a_runner_that_never_started_leaves_jobs_queued(tmp_path: Path) -> None:
-    maker = sessions(tmp_path)
-    runner = JobRunner(maker, {"noop": lambda ctx: {}})
-    job = runner.submit("noop", {})
-    runner.stop()
-    with maker() as s:
-        assert s.scalar(select(Job.status).where(Job.id == job.id)) == "queued"
+def test_a_runtime_started_without_jobs_leaves_them_for_the_server(settings, embedder) -> None:  # type: ignore[no-untyped-def]
+    """One-shot CLI commands and `--sample` start with run_jobs=False: a queued job is not theirs to run."""
+    from app.runtime import Runtime
+
+    rt = Runtime(settings, embedder=embedder)
+    rt.start(run_jobs=False)
+    try:
+        job = rt.jobs.submit("recluster", {})
+        time.sleep(0.5)
+        assert status(rt.sessions, job.id).status == "queued"
+    finally:
+        rt.close()
+    rt = Runtime(settings, embedder=embedder)
+    rt.start()  # the server runs it
+    try:
+        deadline = time.monotonic() + 60
+        while status(rt.sessions, job.id).status not in ("done", "failed"):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert status(rt.sessions, job.id).status == "done"
+    finally:
+        rt.close()

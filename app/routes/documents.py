@@ -11,7 +11,7 @@ from starlette.datastructures import UploadFile
 from app.deps import AdminDep, IdPath, Offset, ReaderDep, RuntimeDep
 from app.errors import ApiError
 from app.models import Chunk, Document
-from app.routes.uploads import check_declared_length, read_upload_file, upload_from_request
+from app.routes.uploads import read_upload_file, upload_from_request
 from app.schemas import (
     ChunkOut,
     ChunkSummary,
@@ -91,7 +91,6 @@ async def create_document(request: Request, response: Response, rt: RuntimeDep) 
 async def bulk_ingest(request: Request, rt: RuntimeDep) -> JobOut:
     """Many files in multipart fields named `files`: spooled to disk, then ingested by a job."""
     s = rt.settings
-    check_declared_length(request, s.max_upload_bytes * s.max_bulk_files)
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype != "multipart/form-data":
         raise ApiError(415, "unsupported_media_type", "send multipart/form-data with one or more 'files' fields")

@@ -209,7 +209,7 @@ class RouterManager:
     def _probe(self, data: TrainingSet, own: npt.NDArray[np.int64]) -> None:
         """The held-out rows' nearest chunks (themselves excluded), for fitting the gate's vote."""
         index = self.index() if self.index is not None else None
-        lists = min(self.settings.router_probe_lists, index.nlist // 8) if index is not None else 0
+        lists = index.probe_budget(self.settings.router_probe_lists) if index is not None else 0
         if index is None or lists <= 0 or index.ntotal <= VOTE_CHUNKS:
             return
         held = np.flatnonzero(data.calib)  # [H]
