@@ -15,7 +15,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app import errors
 from app.body_limit import BodyLimit, limit_for
 from app.routes import admin, ask, console, documents, system
-from app.runtime import Runtime
+from app.runtime import Runtime, use_serving_threads
 from app.schemas import ERROR_RESPONSES
 from app.settings import Settings
 
@@ -31,6 +31,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         starter: threading.Thread | None = None
+        use_serving_threads(rt.settings)
         if not rt.ready:
             if start_in_background:
                 starter = threading.Thread(target=_start_quietly, args=(rt,), name="moerag-start", daemon=True)

@@ -37,8 +37,27 @@ from engine.errors import InvalidSetting
 from engine.expert_matrix import ExpertMatrix
 from engine.generators import ExtractiveGenerator, Generator, GeneratorError, OpenAIGenerator
 from engine.pipeline import AskPipeline, PipelineConfig
+from engine.question_encoder import QuestionEncoder
 
 log = logging.getLogger(__name__)
+
+
+def use_serving_threads(settings: Settings) -> int:
+    """Torch and FAISS threads for a serving process: `torch_threads`, or 1 (returned).
+
+    Measured on 2 cores (README, Performance): a server's work is many small operations from
+    many request threads; with two OpenMP threads each small torch op paid a wake-up of the
+    other thread (an exp over 215 values: 1 us alone, 465 us while the other core was busy),
+    and one thread per process served more questions per second at every client count. Set
+    before the runtime's threads start: a thread takes the count at its first parallel op.
+    One-shot CLI commands keep torch's default (every core) for bulk embedding.
+    """
+    import faiss
+
+    n = settings.torch_threads or 1
+    torch.set_num_threads(n)
+    faiss.omp_set_num_threads(n)
+    return n
 
 
 class Runtime:
@@ -53,6 +72,7 @@ class Runtime:
         self._jobs: JobRunner | None = None
         self._routers: RouterManager | None = None
         self._pipeline: AskPipeline | None = None
+        self.questions: QuestionEncoder | None = None
         self._matrix: tuple[tuple[int, int], ExpertMatrix] | None = None
         self._matrix_lock = threading.Lock()
         self.lexical = LexicalManager(self.sessions, settings.lexical_rebuild_share)
@@ -168,6 +188,12 @@ class Runtime:
             if self._embedder is None:
                 self._embedder = Embedder(s.model_path, dtype=s.embed_dtype, batch_size=s.embed_batch_size)
             emb = self._embedder
+            questions = self.questions = QuestionEncoder(
+                emb.encode,
+                max_batch=s.question_batch,
+                max_wait_ms=s.question_batch_wait_ms,
+                cache_size=s.question_cache,
+            )
             self._indexes = IndexManager(s, self.sessions, emb.dim, emb.name)
             self.index_status = self._indexes.open()
             max_tokens = emb.max_tokens
@@ -202,6 +228,7 @@ class Runtime:
                     expert_verify_lists=s.expert_verify_lists,
                 ),
                 matrix=self.expert_matrix,
+                encode_question=questions.encode,
             )
             self._jobs = JobRunner(
                 self.sessions,
@@ -228,6 +255,8 @@ class Runtime:
         self._stop.set()
         if self._jobs is not None:
             self._jobs.stop()
+        if self.questions is not None:
+            self.questions.close()
         if self._checkpointer is not None:
             self._checkpointer.join(10)
         if self._indexes is not None and self.ready:

@@ -76,6 +76,16 @@ class Settings(BaseSettings):
     )
     router_seed: int = 0
     router_refresh_seconds: float = Field(1.0, gt=0, description="How often a worker checks the active router.")
+    question_batch: int = Field(
+        16, ge=1, le=256, description="Most concurrent questions embedded in one model call; 1 = no batching."
+    )
+    question_batch_wait_ms: float = Field(
+        0.0, ge=0, le=50, description="How long a free model waits for more questions to batch (0: none)."
+    )
+    question_cache: int = Field(1024, ge=0, description="Question vectors remembered by exact text; 0 = no cache.")
+    torch_threads: int = Field(
+        0, ge=0, description="Torch and FAISS threads of a serving process; 0 = one (measured best, README)."
+    )
     max_question_chars: int = Field(2000, ge=1)
     ask_rate_per_minute: float = Field(
         0, ge=0, description="Questions a client (address) may ask per minute, per worker; 0 = no limit."

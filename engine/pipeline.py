@@ -133,8 +133,11 @@ class AskPipeline:
         generator: Callable[[str], Generator],
         config: PipelineConfig | None = None,
         matrix: Callable[[], ExpertMatrix | None] | None = None,
+        encode_question: Callable[[str], np.ndarray] | None = None,
     ) -> None:
         self.embedder, self.index, self.lexical, self.router = embedder, index, lexical, router
+        # question -> [1, D]; the server passes a QuestionEncoder's (cache + dynamic batching)
+        self.encode_question = encode_question or (lambda text: embedder.encode([text]))
         self.matrix = matrix or (lambda: None)
         self.experts, self.store, self.generator = experts, store, generator
         self.config = config or PipelineConfig()
@@ -148,7 +151,7 @@ class AskPipeline:
         timings: dict[str, float] = {}
 
         t = time.perf_counter()
-        q = self.embedder.encode([req.question])  # [1, D]
+        q = self.encode_question(req.question)  # [1, D]
         timings["embed"] = (time.perf_counter() - t) * 1000
 
         t = time.perf_counter()

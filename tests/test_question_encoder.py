@@ -1,0 +1,187 @@
+"""Dynamic batching and the question cache: same answers, isolated failures (engine/question_encoder.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.runtime import Runtime
+from app.settings import Settings
+from engine.embedder import Embedder
+from engine.pipeline import AskRequest
+from engine.question_encoder import QuestionEncoder
+from tests.conftest import TOKEN
+from tests.helpers import TOPICS, topic_doc
+
+
+class _Fake:
+    """texts -> one row each, [len, first char code, 1]; records every batch; 'boom' fails the call."""
+
+    def __init__(self, delay: float = 0.02, slow: str = "", slow_delay: float = 0.0) -> None:
+        self.delay, self.slow, self.slow_delay = delay, slow, slow_delay
+        self.batches: list[list[str]] = []
+
+    def __call__(self, texts: Sequence[str]) -> np.ndarray:
+        self.batches.append(list(texts))
+        time.sleep(self.delay + (self.slow_delay if self.slow in texts else 0.0))
+        if any("boom" in t for t in texts):
+            raise ValueError("cannot embed boom")
+        return np.array([[len(t), ord(t[0]), 1.0] for t in texts], dtype=np.float32)  # [N, 3]
+
+
+def _concurrently(qe: QuestionEncoder, questions: list[str]) -> dict[str, np.ndarray | Exception]:
+    out: dict[str, np.ndarray | Exception] = {}
+    start = threading.Barrier(len(questions))
+
+    def one(q: str) -> None:
+        start.wait()
+        try:
+            out[q] = qe.encode(q)
+        except Exception as exc:
+            out[q] = exc
+
+    threads = [threading.Thread(target=one, args=(q,)) for q in questions]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    return out
+
+
+def test_concurrent_questions_share_model_calls_and_get_their_own_rows() -> None:
+    fake = _Fake()
+    qe = QuestionEncoder(fake, max_batch=4, max_wait_ms=50, cache_size=0)
+    questions = [f"{c}question {i}" for i, c in enumerate("abcdefghij")]
+    out = _concurrently(qe, questions)
+    for q in questions:
+        assert isinstance(out[q], np.ndarray)
+        assert out[q].shape == (1, 3)
+        assert out[q][0].tolist() == [len(q), ord(q[0]), 1.0]  # its own row, not a neighbour's
+    assert max(len(b) for b in fake.batches) > 1  # batched ...
+    assert all(len(b) <= 4 for b in fake.batches)  # ... never beyond max_batch
+    assert qe.stats.questions == len(questions)
+    assert qe.stats.batches == len(fake.batches)
+    qe.close()
+
+
+def test_a_failing_question_fails_alone() -> None:
+    fake = _Fake()
+    qe = QuestionEncoder(fake, max_batch=8, max_wait_ms=50, cache_size=0)
+    questions = ["alpha", "beta", "boom here", "gamma", "delta"]
+    out = _concurrently(qe, questions)
+    assert isinstance(out["boom here"], ValueError)
+    for q in questions:
+        if q != "boom here":
+            assert isinstance(out[q], np.ndarray), out[q]
+            assert out[q][0, 0] == len(q)
+    assert any(len(b) > 1 and "boom here" in b for b in fake.batches)  # it was batched, then isolated
+    qe.close()
+
+
+def test_a_slow_question_does_not_fail_the_others() -> None:
+    fake = _Fake(slow="slow one", slow_delay=0.3)
+    qe = QuestionEncoder(fake, max_batch=8, max_wait_ms=20, cache_size=0)
+    questions = ["slow one", "quick a", "quick b", "quick c"]
+    out = _concurrently(qe, questions)
+    assert all(isinstance(out[q], np.ndarray) and out[q][0, 0] == len(q) for q in questions)
+    qe.close()
+
+
+def test_the_cache_answers_repeats_without_the_model_and_shares_no_writable_array() -> None:
+    fake = _Fake(delay=0)
+    qe = QuestionEncoder(fake, max_batch=1, cache_size=2)
+    a = qe.encode("a?")
+    assert qe.encode("a?") is a and len(fake.batches) == 1 and qe.stats.cache_hits == 1
+    with pytest.raises(ValueError):
+        a[0, 0] = 7  # read-only: one caller cannot change another's vector
+    qe.encode("b?")
+    qe.encode("c?")  # evicts "a?", the least recently used
+    qe.encode("a?")
+    assert len(fake.batches) == 4
+
+
+def test_closed_encoder_refuses_new_questions() -> None:
+    qe = QuestionEncoder(_Fake(delay=0), max_batch=4)
+    assert qe.encode("x")[0, 0] == 1
+    qe.close()
+    with pytest.raises(RuntimeError):
+        qe.encode("new question")
+
+
+def test_batched_answers_equal_unbatched_ones_on_the_real_pipeline(tmp_path: Path) -> None:
+    """Concurrent questions through the batching server path: the same ids and scores as one at a time.
+
+    float32, where a row does not depend on its batch (bfloat16 rounds by batch shape: see the
+    module docstring and the load benchmark's measurement).
+    """
+    from app.services.documents import Upload
+
+    settings = Settings(
+        data_dir=tmp_path / "data",
+        admin_token=TOKEN,  # type: ignore[arg-type]
+        embed_dtype="float32",
+        question_batch=8,
+        question_batch_wait_ms=30,  # make the batches certain in a test
+        question_cache=0,
+    )
+    rt = Runtime(settings, embedder=Embedder(dtype="float32"))
+    rt.start(run_jobs=False)
+    try:
+        for t in TOPICS:
+            for i in range(3):
+                rt.ingestor.ingest(Upload(data=topic_doc(t, i).encode(), source=f"{t}-{i}.md", filename=f"{t}-{i}.md"))
+        questions = [
+            "How does the write-ahead log work?",
+            "What is a branch in git?",
+            "How do I install a package with apt?",
+            "Are tuples mutable?",
+            "What does a checkpoint copy back?",
+            "What does a rebase replay?",
+            "Which tool unpacks .deb files?",
+            "What do comprehensions build from iterables, and which keys may a dictionary use?",
+        ]
+
+        vectors: dict[str, np.ndarray] = {}
+        served = rt.pipeline.encode_question
+
+        def recorded(text: str) -> np.ndarray:
+            vectors[text] = served(text)
+            return vectors[text]
+
+        rt.pipeline.encode_question = recorded
+
+        def answer(q: str) -> list[tuple[int, float]]:
+            p = rt.pipeline.prepare(AskRequest(q, top_k=5, mode="fallback"))
+            return [(c.chunk.id, c.score) for c in p.citations]
+
+        batched: dict[str, list[tuple[int, float]]] = {}
+        start = threading.Barrier(len(questions))
+
+        def one(q: str) -> None:
+            start.wait()
+            batched[q] = answer(q)
+
+        threads = [threading.Thread(target=one, args=(q,)) for q in questions]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
+        assert rt.questions is not None and rt.questions.stats.largest > 1  # they really were batched
+        emb, index = rt.embedder, rt.indexes.index
+        rt.pipeline.encode_question = lambda text: emb.encode([text])  # one at a time, no batcher
+        for q in questions:
+            alone = answer(q)
+            assert batched[q] == alone, q  # the answer's chunks, in order, with their fused scores
+            one_vec = emb.encode([q])  # [1, D]
+            assert np.abs(vectors[q] - one_vec).max() < 1e-6, q
+            (s_b,), (i_b,) = index.search(vectors[q], 10)  # the dense scores (cosines) as well
+            (s_1,), (i_1,) = index.search(one_vec, 10)
+            assert i_b.tolist() == i_1.tolist(), q
+            assert np.allclose(s_b, s_1, atol=1e-6), q
+    finally:
+        rt.close()
