@@ -335,7 +335,13 @@ def cmd_serve(args: argparse.Namespace) -> None:
     settings = _settings(args)
     if args.sample:
         ensure_sample(settings)
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=settings.log_level.lower())
+    uvicorn.run(
+        create_app(settings),
+        host=args.host,
+        port=args.port,
+        log_level=settings.log_level.lower(),
+        access_log=settings.access_log,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -189,7 +189,7 @@ class Runtime:
                 self._embedder = Embedder(s.model_path, dtype=s.embed_dtype, batch_size=s.embed_batch_size)
             emb = self._embedder
             questions = self.questions = QuestionEncoder(
-                emb.encode,
+                emb.encode_questions,
                 max_batch=s.question_batch,
                 max_wait_ms=s.question_batch_wait_ms,
                 cache_size=s.question_cache,

@@ -101,6 +101,7 @@ class Settings(BaseSettings):
         "auto", description="Expert-path search: auto = the scoped kernel on CUDA, FAISS otherwise."
     )
     log_level: str = "INFO"
+    access_log: bool = Field(True, description="uvicorn's line per request (questions are also logged in SQL).")
 
     @cached_property
     def resolved_data_dir(self) -> Path:

@@ -12,7 +12,7 @@ Stages (each prints progress; the slow ones skip what is already built under --w
               at the expert path's scan, the plain reference pipeline (reference.py), a router blind
               to the FAQ pages, LangChain, semantic-router as the gate (routing.py + below)
 5. speed      ingestion of the same pages, in one run: raw encode, moerag, LangChain (pages/s, chunks/s)
-6. load       /ask p50/p95/p99 and throughput from a load generator at 1, 2 and 4 clients (load.py)
+6. load       /ask p50/p95/p99 and throughput, moerag and the LangChain peer as services (load.py)
 7. scaling    latency, recall and memory at 10k, 100k, 1M chunks: expert path vs global vs IVF (scaling.py)
 8. report     benchmarks/results/compare.{json,md} and PNG plots
 
@@ -252,14 +252,14 @@ def plots(results: dict[str, Any], out: Path) -> list[str]:
         made.append("compare-quality.png")
     if "load" in results:
         fig, (ax, ax2) = plt.subplots(1, 2, figsize=(10, 4))
-        for threads in sorted({r["server_threads"] for r in results["load"]["levels"]}):
-            lv = [r for r in results["load"]["levels"] if r["server_threads"] == threads]
-            xs = [r["concurrency"] for r in lv]
-            for key in ("p50_ms", "p95_ms"):
-                ax.plot(xs, [r[key] for r in lv], marker="o", label=f"{key}, {threads} thread(s)")
-            ax2.plot(xs, [r["throughput_rps"] for r in lv], marker="s", label=f"{threads} thread(s)")
+        levels = results["load"]["levels"]
+        for target in dict.fromkeys(r["target"] for r in levels):
+            lv = [r for r in levels if r["target"] == target]
+            xs = [r["clients"] for r in lv]
+            ax.plot(xs, [r["p95_ms"] for r in lv], marker="o", label=target)
+            ax2.plot(xs, [r["throughput_rps"] for r in lv], marker="s", label=target)
         ax.set_xlabel("concurrent clients")
-        ax.set_ylabel("/ask latency, ms")
+        ax.set_ylabel("/ask p95 latency, ms")
         ax2.set_xlabel("concurrent clients")
         ax2.set_ylabel("throughput, req/s")
         ax.legend(fontsize=8)
@@ -343,18 +343,17 @@ def markdown(results: dict[str, Any]) -> str:
         out.append("")
     if "load" in results:
         out += [
-            "### /ask under load (one server process, extractive generator, 127.0.0.1)",
+            "### /ask under load (one server process each, extractive generator, 127.0.0.1)",
             "",
             f"Command: `{results['load'].get('command', '')}`",
             "",
-            "| server threads | clients | requests | req/s | p50 ms | p95 ms | p99 ms | embed+route ms | paths |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| target | clients | requests | req/s | p50 ms | p95 ms | p99 ms | load generator CPU |",
+            "|---|---|---|---|---|---|---|---|",
         ]
         for lv in results["load"]["levels"]:
             out.append(
-                f"| {lv['server_threads']} | {lv['concurrency']} | {lv['requests']} | {lv['throughput_rps']} "
-                f"| {lv['p50_ms']} | {lv['p95_ms']} | {lv['p99_ms']} | {lv['embed_plus_route_ms_mean']} "
-                f"| {lv['paths']} |"
+                f"| {lv['target']} | {lv['clients']} | {lv['requests']} | {lv['throughput_rps']} "
+                f"| {lv['p50_ms']} | {lv['p95_ms']} | {lv['p99_ms']} | {lv['loadgen_cpu_share']:.0%} |"
             )
         out.append("")
     if "scaling" in results:
@@ -377,10 +376,8 @@ def main() -> None:
     ap.add_argument("--speed-pages", type=int, default=100)
     ap.add_argument("--load-requests", type=int, default=200)
     ap.add_argument("--load-seconds", type=float, default=60)
-    ap.add_argument("--load-levels", type=int, nargs="+", default=[1, 2, 4])
-    ap.add_argument(
-        "--load-threads", type=int, nargs="+", default=[0, 1], help="server torch threads per run (0: default)"
-    )
+    ap.add_argument("--load-levels", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--load-targets", nargs="+", choices=[*load.MOERAG_TARGETS, *load.PEER_TARGETS])
     ap.add_argument("--latency-questions", type=int, default=100)
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     args = ap.parse_args()
@@ -419,11 +416,12 @@ def main() -> None:
                 load.run(
                     work / "moerag",
                     args.load_levels,
-                    args.load_requests,
                     args.load_seconds,
                     work / "load-server.log",
                     questions_text,
-                    threads=args.load_threads,
+                    langchain=lc if (lc := work / "langchain").is_dir() else None,
+                    requests=args.load_requests,
+                    targets=args.load_targets,
                 ),
             )
         elif stage == "scaling":

@@ -1,24 +1,37 @@
-"""/ask under concurrent load: a real `moerag serve` on 127.0.0.1 and a bounded load generator.
+"""/ask under concurrent load, service to service: moerag with and without batching, the LangChain peer.
 
-    python benchmarks/load.py --data-dir /tmp/evaldata --concurrency 1 2 4 --requests 200 --seconds 60
+    python benchmarks/load.py --data-dir /var/tmp/eval/data --langchain /var/tmp/eval/langchain \\
+        --clients 1 2 4 8 16 --seconds 15
 
-Each level sends at most `--requests` questions (the FAQ dev questions, cycled) or stops after
-`--seconds`, whichever comes first, with `c` clients each keeping one request in flight.
-Extractive generator (the default), so the figures are moerag's own cost, not an LLM's.
+In one run, on this machine, for every target and client count: throughput (requests/s) and
+p50/p95/p99 latency, with the load generator's own CPU share (it runs on the same cores).
+Targets, each its own server process on 127.0.0.1, one at a time:
+
+- moerag, batching: `moerag serve` as shipped (extractive answers, so the figures are moerag's
+  own cost, not an LLM's), the question cache off: the dev questions cycle, and a cache would
+  answer repeats without the model. A last row turns it on to show what repeats cost.
+- moerag, no batching: MOERAG_QUESTION_BATCH=1.
+- moerag, 2 torch threads: batching with MOERAG_TORCH_THREADS=2 (the default is one).
+- LangChain server (benchmarks/peer_server.py): the same model in the same dtype, FAISS flat,
+  FastAPI + uvicorn, one route returning the top 10; torch's default threads, then one thread.
+
+Also measured in-process before the servers start: a bare `encode` + exact FAISS search of the
+same questions (the floor for one client), and what batching in bfloat16 does to the top 10.
+`ratio_at_8_clients` = moerag with batching / the faster LangChain server, at 8 clients.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import json
 import os
 import statistics
+import subprocess
 import sys
-import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,50 +41,50 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.evalcorpus import load_questions
 from benchmarks.routing import percentile
-from tests.server import Server  # the same `moerag serve` launcher the crash-recovery tests use
+from tests.server import Server, free_port  # the same `moerag serve` launcher the crash-recovery tests use
+
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
-def load_level(url: str, questions: list[str], concurrency: int, requests: int, seconds: float) -> dict[str, Any]:
-    """`concurrency` clients, each one request in flight, until `requests` are sent or `seconds` pass."""
-    feed = itertools.islice(itertools.cycle(questions), requests)
-    lock = threading.Lock()
+async def load_level(
+    url: str, questions: list[str], clients: int, seconds: float, requests: int | None = None
+) -> dict[str, Any]:
+    """`clients` closed-loop clients (one request in flight each) for `seconds` (or `requests` sent), one loop."""
+    feed = itertools.islice(itertools.cycle(questions), requests) if requests else itertools.cycle(questions)
     latencies: list[float] = []
-    route_ms: list[float] = []
+    embed_ms: list[float] = []
     paths: Counter[str] = Counter()
-    errors: Counter[int] = Counter()
-    deadline = time.monotonic() + seconds
+    errors: Counter[str] = Counter()
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as http:
+        for q in questions[:3]:  # warm-up outside the measurement: lazy imports, first connections
+            await http.post("/ask", json={"question": q})
+        deadline = time.monotonic() + seconds
 
-    def client() -> None:
-        with httpx.Client(base_url=url, timeout=60) as http:
-            while time.monotonic() < deadline:
-                with lock:
-                    q = next(feed, None)
-                if q is None:
-                    return
+        async def client() -> None:
+            while time.monotonic() < deadline and (q := next(feed, None)) is not None:
                 t = time.perf_counter()
-                r = http.post("/ask", json={"question": q})
+                try:
+                    r = await http.post("/ask", json={"question": q})
+                except httpx.HTTPError as exc:
+                    errors[type(exc).__name__] += 1
+                    continue
                 ms = (time.perf_counter() - t) * 1000
-                with lock:
-                    if r.status_code != 200:
-                        errors[r.status_code] += 1
-                        continue
-                    body = r.json()
-                    latencies.append(ms)
-                    route_ms.append(body["timings_ms"].get("embed", 0.0) + body["timings_ms"].get("route", 0.0))
+                if r.status_code != 200:
+                    errors[str(r.status_code)] += 1
+                    continue
+                latencies.append(ms)
+                body = r.json()
+                if "route" in body:  # moerag
                     paths[body["route"]["path"]] += 1
+                    embed_ms.append(body["timings_ms"].get("embed", 0.0))
 
-    # Warm-up outside the measurement: the first request pays lazy imports.
-    httpx.post(f"{url}/ask", json={"question": questions[0]}, timeout=60)
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client) for _ in range(concurrency)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    elapsed = time.perf_counter() - t0
+        cpu0, t0 = time.process_time(), time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(clients)))
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     latencies.sort()
     return {
-        "concurrency": concurrency,
+        "clients": clients,
         "requests": len(latencies),
         "errors": dict(errors),
         "seconds": round(elapsed, 1),
@@ -79,47 +92,197 @@ def load_level(url: str, questions: list[str], concurrency: int, requests: int, 
         "p50_ms": percentile(latencies, 50),
         "p95_ms": percentile(latencies, 95),
         "p99_ms": percentile(latencies, 99),
-        "embed_plus_route_ms_mean": round(statistics.mean(route_ms), 2) if route_ms else None,
+        "embed_ms_mean": round(statistics.mean(embed_ms), 2) if embed_ms else None,
         "paths": dict(paths),
+        "loadgen_cpu_share": round(cpu / (elapsed * (os.cpu_count() or 1)), 3),  # of the whole machine
     }
+
+
+class PeerServer:
+    """benchmarks/peer_server.py in its own process, ready when /readyz answers."""
+
+    def __init__(self, store: Path, log: Path, dtype: str, **env: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, str(Path(__file__).with_name("peer_server.py")), "--store", str(store)]
+        self.cmd = [*cmd, "--port", str(self.port), "--dtype", dtype]
+        self.env, self.log = {**os.environ, **env}, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 300) -> None:
+        out = open(self.log, "ab")  # noqa: SIM115 - owned by the child process
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"peer server exited: {self.log.read_text()[-2000:]}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=5).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError("peer server not ready")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(30)
+
+
+def bare_floor(data_dir: Path, questions: list[str]) -> dict[str, Any]:
+    """In-process `encode_questions` + exact FAISS search over moerag's index: one client's floor.
+
+    Also: batching in bfloat16 (groups of 8 as under load) against one question at a time, on
+    the top 10 of that search.
+    """
+    import faiss
+    import numpy as np
+    import torch
+
+    from engine.embedder import Embedder
+    from index import ClusteredIndex
+
+    path = max((data_dir / "index").glob("ivf-*.faiss"), key=lambda p: p.stat().st_mtime)
+    index = ClusteredIndex.load(path, path.stem)
+    emb = Embedder()
+    out: dict[str, Any] = {"dtype": emb.dtype_name, "vectors": index.ntotal}
+    for threads in (1, os.cpu_count() or 1):
+        torch.set_num_threads(threads)
+        faiss.omp_set_num_threads(threads)
+        for q in questions[:5]:
+            index.search(emb.encode_questions([q]), 10)
+        ms = []
+        for q in questions[:100]:
+            t = time.perf_counter()
+            index.search(emb.encode_questions([q]), 10)
+            ms.append((time.perf_counter() - t) * 1000)
+        ms.sort()
+        out[f"p50_ms_{threads}_threads"] = percentile(ms, 50)
+    out["p50_ms"] = min(v for k, v in out.items() if k.startswith("p50_ms_"))
+    torch.set_num_threads(1)
+    single = np.vstack([emb.encode_questions([q]) for q in questions])  # [Q, D]
+    batched = np.vstack([emb.encode_questions(questions[i : i + 8]) for i in range(0, len(questions), 8)])
+    s1, i1 = index.search(single, 10)
+    s8, i8 = index.search(batched, 10)
+    out["batching_in_" + emb.dtype_name] = {
+        "questions": len(questions),
+        "vector_max_abs_diff": float(np.abs(single - batched).max()),
+        "top10_same_order": int((i1 == i8).all(axis=1).sum()),
+        "top10_same_set": int(sum(set(a) == set(b) for a, b in zip(i1.tolist(), i8.tolist(), strict=True))),
+        "top1_same": int((i1[:, 0] == i8[:, 0]).sum()),
+        "score_max_abs_diff": float(np.abs(s1 - s8).max()),
+    }
+    return out
+
+
+def run_target(
+    name: str, url: str, questions: list[str], levels: list[int], seconds: float, requests: int | None
+) -> list[dict[str, Any]]:
+    rows = []
+    for c in levels:
+        print(f"load: {name}, {c} client(s) ...", flush=True)
+        rows.append({"target": name, **asyncio.run(load_level(url, questions, c, seconds, requests))})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+_NO_CACHE = {"MOERAG_QUESTION_CACHE": "0"}
+MOERAG_TARGETS: dict[str, dict[str, str]] = {
+    "moerag, batching": _NO_CACHE,
+    "moerag, no batching": {**_NO_CACHE, "MOERAG_QUESTION_BATCH": "1"},
+    "moerag, batching, 2 torch threads": {**_NO_CACHE, "MOERAG_TORCH_THREADS": "2"},
+    "moerag, batching + question cache": {},
+}
+PEER_TARGETS: dict[str, dict[str, str]] = {
+    "LangChain server": {},
+    "LangChain server, 1 torch thread": {"OMP_NUM_THREADS": "1"},
+}
 
 
 def run(
     data_dir: Path,
-    levels: list[int],
-    requests: int,
+    clients: list[int],
     seconds: float,
     log: Path,
-    questions: list[str] | None = None,
-    threads: Sequence[int] = (0,),
+    questions: list[str],
+    *,
+    langchain: Path | None = None,
+    requests: int | None = None,
+    targets: list[str] | None = None,
 ) -> dict[str, Any]:
-    """One server process per entry of `threads` (> 0 caps its torch/OpenMP threads; 0: torch's default)."""
-    qs = questions or [q["question"] for q in load_questions()]
-    rows = []
-    for n in threads:
-        server = Server(data_dir, "bench-load", log, **({"OMP_NUM_THREADS": str(n)} if n > 0 else {}))
-        server.start(timeout=600).close()
-        try:
-            for c in levels:
-                print(f"load: {c} concurrent client(s), server threads {n or 'default'} ...", flush=True)
-                rows.append(load_level(server.url, qs, c, requests, seconds) | {"server_threads": n or os.cpu_count()})
-                print(json.dumps(rows[-1]), flush=True)
-        finally:
-            server.stop()
-    return {"levels": rows, "server_processes": 1, "cpus": os.cpu_count()}
+    """Every target (default: all; LangChain ones need `langchain`) at every client count, one at a time."""
+    wanted = targets or [*MOERAG_TARGETS, *(PEER_TARGETS if langchain else {})]
+    result: dict[str, Any] = {"cpus": os.cpu_count(), "seconds_per_level": seconds, "questions": len(questions)}
+    print("bare encode + search, in process ...", flush=True)
+    bare = result["bare_encode_search"] = bare_floor(data_dir, questions)
+    print(json.dumps(bare), flush=True)
+    rows: list[dict[str, Any]] = []
+    for name in wanted:
+        if name in MOERAG_TARGETS:
+            server = Server(data_dir, "bench-load", log, **MOERAG_TARGETS[name])
+            server.start(timeout=600).close()
+            try:
+                rows += run_target(name, server.url, questions, clients, seconds, requests)
+            finally:
+                server.stop()
+        else:
+            if langchain is None:
+                raise ValueError(f"target {name!r} needs a LangChain store")
+            peer = PeerServer(langchain, log, bare["dtype"], **PEER_TARGETS[name])
+            peer.start()
+            try:
+                rows += run_target(f"{name} ({bare['dtype']})", peer.url, questions, clients, seconds, requests)
+            finally:
+                peer.stop()
+    result["levels"] = rows
+    result.update(summary(rows, bare["p50_ms"]))
+    return result
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--data-dir", type=Path, required=True)
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2, 4])
-    ap.add_argument("--requests", type=int, default=200)
-    ap.add_argument("--seconds", type=float, default=60)
-    ap.add_argument("--threads", type=int, nargs="+", default=[0], help="server torch threads per run (0: default)")
-    ap.add_argument("--log", type=Path, default=Path("load-server.log"))
+    ap.add_argument("--data-dir", type=Path, required=True, help="an ingested moerag data dir (served as it is)")
+    ap.add_argument("--langchain", type=Path, help="a store from `peers.py langchain-build` (omit: no peer rows)")
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    ap.add_argument("--seconds", type=float, default=15, help="per target and client count")
+    ap.add_argument("--requests", type=int, help="also stop a level after this many requests")
+    ap.add_argument("--targets", nargs="+", choices=[*MOERAG_TARGETS, *PEER_TARGETS], help="default: all")
+    ap.add_argument("--log", type=Path, default=Path("load-servers.log"))
+    ap.add_argument("--name", default="load", help="results file stem under benchmarks/results/")
     args = ap.parse_args()
-    result = run(args.data_dir, args.concurrency, args.requests, args.seconds, args.log, threads=args.threads)
-    print(json.dumps(result, indent=2))
+    questions = [q["question"] for q in load_questions()]
+    result = {"command": "python benchmarks/load.py " + " ".join(sys.argv[1:])}
+    result |= run(
+        args.data_dir,
+        args.clients,
+        args.seconds,
+        args.log,
+        questions,
+        langchain=args.langchain,
+        requests=args.requests,
+        targets=args.targets,
+    )
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps({k: v for k, v in result.items() if k != "levels"}, indent=2))
+
+
+def summary(rows: list[dict[str, Any]], bare_p50: float) -> dict[str, Any]:
+    """The issue's aims, computed from the rows."""
+    by = {(r["target"], r["clients"]): r for r in rows}
+    out: dict[str, Any] = {}
+    lc8 = [r for r in rows if r["target"].startswith("LangChain") and r["clients"] == 8]
+    m8, m1 = by.get(("moerag, batching", 8)), by.get(("moerag, batching", 1))
+    if lc8 and m8 and max(r["throughput_rps"] for r in lc8) > 0:
+        best = max(lc8, key=lambda r: r["throughput_rps"])
+        out["ratio_at_8_clients"] = round(m8["throughput_rps"] / best["throughput_rps"], 2)
+        out["ratio_at_8_clients_against"] = best["target"]
+    if m1:
+        out["p50_at_1_client_over_bare_ms"] = round(m1["p50_ms"] - bare_p50, 2)
+    if m1 and m8:
+        out["p95_8_over_p95_1"] = round(m8["p95_ms"] / m1["p95_ms"], 2)
+    return out
 
 
 if __name__ == "__main__":

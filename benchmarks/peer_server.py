@@ -17,22 +17,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fastapi import FastAPI
+from pydantic import BaseModel, Field
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
-def create_app(store: Path, dtype: str) -> Any:
-    from fastapi import FastAPI
-    from pydantic import BaseModel, Field
+class AskIn(BaseModel):
+    question: str = Field(min_length=1, max_length=2000)
+    k: int = Field(10, ge=1, le=50)
 
+
+def create_app(store: Path, dtype: str) -> FastAPI:
     from benchmarks.peers import LangChainRetriever
 
     retriever = LangChainRetriever(store, dtype=dtype)
     retriever.search("warm-up", k=1)  # the first call pays lazy initialisation
     app = FastAPI(title="LangChain peer")
-
-    class AskIn(BaseModel):
-        question: str = Field(min_length=1, max_length=2000)
-        k: int = Field(10, ge=1, le=50)
 
     @app.get("/readyz")
     def readyz() -> dict[str, Any]:

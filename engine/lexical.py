@@ -46,13 +46,25 @@ class LexicalIndex:
         tokens = tokenize(query)
         if self._bm25 is None or not tokens:
             return []
-        k = min(k, len(self.ids))
-        weights = None if mask is None else mask.astype(np.float32)  # [N]
         with self._lock:
-            docs, scores = self._bm25.retrieve(
-                [tokens], k=k, show_progress=False, weight_mask=weights
-            )  # [1, K], [1, K]
-        return [(int(self.ids[d]), float(s)) for d, s in zip(docs[0], scores[0], strict=True) if s > 0]
+            scores = self._bm25.get_scores(tokens)  # [N]
+        if mask is not None:
+            scores = np.where(mask, scores, 0.0)  # [N]
+        return [(int(self.ids[d]), float(scores[d])) for d in top_k(scores, k) if scores[d] > 0]
+
+
+def top_k(scores: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the k best of scores [N], best first, ties by index; at the k-th place a tie is
+    settled by argpartition (deterministic for the same scores).
+
+    `bm25s.BM25.retrieve` does the same selection inside a progress-bar loop with per-call
+    set-up: 1.0 ms a question on the eval corpus against 0.1 ms for get_scores + this.
+    """
+    k = min(k, len(scores))
+    if k <= 0:
+        return np.zeros(0, dtype=np.int64)
+    idx = np.argpartition(-scores, k - 1)[:k] if k < len(scores) else np.arange(len(scores))  # [k]
+    return idx[np.lexsort((idx, -scores[idx]))]  # best first, then lower index
 
 
 def reciprocal_rank_fusion(

@@ -170,6 +170,9 @@ class Router:
     version_id: int = 0
     metrics: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self.net.eval()  # once, not per question: the switch walks every module
+
     @property
     def none_class(self) -> int:
         return len(self.expert_ids)
@@ -192,7 +195,6 @@ class Router:
         return (scores, index.clusters_of(ids)), scanned
 
     def logits(self, q: npt.NDArray[np.float32], neighbours: Neighbours | None = None) -> torch.Tensor:
-        self.net.eval()
         with torch.inference_mode():
             votes = self.net.votes(neighbours) if neighbours is not None else None  # [Q, C]
             return self.net(torch.from_numpy(np.ascontiguousarray(q, dtype=np.float32)), votes)  # [Q, C]

@@ -84,7 +84,9 @@ class ClusteredIndex:
 
     def _valid_lists(self, clusters: Iterable[int]) -> Ints:
         """The distinct lists of `clusters` that exist in this index, ascending."""
-        lists = np.unique(np.fromiter(clusters, dtype=np.int64))
+        lists = np.fromiter(clusters, dtype=np.int64)
+        if lists.size > 1 and not (lists[1:] > lists[:-1]).all():  # the usual scope is already distinct, ascending
+            lists = np.unique(lists)
         return lists[(lists >= 0) & (lists < self.nlist)]
 
     def scan_size(self, clusters: Iterable[int] | None = None) -> tuple[int, int]:

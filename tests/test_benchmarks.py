@@ -121,6 +121,9 @@ def test_compare_runs_every_stage(tmp_path: Path) -> None:
         "--load-levels",
         "1",
         "2",
+        "--load-targets",
+        "moerag, batching",
+        "LangChain server",
         "--sizes",
         "3000",
         "--latency-questions",
@@ -150,16 +153,22 @@ def test_compare_runs_every_stage(tmp_path: Path) -> None:
     speed = merged["speed"]
     assert speed["pages"] == 3 and speed["moerag"]["chunks"] > 0 and speed["LangChain"]["chunks"] > 0
 
-    levels = merged["load"]["levels"]
-    assert [(lv["server_threads"], lv["concurrency"]) for lv in levels] == [
-        (os.cpu_count(), 1),
-        (os.cpu_count(), 2),
-        (1, 1),
-        (1, 2),
+    load = merged["load"]
+    levels = load["levels"]
+    dtype = load["bare_encode_search"]["dtype"]
+    assert [(lv["target"], lv["clients"]) for lv in levels] == [
+        ("moerag, batching", 1),
+        ("moerag, batching", 2),
+        (f"LangChain server ({dtype})", 1),
+        (f"LangChain server ({dtype})", 2),
     ]
     for lv in levels:
         assert lv["errors"] == {} and lv["requests"] == 6
         assert lv["p50_ms"] <= lv["p95_ms"] <= lv["p99_ms"]
+        assert 0 < lv["loadgen_cpu_share"] <= 1
+    assert load["bare_encode_search"]["p50_ms"] > 0
+    assert "p50_at_1_client_over_bare_ms" in load
+    assert "ratio_at_8_clients" not in load  # no level at 8 clients in this short run
 
     (row,) = merged["scaling"]["rows"]
     assert row["chunks"] == 3000 and row["global"]["scanned"] == 3000

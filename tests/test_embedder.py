@@ -50,3 +50,11 @@ def test_counting_and_encoding_are_safe_across_threads(embedder) -> None:  # typ
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(work, range(200)))
     assert all(results)
+
+
+def test_the_serving_path_embeds_exactly_as_encode(embedder: Embedder) -> None:
+    """`encode_questions` (one forward pass) gives `encode`'s vectors, truncation included."""
+    texts = ["How do I undo a commit?", "word " * 600, "Wie geht's? ünïcödé"]
+    for t in texts:
+        assert np.array_equal(embedder.encode_questions([t]), embedder.encode([t])), t[:20]
+    assert embedder.encode_questions([]).shape == (0, embedder.dim)

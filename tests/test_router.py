@@ -89,6 +89,29 @@ def test_bm25_mask_restricts_the_search_to_a_scope() -> None:
     assert lex.search("git rebase", 4, np.zeros(4, dtype=bool)) == []
 
 
+def test_bm25_search_ranks_as_bm25s_retrieve_does() -> None:
+    """The lean selection (get_scores + top_k) finds bm25s's own top k, best first, ties by index."""
+    import numpy as np
+
+    from engine.lexical import LexicalIndex, tokenize, top_k
+
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(40)]
+    texts = [" ".join(rng.choice(words, 12)) for _ in range(300)]
+    lex = LexicalIndex(list(range(1000, 1300)), texts)
+    assert lex._bm25 is not None
+    for query in ["w1 w2", "w3 w17 w30", "w5", "w39 w0 w22 w8"]:
+        ours = lex.search(query, 20)
+        docs, scores = lex._bm25.retrieve([tokenize(query)], k=20, show_progress=False)
+        assert np.allclose([s for _, s in ours], [s for s in scores[0] if s > 0], atol=1e-6), query
+        ranked = [1000 + int(d) for d, s in zip(docs[0], scores[0], strict=True) if s > 0]
+        untied = {i for i, s in ours if sum(abs(s - t) < 1e-9 for _, t in ours) == 1}
+        assert untied <= set(ranked), query
+    assert top_k(np.array([1.0, 3.0, 3.0, 2.0, 3.0]), 3).tolist() == [1, 2, 4]  # ties by index
+    assert top_k(np.array([1.0, 2.0]), 5).tolist() == [1, 0]
+    assert top_k(np.array([]), 3).tolist() == []
+
+
 def test_held_out_documents_are_whole_and_every_expert_keeps_training_documents() -> None:
     from engine.samples import held_out_documents
 
