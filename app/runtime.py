@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import threading
 import time
@@ -73,6 +74,7 @@ class Runtime:
         self._routers: RouterManager | None = None
         self._pipeline: AskPipeline | None = None
         self.questions: QuestionEncoder | None = None
+        self.question_model = "eager"
         self._matrix: tuple[tuple[int, int], ExpertMatrix] | None = None
         self._matrix_lock = threading.Lock()
         self.lexical = LexicalManager(self.sessions, settings.lexical_rebuild_share)
@@ -188,11 +190,14 @@ class Runtime:
             if self._embedder is None:
                 self._embedder = Embedder(s.model_path, dtype=s.embed_dtype, batch_size=s.embed_batch_size)
             emb = self._embedder
+            if s.trace_questions and run_jobs:  # serving: the model call without the GIL (one-shots skip it)
+                self.question_model = emb.trace_questions()
             questions = self.questions = QuestionEncoder(
                 emb.encode_questions,
                 max_batch=s.question_batch,
                 max_wait_ms=s.question_batch_wait_ms,
                 cache_size=s.question_cache,
+                workers=s.question_workers or os.cpu_count() or 1,
             )
             self._indexes = IndexManager(s, self.sessions, emb.dim, emb.name)
             self.index_status = self._indexes.open()

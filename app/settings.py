@@ -82,6 +82,14 @@ class Settings(BaseSettings):
     question_batch_wait_ms: float = Field(
         0.0, ge=0, le=50, description="How long a free model waits for more questions to batch (0: none)."
     )
+    question_workers: int = Field(
+        0, ge=0, le=64, description="Threads running the model on question batches; 0 = one per core."
+    )
+    trace_questions: bool = Field(
+        True,
+        description="Serve question embeddings from a frozen TorchScript trace of the model (checked against "
+        "eager at start; eager if it differs or fails).",
+    )
     question_cache: int = Field(1024, ge=0, description="Question vectors remembered by exact text; 0 = no cache.")
     torch_threads: int = Field(
         0, ge=0, description="Torch and FAISS threads of a serving process; 0 = one (measured best, README)."

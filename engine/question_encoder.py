@@ -8,6 +8,9 @@ for eight). So, as serving systems do (Triton Inference Server's dynamic batcher
 - a question that finds the model idle is embedded at once: no added wait at one client;
 - questions that arrive while a batch runs queue up and go together in the next one, up to
   `max_batch`; `max_wait_ms` > 0 additionally holds a batch open that long for company;
+- `workers` threads take batches from one queue, so with two cores two batches (or, at low load,
+  two single questions) run at once, each on one torch thread (`Embedder.encode_questions`
+  takes no lock);
 - each caller gets its own row back as soon as its batch is done;
 - a batch that fails is retried one question at a time, so only the failing question fails.
 
@@ -65,14 +68,24 @@ class QuestionEncoder:
     """`encode(question) -> [1, D]`, safe from any number of threads.
 
     max_batch: most questions per model call; 1 turns batching off (each caller embeds in its
-        own thread, one at a time, as before).
-    max_wait_ms: how long a batch waits for more questions once the model is free (0: none).
+        own thread, as before).
+    max_wait_ms: how long a batch waits for more questions once a worker is free (0: none).
     cache_size: questions remembered (exact text); 0 turns the cache off.
+    workers: batch threads (model calls at once).
     """
 
-    def __init__(self, encode: Encode, *, max_batch: int = 16, max_wait_ms: float = 0.0, cache_size: int = 1024):
-        if max_batch < 1:
-            raise ValueError("max_batch must be at least 1")
+    def __init__(
+        self,
+        encode: Encode,
+        *,
+        max_batch: int = 16,
+        max_wait_ms: float = 0.0,
+        cache_size: int = 1024,
+        workers: int = 1,
+    ) -> None:
+        if max_batch < 1 or workers < 1:
+            raise ValueError("max_batch and workers must be at least 1")
+        self.workers = workers
         self._encode = encode
         self.max_batch, self.max_wait = max_batch, max_wait_ms / 1000
         self.cache_size = cache_size
@@ -80,7 +93,7 @@ class QuestionEncoder:
         self._cache_lock = threading.Lock()
         self._queue: list[_Pending] = []
         self._cond = threading.Condition()
-        self._worker: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._closed = False
         self.stats = BatchStats()
 
@@ -103,9 +116,9 @@ class QuestionEncoder:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-            worker = self._worker
-        if worker is not None:
-            worker.join(timeout=30)
+            threads = list(self._threads)
+        for t in threads:
+            t.join(timeout=30)
 
     # -- cache ------------------------------------------------------------------------------
 
@@ -137,9 +150,11 @@ class QuestionEncoder:
             if self._closed:
                 raise RuntimeError("the question encoder is closed")
             self._queue.append(pending)
-            if self._worker is None:
-                self._worker = threading.Thread(target=self._run, name="moerag-question-batcher", daemon=True)
-                self._worker.start()
+            if not self._threads:  # started on first use: after the server has set its torch threads
+                for i in range(self.workers):
+                    t = threading.Thread(target=self._run, name=f"moerag-question-batcher-{i}", daemon=True)
+                    t.start()
+                    self._threads.append(t)
             self._cond.notify()
         return pending.future
 

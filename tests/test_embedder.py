@@ -58,3 +58,48 @@ def test_the_serving_path_embeds_exactly_as_encode(embedder: Embedder) -> None:
     for t in texts:
         assert np.array_equal(embedder.encode_questions([t]), embedder.encode([t])), t[:20]
     assert embedder.encode_questions([]).shape == (0, embedder.dim)
+
+
+def test_the_serving_path_runs_in_many_threads_beside_bulk_encoding(embedder: Embedder) -> None:
+    """encode_questions takes no lock (a tokenizer per thread): concurrent calls, with a bulk
+    encode and token counting racing them, all give the single-threaded vectors."""
+    import threading
+
+    questions = [f"How do I configure option number {i} of the service?" for i in range(12)]
+    expected = {q: embedder.encode_questions([q]) for q in questions}
+    errors: list[BaseException] = []
+    start = threading.Barrier(len(questions) + 2)
+
+    def ask(q: str) -> None:
+        start.wait()
+        try:
+            for _ in range(3):
+                assert np.array_equal(embedder.encode_questions([q]), expected[q])
+        except BaseException as exc:  # collected: a failed assert in a thread is otherwise silent
+            errors.append(exc)
+
+    def bulk() -> None:
+        start.wait()
+        embedder.encode(["a long bulk text about databases " * 20] * 16)
+
+    def count() -> None:
+        start.wait()
+        embedder.count_tokens(["some text to count"] * 500)
+
+    threads = [threading.Thread(target=ask, args=(q,)) for q in questions]
+    threads += [threading.Thread(target=bulk), threading.Thread(target=count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors[0]
+
+
+def test_the_traced_question_model_matches_eager() -> None:
+    """float32: the frozen trace gives `encode`'s vectors to 1e-5, for every length up to the window."""
+    emb = Embedder(dtype="float32")
+    assert emb.trace_questions().startswith("traced")
+    texts = ["x", "How do I undo a commit?", "a longer question about sqlite write-ahead logs " * 4, "w " * 400]
+    for t in texts:
+        assert np.abs(emb.encode_questions([t]) - emb.encode([t])).max() < 1e-5, t[:20]
+    assert np.abs(emb.encode_questions(texts) - emb.encode(texts)).max() < 1e-5
