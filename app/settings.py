@@ -76,6 +76,12 @@ class Settings(BaseSettings):
     )
     router_seed: int = 0
     router_refresh_seconds: float = Field(1.0, gt=0, description="How often a worker checks the active router.")
+    ask_concurrency: int = Field(
+        0,
+        ge=0,
+        le=256,
+        description="Questions answered at once per process (0: twice the cores); more wait their turn.",
+    )
     question_batch: int = Field(
         16, ge=1, le=256, description="Most concurrent questions embedded in one model call; 1 = no batching."
     )

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 
+import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -82,12 +84,28 @@ async def ask(body: AskIn, request: Request, rt: RuntimeDep) -> Response:
             429, "rate_limited", f"too many questions from this client; retry in {wait:.0f} s",
             headers={"Retry-After": str(math.ceil(wait))},
         )  # fmt: skip
+    slots = _answer_slots(request, rt)
     if body.stream:
-        prepared = await run_in_threadpool(_prepare, rt, body)
+        prepared = await anyio.to_thread.run_sync(_prepare, rt, body, limiter=slots)
         return StreamingResponse(_sse(rt, prepared, body.generate), media_type="text/event-stream")
     # One hop to a worker thread for the whole answer, and the body serialised once (returning
     # the model would have FastAPI validate it again): each cost ~0.2 ms of the GIL a question.
-    return Response(await run_in_threadpool(_answer, rt, body), media_type="application/json")
+    return Response(await anyio.to_thread.run_sync(_answer, rt, body, limiter=slots), media_type="application/json")
+
+
+def _answer_slots(request: Request, rt: Runtime) -> anyio.CapacityLimiter:
+    """Questions being answered at once (`MOERAG_ASK_CONCURRENCY`); the rest wait on the event loop.
+
+    Answering is mostly Python under one GIL: more threads than this only queue for it, and a
+    thread re-taking the GIL after every small torch or FAISS call waits behind all of them
+    (16 clients, 40 threads: p95 211 ms; 4 threads: 160 ms, same throughput). Made on first use,
+    inside the event loop (the loop is single-threaded: no race).
+    """
+    slots: anyio.CapacityLimiter | None = getattr(request.app.state, "answer_slots", None)
+    if slots is None:
+        n = rt.settings.ask_concurrency or 2 * (os.cpu_count() or 1)
+        slots = request.app.state.answer_slots = anyio.CapacityLimiter(n)
+    return slots
 
 
 def _answer(rt: Runtime, body: AskIn) -> bytes:
