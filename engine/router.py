@@ -197,7 +197,9 @@ class Router:
     def logits(self, q: npt.NDArray[np.float32], neighbours: Neighbours | None = None) -> torch.Tensor:
         with torch.inference_mode():
             votes = self.net.votes(neighbours) if neighbours is not None else None  # [Q, C]
-            return self.net(torch.from_numpy(np.ascontiguousarray(q, dtype=np.float32)), votes)  # [Q, C]
+            return self.net(
+                torch.from_numpy(np.array(q, dtype=np.float32)), votes
+            )  # [Q, C]; a copy: q may be read-only
 
     def route(
         self, q: npt.NDArray[np.float32], k: int = 3, neighbours: Neighbours | None = None
