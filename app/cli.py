@@ -333,10 +333,10 @@ def cmd_serve(args: argparse.Namespace) -> None:
     from app.main import create_app
 
     settings = _settings(args)
-    if args.sample:
-        ensure_sample(settings)
+    # The sample is prepared behind an open port: /readyz says "preparing", then "starting".
+    prepare = (lambda: ensure_sample(settings)) if args.sample else None
     uvicorn.run(
-        create_app(settings),
+        create_app(settings, prepare=prepare),
         host=args.host,
         port=args.port,
         log_level=settings.log_level.lower(),

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -23,9 +24,17 @@ log = logging.getLogger(__name__)
 
 
 def create_app(
-    settings: Settings | None = None, *, runtime: Runtime | None = None, start_in_background: bool = True
+    settings: Settings | None = None,
+    *,
+    runtime: Runtime | None = None,
+    start_in_background: bool = True,
+    prepare: Callable[[], None] | None = None,
 ) -> FastAPI:
-    """`start_in_background`: answer /healthz at once and /readyz 503 while the model loads."""
+    """`start_in_background`: answer /healthz at once and /readyz 503 while the model loads.
+
+    prepare: work before the runtime starts (`serve --sample`'s corpus), in the same background
+    thread, so the port answers from the first second (/readyz 503 "preparing" meanwhile).
+    """
     rt = runtime or Runtime(settings or Settings())
 
     @asynccontextmanager
@@ -34,9 +43,11 @@ def create_app(
         use_serving_threads(rt.settings)
         if not rt.ready:
             if start_in_background:
-                starter = threading.Thread(target=_start_quietly, args=(rt,), name="moerag-start", daemon=True)
+                starter = threading.Thread(target=_start_quietly, args=(rt, prepare), name="moerag-start", daemon=True)
                 starter.start()
             else:
+                if prepare is not None:
+                    prepare()
                 rt.start()
         try:
             yield
@@ -45,11 +56,14 @@ def create_app(
                 starter.join()
             rt.close()
 
-    app = FastAPI(
+    # Swagger UI and ReDoc from files shipped in the fastapi-offline package: no CDN, so /docs
+    # and /redoc work on a closed network.
+    app = FastAPIOffline(
         title="moerag",
         version="0.1.0",
         summary="Self-hosted RAG with expert-indexed retrieval",
         lifespan=lifespan,
+        static_url="/docs-static",
     )
     app.state.runtime = rt
     errors.install(app)
@@ -75,8 +89,17 @@ CONSOLE_HEADERS = {
 }
 
 
+# The API docs pages (Swagger UI, ReDoc): their inline start-up scripts, nothing from elsewhere
+# (ReDoc's footer would fetch its logo from a CDN; blocked here, the page stays fully offline).
+DOCS_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' "
+    "'unsafe-inline'; img-src 'self' data:; worker-src 'self' blob:; connect-src 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+}
+
+
 class SecurityHeaders:
-    """Pure ASGI (no task group around the app): the console's headers on /admin, nosniff everywhere."""
+    """Pure ASGI (no task group around the app): the console's and the docs' headers, nosniff everywhere."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -86,9 +109,12 @@ class SecurityHeaders:
             await self.app(scope, receive, send)
             return
         path = scope["path"]
-        extra = (
-            CONSOLE_HEADERS if path == "/admin" or path.startswith("/admin/") else {"X-Content-Type-Options": "nosniff"}
-        )
+        if path == "/admin" or path.startswith("/admin/"):
+            extra = CONSOLE_HEADERS
+        elif path in ("/docs", "/redoc"):
+            extra = DOCS_HEADERS
+        else:
+            extra = {"X-Content-Type-Options": "nosniff"}
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -100,8 +126,12 @@ class SecurityHeaders:
         await self.app(scope, receive, send_with_headers)
 
 
-def _start_quietly(rt: Runtime) -> None:
+def _start_quietly(rt: Runtime, prepare: Callable[[], None] | None = None) -> None:
     try:
+        if prepare is not None:
+            rt.phase = "preparing"
+            prepare()
+            rt.phase = "starting"
         rt.start()
     except Exception:  # reported by /readyz; the process stays up instead of crash-looping
         log.exception("moerag failed to start")

@@ -84,6 +84,7 @@ class Runtime:
         self.metrics = Metrics()
         self.admin_token = ""
         self.ready = False
+        self.phase = "starting"  # what /readyz says before ready: "preparing" (serve --sample), "starting"
         self.error: str | None = None
         self.index_status = ""
         self.kernel_backend = ""

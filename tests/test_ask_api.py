@@ -104,8 +104,8 @@ def test_forced_modes(client: TestClient, routed: dict[str, Any]) -> None:
     assert all("sqlite" in c["source"] for c in res["citations"])
     res = ask(client, question="How does a git rebase replay commits onto another branch?", mode="fallback")
     assert res["route"]["path"] == "fallback" and res["route"]["reason"] == "forced"
-    res = ask(client, question="x", mode="expert", expert=9999)
-    assert res["route"]["path"] == "fallback" and res["route"]["reason"] == "unknown_expert"
+    unknown = client.post("/ask", json={"question": "x", "mode": "expert", "expert": 9999})
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "expert_not_found"  # not a quiet fallback
     res = ask(client, question="sqlite wal checkpoint", generate=False)
     assert res["answer"] is None and res["citations"]
 

@@ -132,3 +132,37 @@ def test_sigkill_then_restart_with_sample_runs_the_job_once(tmp_path: Path) -> N
         assert log.count("moerag ready") == 2  # one runtime per start: --sample started none of its own
     finally:
         server.stop()
+
+
+def test_serve_sample_answers_readyz_while_it_prepares(tmp_path: Path) -> None:
+    """Issue 13: `serve --sample` on an empty store used to keep its port closed for the whole
+    preparation (connection refused); now /readyz answers 503 "preparing", then "ready"."""
+    import threading
+
+    import httpx
+
+    server = Server(tmp_path / "data", TOKEN, tmp_path / "server.log")
+    statuses: list[str] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            try:
+                r = httpx.get(f"{server.url}/readyz", timeout=5)
+                if not statuses or statuses[-1] != r.json()["status"]:
+                    statuses.append(r.json()["status"])
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    try:
+        poller.start()
+        server.start(300, "--sample")  # returns once /readyz is 200
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        poller.join(10)
+        server.stop()
+    assert statuses[0] == "preparing" and statuses[-1] == "ready", statuses
+    assert "ingesting the sample corpus" in (tmp_path / "server.log").read_text()

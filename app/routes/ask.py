@@ -58,6 +58,8 @@ def _prepare(rt: Runtime, body: AskIn) -> Prepared:
         raise ApiError(422, "top_k_too_large", f"top_k is limited to {s.max_top_k}")
     if body.mode != "expert" and body.expert is not None:
         raise ApiError(422, "invalid_request", "'expert' is only meaningful with mode='expert'")
+    if body.expert is not None and body.expert not in rt.experts.profiles():
+        raise ApiError(404, "expert_not_found", f"no expert {body.expert}")
     try:
         return rt.pipeline.prepare(AskRequest(body.question, body.top_k, body.mode, body.expert))
     except GeneratorError as exc:

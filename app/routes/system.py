@@ -30,7 +30,7 @@ def readyz(request: Request) -> JSONResponse:
     """Model, database and index loaded: 200; otherwise 503 with what is missing."""
     rt: Runtime = request.app.state.runtime
     if not rt.ready:
-        body = {"status": "failed" if rt.error else "starting", "error": rt.error}
+        body = {"status": "failed" if rt.error else rt.phase, "error": rt.error}
         return JSONResponse(body, 503, headers={"Retry-After": "2"})
     idx = rt.indexes.index
     return JSONResponse(
