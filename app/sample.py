@@ -83,7 +83,7 @@ def build_sample_corpus(target: Path, modules: tuple[str, ...] = SAMPLE_MODULES)
             continue
         if name in _HTML:
             html = pydoc.HTMLDoc()
-            body = html.page(f"Python: module {name}", html.document(module, name))
+            body = html.page(f"module {name}", html.document(module, name))  # page() prefixes "Python: "
             path = target / f"{name}.html"
             path.write_text(body, encoding="utf-8")
         else:

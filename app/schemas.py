@@ -190,8 +190,13 @@ class CitationOut(BaseModel):
     title: str
     chunk_id: int
     heading: str
-    score: float
+    score: float = Field(
+        description="Rank score on one scale for both paths: weighted reciprocal-rank fusion of the dense "
+        "and BM25 ranks, sum of w / (60 + rank) (dense w = 1, BM25 w = MOERAG_LEXICAL_WEIGHT), so at most "
+        "~0.018. Cosine similarities are what /search returns."
+    )
     text: str
+    used: bool = Field(False, description="The answer cites this passage ([n] appears in it).")
 
 
 class AskOut(BaseModel):

@@ -72,10 +72,33 @@ def build_messages(question: str, passages: Sequence[Passage], system_prompt: st
 
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n{2,}")
+_GUTTER = re.compile(r"^[ \t]*(?:[|│][ \t]*)+", re.MULTILINE)  # "|  " margins of generated reference text
+_CITE = re.compile(r"\[(\d+)\]")
+# Page chrome of generated documentation: banners, bare section labels (NAME, DESCRIPTION,
+# MODULE REFERENCE ...), the "automatically generated" notice and a lone URL; and doctest lines.
+_CHROME_LINE = re.compile(
+    r"^\s*(?:Python Library Documentation:.*|[A-Z][A-Z ]{1,30}|https?://\S+|(?:>>>|\.\.\.)(?:\s.*)?)\s*$"
+)
+_CHROME_SENTENCE = re.compile(r"documentation is automatically generated|When in doubt, consult", re.IGNORECASE)
+
+
+def readable(text: str) -> str:
+    """A passage as prose for quoting: gutters and chrome lines removed, paragraphs kept."""
+    lines = [ln for ln in _GUTTER.sub("", text).splitlines() if not _CHROME_LINE.match(ln)]
+    return "\n".join(lines)
+
+
+def cited_numbers(answer: str) -> set[int]:
+    """The passage numbers an answer cites, [n]."""
+    return {int(n) for n in _CITE.findall(answer)}
 
 
 class ExtractiveGenerator:
-    """Picks the passage sentences that share the most question terms, each with its citation."""
+    """Picks the passage sentences that share the most question terms, each with its citation.
+
+    Sentences are taken from `readable` text (no formatting gutters or page chrome); a sentence
+    seen already (overlapping chunks repeat one) is quoted once; only quoted passages are cited.
+    """
 
     name = "extractive"
 
@@ -85,15 +108,18 @@ class ExtractiveGenerator:
     def stream(self, question: str, passages: Sequence[Passage], system_prompt: str = "") -> Iterator[str]:
         terms = set(tokenize(question))
         scored: list[tuple[float, int, int, str, int]] = []  # (score, passage rank, position, text, n)
+        seen: set[str] = set()
         for rank, p in enumerate(passages):
-            for pos, sentence in enumerate(s.strip() for s in _SENTENCE.split(p.text)):
+            for pos, raw in enumerate(_SENTENCE.split(readable(p.text))):
+                sentence = " ".join(raw.split())
                 words = tokenize(sentence)
-                if len(words) < 3:
+                if len(words) < 3 or sentence in seen or _CHROME_SENTENCE.search(sentence):
                     continue
+                seen.add(sentence)
                 overlap = len(terms & set(words))
                 if overlap:
                     # Earlier passages ranked higher by retrieval; a small tie-breaking bonus.
-                    scored.append((overlap + 0.5 / (1 + rank), rank, pos, " ".join(sentence.split()), p.n))
+                    scored.append((overlap + 0.5 / (1 + rank), rank, pos, sentence, p.n))
         if not scored:
             if passages:
                 yield f"No passage states this directly; the closest one is [{passages[0].n}]."

@@ -153,3 +153,90 @@ def test_ask_streams_an_expert_answer_from_the_llama_cpp_server(llama_server: st
     rt.settings.openai_base_url = None
     r = client.post("/ask", json={**body, "stream": False})
     assert r.status_code == 503 and r.json()["error"]["code"] == "generator_unavailable"
+
+
+PYDOC = """Python Library Documentation: module demo
+
+NAME
+    demo - Tools for demonstrating things.
+
+MODULE REFERENCE
+    https://docs.python.org/3.11/library/demo.html
+
+    The following documentation is automatically generated from the Python
+    source files.  When in doubt, consult the module reference at the location listed above.
+
+CLASSES
+    class Widget(builtins.object)
+     |  Widget(size)
+     |
+     |  A widget holds a size and can be resized in place.
+     |
+     |  resize(self, size)
+     |      Resize the widget to the given size.
+
+    >>> Widget(3).resize(4)
+"""
+
+
+def test_readable_drops_gutters_banners_and_labels() -> None:
+    from engine.generators import readable
+
+    text = readable(PYDOC)
+    assert "|" not in text and "Python Library Documentation" not in text
+    assert "NAME" not in text.split() and "CLASSES" not in text.split() and "https://" not in text
+    assert ">>>" not in text
+    assert "A widget holds a size and can be resized in place." in text
+
+
+def test_extractive_answer_quotes_prose_once_and_cites_what_it_quotes() -> None:
+    from engine.generators import cited_numbers
+
+    passages = [Passage(1, "demo.txt", "demo", PYDOC), Passage(2, "demo.txt", "demo", PYDOC), Passage(3, "x", "x", "")]
+    answer = "".join(ExtractiveGenerator().stream("How do I resize a widget?", passages))
+    assert "|" not in answer and "Python Library Documentation" not in answer and "generated" not in answer
+    assert answer.count("Resize the widget to the given size.") == 1  # the overlapping copy is not quoted again
+    assert cited_numbers(answer) == {1}
+
+
+SAMPLE_QUESTIONS = [
+    "How do I read a CSV file?",
+    "How do I parse JSON from a string?",
+    "How do I compute a SHA-256 hash?",
+    "How do I copy a directory tree?",
+    "How do I make a temporary file?",
+    "What does functools.lru_cache do?",
+    "How do I run a shell command and capture its output?",
+    "How do I get the current time in UTC?",
+    "How do I generate a secure random token?",
+    "How do I match a regular expression at the start of a string?",
+]
+
+
+def test_sample_corpus_answers_are_readable_and_cite_only_what_they_use(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Issue 13: on the pydoc sample, answers carry no gutter or page header, and the citations
+    marked `used` are exactly the numbers the answer cites (each one of the listed passages)."""
+    import re
+
+    from fastapi.testclient import TestClient
+
+    from app.cli import ensure_sample
+    from app.main import create_app
+    from app.settings import Settings
+    from tests.conftest import TOKEN
+
+    settings = Settings(data_dir=tmp_path / "data", admin_token=TOKEN)  # type: ignore[arg-type]
+    ensure_sample(settings)
+    with TestClient(create_app(settings, start_in_background=False)) as client:
+        for q in SAMPLE_QUESTIONS:
+            body = client.post("/ask", json={"question": q}).json()
+            answer = body["answer"]
+            # A gutter: a quoted sentence that starts with "|", or "| |" (a shell pipe inside a command is text).
+            assert not re.search(r"(?:^|\] )\||\|\s+\|", answer), (q, answer)
+            assert "Python Library Documentation" not in answer, (q, answer)
+            assert not re.search(r"\b(NAME|DESCRIPTION|CLASSES|FUNCTIONS|MODULE REFERENCE)\b", answer), (q, answer)
+            cited = {int(n) for n in re.findall(r"\[(\d+)\]", answer)}
+            assert cited, (q, answer)
+            assert cited <= {c["n"] for c in body["citations"]}, (q, answer)
+            assert {c["n"] for c in body["citations"] if c["used"]} == cited, q
+            assert all(not c["title"].startswith("Python: Python:") for c in body["citations"])

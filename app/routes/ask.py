@@ -20,7 +20,7 @@ from app.errors import ApiError
 from app.runtime import Runtime
 from app.schemas import AskIn, AskOut, CitationOut
 from app.services.ask import log_question, route_json
-from engine.generators import GeneratorError
+from engine.generators import GeneratorError, cited_numbers
 from engine.pipeline import AskRequest, Prepared
 
 router = APIRouter(tags=["ask"])
@@ -34,7 +34,9 @@ _SSE_EVENT = {
 }
 
 
-def _citations(p: Prepared) -> list[CitationOut]:
+def _citations(p: Prepared, answer: str | None = None) -> list[CitationOut]:
+    """The retrieved passages; `used` marks those the answer cites."""
+    used = cited_numbers(answer) if answer else set()
     return [
         CitationOut(
             n=c.n,
@@ -45,6 +47,7 @@ def _citations(p: Prepared) -> list[CitationOut]:
             heading=c.chunk.heading,
             score=c.score,
             text=c.chunk.text,
+            used=c.n in used,
         )
         for c in p.citations
     ]
@@ -121,7 +124,7 @@ def _answer(rt: Runtime, body: AskIn) -> bytes:
     query_id = _finish(rt, prepared)
     out = AskOut(
         answer=answer,
-        citations=_citations(prepared),
+        citations=_citations(prepared, answer),
         route=route_json(prepared.route),
         timings_ms={k: round(v, 3) for k, v in prepared.timings_ms.items()},
         query_id=query_id,
