@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import sys
-import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
@@ -106,33 +105,26 @@ def ingest_files(rt: Runtime, files: list[Path], progress: bool = True, root: Pa
     return counts
 
 
-def ingest_remote(server: str, token: str, files: list[Path], batch: int = 50) -> dict[str, int]:
-    """Upload through a running server's bulk endpoint and follow its job."""
-    import httpx
+def ingest_remote(server: str, token: str, files: list[Path], batch: int = 50, progress: bool = True) -> dict[str, int]:
+    """Upload through a running server's bulk endpoint and follow its jobs."""
     from tqdm import tqdm
 
+    from app.cli_remote import Remote
+
     totals = {"created": 0, "duplicate": 0, "failed": 0, "chunks": 0}
-    headers = {"Authorization": f"Bearer {token}"}
-    with (
-        httpx.Client(base_url=server, headers=headers, timeout=300) as client,
-        tqdm(total=len(files), unit="doc", desc="ingest") as bar,
-    ):
+    with Remote(server, token) as api, tqdm(total=len(files), unit="doc", desc="ingest", disable=not progress) as bar:
         for start in range(0, len(files), batch):
             part = files[start : start + batch]
             multipart = [("files", (str(f), f.read_bytes())) for f in part]
-            r = client.post("/documents/bulk", files=multipart)
-            if r.status_code != 202:
-                raise SystemExit(f"moerag: server refused the upload ({r.status_code}): {r.text}")
-            job_id, seen = r.json()["id"], 0
-            while True:
-                job = client.get(f"/jobs/{job_id}").json()
-                bar.update(job["done"] - seen)
-                seen = job["done"]
-                if job["status"] in ("done", "failed"):
-                    break
-                time.sleep(0.5)
-            if job["status"] == "failed":
-                raise SystemExit(f"moerag: ingest job {job_id} failed: {job['error']}")
+            job = api.call("POST", "/documents/bulk", ok=(202,), files=multipart)
+            seen = 0
+
+            def advance(done: int, total: int) -> None:
+                nonlocal seen
+                bar.update(done - seen)
+                seen = done
+
+            job = api.follow_job(job, advance)
             for key in totals:
                 totals[key] += job["result"].get(key, 0)
             for failure in job["result"].get("failures", []):
@@ -145,12 +137,40 @@ def cmd_ingest(args: argparse.Namespace) -> None:
     files = collect_files(args.paths)
     if not files:
         raise SystemExit("moerag: no supported files found (txt, md, html, pdf)")
-    if args.server:
-        token = args.token or os.environ.get("MOERAG_ADMIN_TOKEN") or _read_token(settings)
-        counts = ingest_remote(args.server, token, files)
+    if server := _server(args, settings):
+        counts = ingest_remote(server, _token(args, settings, admin=True) or "", files, progress=not args.quiet)
     else:
         counts = ingest_local(settings, files, progress=not args.quiet)
     print(json.dumps(counts))
+    if counts["failed"]:
+        raise SystemExit(1)  # the counts are printed; the exit status says not everything went in
+
+
+def _server(args: argparse.Namespace, settings: Settings) -> str | None:
+    """Where the work goes: --server, else the live server holding the data dir, else None (local)."""
+    if getattr(args, "server", None):
+        return str(args.server)
+    from app.cli_remote import running_server
+
+    url = running_server(settings.resolved_data_dir)
+    if url is not None:
+        print(f"moerag: {settings.resolved_data_dir} is served by {url}; sending the work there", file=sys.stderr)
+    return url
+
+
+def _token(args: argparse.Namespace, settings: Settings, *, admin: bool) -> str | None:
+    """--token, else $MOERAG_ADMIN_TOKEN ($MOERAG_READ_TOKEN for reads), else the data dir's token file."""
+    explicit = getattr(args, "token", None) or os.environ.get("MOERAG_ADMIN_TOKEN")
+    if not explicit and not admin:
+        explicit = os.environ.get("MOERAG_READ_TOKEN")
+    if explicit:
+        return str(explicit)
+    try:
+        return _read_token(settings)
+    except SystemExit:
+        if admin:
+            raise
+        return None  # a server without a read token answers reads without one
 
 
 def _read_token(settings: Settings) -> str:
@@ -187,33 +207,36 @@ def cmd_db(args: argparse.Namespace) -> None:
 
 
 def cmd_search(args: argparse.Namespace) -> None:
-    from app.services.search import search
+    from app.cli_remote import Remote, print_hits
 
-    with _runtime(_settings(args)) as rt, rt.sessions() as s:
-        clusters = [int(c) for c in args.clusters.split(",")] if args.clusters else None
-        result = search(s, rt.embedder, rt.indexes, args.query, args.k, clusters)
-        for h in result.hits:
-            print(f"{h.score:.3f}  [{h.chunk.id}] {h.chunk.document.source} :: {h.chunk.heading}")
+    settings = _settings(args)
+    body = {"query": args.query, "k": args.k, "clusters": args.clusters}
+    if server := _server(args, settings):
+        with Remote(server, _token(args, settings, admin=False)) as api:
+            print_hits(api.call("POST", "/search", json=body), args.json)
+        return
+    from app.routes.system import run_search
+    from app.schemas import SearchIn
+
+    with _runtime(settings) as rt:
+        print_hits(run_search(rt, SearchIn.model_validate(body)).model_dump(), args.json)
 
 
 def cmd_ask(args: argparse.Namespace) -> None:
-    from app.services.ask import route_json
-    from engine.pipeline import AskRequest
+    from app.cli_remote import Remote, print_answer
 
-    with _runtime(_settings(args)) as rt:
-        p = rt.pipeline.prepare(AskRequest(args.question, args.k, args.mode, args.expert))
-        answer = "".join(p.answer_stream())
-        if args.json:
-            cites = [
-                {"n": c.n, "chunk_id": c.chunk.id, "source": c.chunk.source, "score": c.score} for c in p.citations
-            ]
-            print(json.dumps({"answer": answer, "route": route_json(p.route), "citations": cites}))
-            return
-        r = p.route
-        who = f"expert {r.expert.name!r}" if r.path == "expert" and r.expert else "fallback"
-        print(f"{answer}\n\n[{who}: {r.detail}]")
-        for c in p.citations:
-            print(f"  [{c.n}] {c.score:.3f} {c.chunk.source} :: {c.chunk.heading}")
+    settings = _settings(args)
+    body = {"question": args.question, "top_k": args.k, "mode": args.mode, "expert": args.expert}
+    body = {k: v for k, v in body.items() if v is not None}
+    if server := _server(args, settings):
+        with Remote(server, _token(args, settings, admin=False)) as api:
+            print_answer(api.call("POST", "/ask", json=body), args.json)
+        return
+    from app.routes.ask import answer_json
+    from app.schemas import AskIn
+
+    with _runtime(settings) as rt:  # the API's own answer: same checks, same log, same shape
+        print_answer(json.loads(answer_json(rt, AskIn.model_validate(body))), args.json)
 
 
 def cmd_router_train(args: argparse.Namespace) -> None:
@@ -221,18 +244,26 @@ def cmd_router_train(args: argparse.Namespace) -> None:
 
     from app.services.routing import NotTrainable
 
-    with _runtime(_settings(args)) as rt:
-        with tqdm(total=100, unit="%", desc="train router") as bar:
+    settings = _settings(args)
+    with tqdm(total=100, unit="%", desc="train router", disable=args.quiet) as bar:
 
-            def progress(done: int, total: int) -> None:
-                bar.n = done * 100 // max(total, 1)
-                bar.refresh()
+        def progress(done: int, total: int) -> None:
+            bar.n = done * 100 // max(total, 1)
+            bar.refresh()
 
-            try:
-                result = rt.routers.train(progress, activate=not args.no_activate)
-            except NotTrainable as exc:
-                raise SystemExit(f"moerag: {exc}") from None
-        print(json.dumps(result))
+        if server := _server(args, settings):
+            from app.cli_remote import Remote
+
+            with Remote(server, _token(args, settings, admin=True)) as api:
+                job = api.call("POST", "/admin/api/router/train", ok=(202,), json={"activate": not args.no_activate})
+                result = api.follow_job(job, progress)["result"]
+        else:
+            with _runtime(settings) as rt:
+                try:
+                    result = rt.routers.train(progress, activate=not args.no_activate)
+                except NotTrainable as exc:
+                    raise SystemExit(f"moerag: {exc}") from None
+    print(json.dumps(result))
 
 
 def cmd_router_eval(args: argparse.Namespace) -> None:
@@ -335,13 +366,22 @@ def cmd_serve(args: argparse.Namespace) -> None:
     settings = _settings(args)
     # The sample is prepared behind an open port: /readyz says "preparing", then "starting".
     prepare = (lambda: ensure_sample(settings)) if args.sample else None
+    app = create_app(settings, prepare=prepare)
+    app.state.runtime.announce_url = f"http://{args.host}:{args.port}"
     uvicorn.run(
-        create_app(settings, prepare=prepare),
+        app,
         host=args.host,
         port=args.port,
         log_level=settings.log_level.lower(),
         access_log=settings.access_log,
     )
+
+
+def _cluster_ids(text: str) -> list[int]:
+    try:
+        return [int(c) for c in text.split(",") if c.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated cluster ids, e.g. 3,7") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -355,11 +395,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--sample", action="store_true", help="ingest the pydoc sample corpus if the store is empty")
     serve.set_defaults(func=cmd_serve)
 
-    ingest = sub.add_parser("ingest", help="ingest files and folders (txt, md, html, pdf)")
+    # Commands that can run against a server: --server (default: the live server holding the data dir).
+    remote = argparse.ArgumentParser(add_help=False)
+    remote.add_argument("--server", help="a running server, e.g. http://127.0.0.1:8000 (default: the one "
+                        "serving --data-dir, if any; else the command runs here)")  # fmt: skip
+    remote.add_argument("--token", help="bearer token (default: $MOERAG_ADMIN_TOKEN, then the data dir's token)")
+    remote.add_argument("--quiet", action="store_true", help="no progress bar")
+    remote.add_argument("--json", action="store_true", help="print JSON (for scripts)")
+
+    ingest = sub.add_parser("ingest", parents=[remote], help="ingest files and folders (txt, md, html, pdf)")
     ingest.add_argument("paths", nargs="+")
-    ingest.add_argument("--server", help="send to a running server (e.g. http://127.0.0.1:8000)")
-    ingest.add_argument("--token", help="admin token for --server (default: $MOERAG_ADMIN_TOKEN)")
-    ingest.add_argument("--quiet", action="store_true", help="no progress bar")
     ingest.set_defaults(func=cmd_ingest)
 
     sub.add_parser("recluster", help="k-means the stored embeddings into new clusters").set_defaults(func=cmd_recluster)
@@ -375,23 +420,24 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_argument("revision", nargs="?")
     db.set_defaults(func=cmd_db)
 
-    search = sub.add_parser("search", help="dense search (debugging aid)")
+    search = sub.add_parser("search", parents=[remote], help="dense search (debugging aid)")
     search.add_argument("query")
     search.add_argument("-k", type=int, default=5)
-    search.add_argument("--clusters", help="comma-separated cluster ids to scope the search")
+    search.add_argument("--clusters", type=_cluster_ids, help="comma-separated cluster ids to scope the search")
     search.set_defaults(func=cmd_search)
 
-    ask = sub.add_parser("ask", help="ask a question (route, retrieve, answer)")
+    ask = sub.add_parser("ask", parents=[remote], help="ask a question (route, retrieve, answer)")
     ask.add_argument("question")
     ask.add_argument("-k", type=int, default=None, help="passages to cite")
     ask.add_argument("--mode", choices=["auto", "expert", "fallback"], default="auto")
     ask.add_argument("--expert", type=int, help="expert id for --mode expert")
-    ask.add_argument("--json", action="store_true")
     ask.set_defaults(func=cmd_ask)
 
     router = sub.add_parser("router", help="train or evaluate the router")
     router_sub = router.add_subparsers(dest="action", required=True)
-    train = router_sub.add_parser("train", help="train a new router version (activated unless --no-activate)")
+    train = router_sub.add_parser(
+        "train", parents=[remote], help="train a new router version (activated unless --no-activate)"
+    )
     train.add_argument("--no-activate", action="store_true")
     train.set_defaults(func=cmd_router_train)
     ev = router_sub.add_parser("eval", help="evaluate the active router on labelled questions")
@@ -410,7 +456,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "sentence_transformers", "transformers", "faiss", "alembic", "bm25s"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    args.func(args)
+    from app.errors import ApiError
+
+    try:
+        args.func(args)
+    except KeyboardInterrupt:
+        raise SystemExit(130) from None
+    except ApiError as exc:  # the API's own checks, run locally (a question too long, an unknown expert)
+        raise SystemExit(f"moerag: {exc.code}: {exc.message}") from None
+    except (OSError, ValueError, RuntimeError) as exc:
+        if level == "DEBUG":
+            raise
+        raise SystemExit(f"moerag: {type(exc).__name__}: {exc} (MOERAG_LOG_LEVEL=DEBUG for the traceback)") from None
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import kernels
 from app.auth import load_or_create_token
+from app.cli_remote import SERVER_FILE, write_server_file
 from app.db import make_engine, make_sessionmaker
 from app.locking import DataDirLock
 from app.metrics import Metrics
@@ -74,6 +75,7 @@ class Runtime:
         self._routers: RouterManager | None = None
         self._pipeline: AskPipeline | None = None
         self.questions: QuestionEncoder | None = None
+        self.announce_url: str | None = None  # set by `moerag serve`: its address, for the CLI
         self.question_model = "eager"
         self._matrix: tuple[tuple[int, int], ExpertMatrix] | None = None
         self._matrix_lock = threading.Lock()
@@ -182,6 +184,8 @@ class Runtime:
             s = self.settings
             s.resolved_data_dir.mkdir(parents=True, exist_ok=True)
             self._lock.acquire()
+            if self.announce_url:  # where CLI commands on this data dir send their work (app/cli_remote.py)
+                write_server_file(s.resolved_data_dir, self.announce_url, os.getpid())
             t0 = time.perf_counter()
             upgrade(self.engine)
             self.kernel_backend = kernels.configure(s.kernel_backend)
@@ -271,6 +275,8 @@ class Runtime:
             except OSError:  # a full disk: SQL holds everything; the next start verifies and rebuilds
                 log.exception("final index checkpoint failed")
         self.ready = False
+        if self.announce_url:
+            (self.settings.resolved_data_dir / SERVER_FILE).unlink(missing_ok=True)
         self._lock.release()
         self.engine.dispose()
 

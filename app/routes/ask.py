@@ -95,7 +95,7 @@ async def ask(body: AskIn, request: Request, rt: RuntimeDep) -> Response:
         return StreamingResponse(_sse(rt, prepared, body.generate), media_type="text/event-stream")
     # One hop to a worker thread for the whole answer, and the body serialised once (returning
     # the model would have FastAPI validate it again): each cost ~0.2 ms of the GIL a question.
-    return Response(await anyio.to_thread.run_sync(_answer, rt, body, limiter=slots), media_type="application/json")
+    return Response(await anyio.to_thread.run_sync(answer_json, rt, body, limiter=slots), media_type="application/json")
 
 
 def _answer_slots(request: Request, rt: Runtime) -> anyio.CapacityLimiter:
@@ -113,7 +113,8 @@ def _answer_slots(request: Request, rt: Runtime) -> anyio.CapacityLimiter:
     return slots
 
 
-def _answer(rt: Runtime, body: AskIn) -> bytes:
+def answer_json(rt: Runtime, body: AskIn) -> bytes:
+    """One answer as the API's JSON body (the CLI's local `ask` prints the same)."""
     prepared = _prepare(rt, body)
     answer = None
     if body.generate:

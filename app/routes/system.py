@@ -73,25 +73,24 @@ def get_job(job_id: IdPath, rt: RuntimeDep) -> JobOut:
 @router.post("/search", response_model=SearchOut, tags=["search"], dependencies=[ReaderDep])
 async def search_chunks(body: SearchIn, rt: RuntimeDep) -> SearchOut:
     """Dense retrieval: every cluster (exact) or only the given clusters (scoped)."""
+    return await run_in_threadpool(run_search, rt, body)
 
-    def run() -> SearchOut:
-        with rt.sessions() as s:
-            result = search(s, rt.embedder, rt.indexes, body.query, body.k, body.clusters)
-            hits = [
-                SearchHit(
-                    chunk_id=h.chunk.id,
-                    document_id=h.chunk.document_id,
-                    source=h.chunk.document.source,
-                    title=h.chunk.document.title,
-                    heading=h.chunk.heading,
-                    cluster_id=h.chunk.cluster_id,
-                    score=h.score,
-                    text=h.chunk.text,
-                )
-                for h in result.hits
-            ]
-            return SearchOut(
-                hits=hits, clusters_scanned=result.clusters_scanned, vectors_scanned=result.vectors_scanned
+
+def run_search(rt: Runtime, body: SearchIn) -> SearchOut:
+    """The search as the API answers it (the CLI's local `search` prints the same)."""
+    with rt.sessions() as s:
+        result = search(s, rt.embedder, rt.indexes, body.query, body.k, body.clusters)
+        hits = [
+            SearchHit(
+                chunk_id=h.chunk.id,
+                document_id=h.chunk.document_id,
+                source=h.chunk.document.source,
+                title=h.chunk.document.title,
+                heading=h.chunk.heading,
+                cluster_id=h.chunk.cluster_id,
+                score=h.score,
+                text=h.chunk.text,
             )
-
-    return await run_in_threadpool(run)
+            for h in result.hits
+        ]
+        return SearchOut(hits=hits, clusters_scanned=result.clusters_scanned, vectors_scanned=result.vectors_scanned)

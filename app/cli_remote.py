@@ -1,0 +1,109 @@
+"""The CLI against a running server: one-line errors, jobs followed with progress.
+
+A server writes its address next to the data directory's lock (`server.json`); a command run on
+a data directory that a live server holds finds it there and sends the work to it, instead of
+failing on the lock (`--server URL` says where explicitly).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+SERVER_FILE = "server.json"
+
+
+def write_server_file(data_dir: Path, url: str, pid: int) -> Path:
+    path = data_dir / SERVER_FILE
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"url": url, "pid": pid}), encoding="utf-8")
+    return path
+
+
+def running_server(data_dir: Path) -> str | None:
+    """The URL of the live server holding `data_dir`, or None (no server, or its file is stale)."""
+    from app.locking import DataDirBusy, DataDirLock
+
+    if not (data_dir / ".lock").exists():
+        return None
+    lock = DataDirLock(data_dir)
+    try:
+        lock.acquire()
+    except DataDirBusy:
+        try:
+            return str(json.loads((data_dir / SERVER_FILE).read_text(encoding="utf-8"))["url"])
+        except (OSError, ValueError, KeyError):
+            return None
+    lock.release()  # nobody holds it: whatever server.json says is stale
+    return None
+
+
+class Remote:
+    """A moerag server over HTTP; every failure is a one-line SystemExit naming the server."""
+
+    def __init__(self, url: str, token: str | None) -> None:
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=300)
+
+    def __enter__(self) -> Remote:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.http.close()
+
+    def call(self, method: str, path: str, ok: tuple[int, ...] = (200,), **kw: Any) -> Any:
+        try:
+            r = self.http.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise SystemExit(f"moerag: cannot reach {self.url}: {exc}") from None
+        if r.status_code not in ok:
+            raise SystemExit(f"moerag: {self.url}{path} answered {r.status_code}: {_error_text(r)}")
+        return r.json() if r.content else None
+
+    def follow_job(self, job: dict[str, Any], progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+        """Poll a job until it ends; a failed job is a one-line exit."""
+        while job["status"] not in ("done", "failed"):
+            time.sleep(0.5)
+            job = self.call("GET", f"/jobs/{job['id']}")
+            if progress is not None:
+                progress(job["done"], job["total"] or 1)
+        if job["status"] == "failed":
+            raise SystemExit(f"moerag: job {job['id']} ({job['kind']}) failed: {job['error']}")
+        return job
+
+
+def _error_text(r: httpx.Response) -> str:
+    try:
+        err = r.json()["error"]
+        return f"{err['code']}: {err['message']}"
+    except (ValueError, KeyError, TypeError):
+        return r.text[:300]
+
+
+def print_answer(body: dict[str, Any], as_json: bool) -> None:
+    """An /ask response as the CLI shows it (the same for a local and a remote answer)."""
+    if as_json:
+        print(json.dumps(body))
+        return
+    route = body["route"]
+    who = f"expert {route['expert']['name']!r}" if route["path"] == "expert" and route["expert"] else "fallback"
+    print(f"{body['answer']}\n\n[{who}: {route['detail']}]")
+    for c in body["citations"]:
+        mark = "*" if c.get("used") else " "
+        print(f" {mark}[{c['n']}] {c['score']:.3f} {c['source']} :: {c['heading']}")
+
+
+def print_hits(body: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(body))
+        return
+    for h in body["hits"]:
+        print(f"{h['score']:.3f}  [{h['chunk_id']}] {h['source']} :: {h['heading']}")
+    print(f"({body['vectors_scanned']} vectors in {body['clusters_scanned']} clusters)", file=sys.stderr)
