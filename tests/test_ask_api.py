@@ -1,6 +1,7 @@
 """/ask end to end on real embeddings: experts, router training, both paths, forced modes, logs."""
 
 import re
+import time
 from collections import Counter
 from typing import Any
 
@@ -279,3 +280,19 @@ def test_remapping_re_places_a_stray_chunk_in_sql_and_in_the_index(client: TestC
         back = s.get(Chunk, cid).cluster_id
     assert back in git_lists and rt.indexes.index.clusters_of(np.array([cid])).tolist() == [back]
     assert rt.experts.profiles()[sqlite].clusters == (sqlite_list,)  # the mapping itself is untouched
+
+
+def test_readyz_says_when_the_router_is_older_than_the_mapping(client: TestClient, routed: dict[str, Any]) -> None:
+    """Issue 13: moving a cluster to another expert leaves the active router on the old mapping;
+    /readyz says so (and which clusters) until a retrain."""
+    router = client.get("/readyz").json()["router"]
+    assert router["stale"] is False and router["changed_clusters"] == [], router
+    moved = next(c for c, t in routed["topic_of"].items() if t == "git")
+    r = client.put(f"/admin/api/clusters/{moved}", json={"expert_id": routed["experts"]["sqlite"]}, headers=AUTH)
+    assert r.status_code == 200, r.text
+    router = client.get("/readyz").json()["router"]
+    assert router["stale"] is True and router["changed_clusters"] == [moved] and "retrain" in router["reason"]
+    job = wait_job(client, client.post("/admin/api/router/train", headers=AUTH).json()["id"])
+    assert job["status"] == "done", job
+    time.sleep(1.1)  # a worker looks for a newly activated router once a second
+    assert client.get("/readyz").json()["router"]["stale"] is False

@@ -160,6 +160,20 @@ def test_console_end_to_end_in_chromium(tmp_path: Path) -> None:
             versions = api.get("/admin/api/router/versions").json()
             assert [v["id"] for v in versions if v["active"]] == [1]
 
+            # Issue 13: the mapping moves on, the active router does not: a banner says so, retrain clears it.
+            page.click("#tab-overview")
+            expect(page.locator("#stale-banner")).to_be_hidden()
+            moved = git_clusters[0]
+            other = api.post("/admin/api/experts", json={"name": "git, moved"}).json()["id"]
+            assert api.put(f"/admin/api/clusters/{moved}", json={"expert_id": other}).status_code == 200
+            page.click("#tab-clusters")
+            expect(page.locator("#stale-banner")).to_be_visible()
+            expect(page.locator("#stale-text")).to_contain_text(f"(clusters: {moved})")
+            page.screenshot(path=str(ARTIFACTS / "4b-stale-router.png"), full_page=True)
+            page.click("#stale-retrain")
+            expect(page.locator("#status")).to_have_text("router version 3 trained", timeout=120_000)
+            expect(page.locator("#stale-banner")).to_be_hidden()
+
             api.post("/ask", json={"question": "What does SQLite's write-ahead log do?"})
             page.click("#tab-questions")
             expect(page.locator("#q-rows tr")).to_have_count(1)

@@ -198,6 +198,12 @@ def router_versions(rt: RuntimeDep) -> list[RouterVersionOut]:
         return [RouterVersionOut.model_validate(v) for v in versions]
 
 
+@router.get("/router/staleness")
+def router_staleness(rt: RuntimeDep) -> dict[str, object]:
+    """Whether the active router was trained on today's cluster -> expert mapping (and what changed)."""
+    return rt.routers.staleness()
+
+
 @router.post("/router/versions/{version_id}/activate")
 async def activate(version_id: IdPath, rt: RuntimeDep) -> dict[str, int]:
     try:

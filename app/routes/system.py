@@ -45,6 +45,8 @@ def readyz(request: Request) -> JSONResponse:
                 "vectors": idx.ntotal,
                 "opened": rt.index_status,
             },
+            "router": rt.routers.staleness(),  # stale: the mapping changed since it was trained
+            "question_model": rt.question_model,
         }
     )
 

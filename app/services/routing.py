@@ -71,6 +71,30 @@ class RouterManager:
                 self.reload()
         return self._router
 
+    def staleness(self) -> dict[str, Any]:
+        """Was the active router trained on the cluster -> expert mapping in force now?
+
+        A router keeps its own copy of the mapping (it never mixes with another), so after a
+        cluster moves to another expert, or a recluster, it routes by the old one until it is
+        retrained. Returns router_version, stale (None: a router too old to tell),
+        changed_clusters (whose expert differs from the router's copy) and the reason in words.
+        """
+        router = self.current()
+        if router is None:
+            return {"router_version": None, "stale": False, "changed_clusters": [], "reason": "no active router"}
+        trained = router.net.list_class.tolist()  # [L] class of each list at training
+        with self.sessions() as s:
+            owners: dict[int, int | None] = {c: e for c, e in s.execute(select(Cluster.id, Cluster.expert_id))}
+        out: dict[str, Any] = {"router_version": router.version_id}
+        if not trained:
+            return out | {"stale": None, "changed_clusters": [], "reason": "the router keeps no copy of its mapping"}
+        if len(trained) != len(owners):
+            reason = f"reclustered since training ({len(trained)} clusters then, {len(owners)} now); retrain it"
+            return out | {"stale": True, "changed_clusters": sorted(owners), "reason": reason}
+        changed = [c for c, e in sorted(owners.items()) if 0 <= c < len(trained) and router.expert_of(trained[c]) != e]
+        reason = f"{len(changed)} cluster(s) changed expert since training; retrain it" if changed else "up to date"
+        return out | {"stale": bool(changed), "changed_clusters": changed, "reason": reason}
+
     def reload(self) -> Router | None:
         with self._lock, self.sessions() as s:
             v = s.scalars(select(RouterVersion).where(RouterVersion.active)).first()

@@ -208,6 +208,17 @@ async function showCluster(id) {
 async function refresh(tab) {
   await loadExperts();
   await pages[tab]();
+  await checkStaleness();
+}
+
+// The active router keeps the mapping it was trained on: say so when the mapping has moved on.
+async function checkStaleness() {
+  const st = await api("GET", "/admin/api/router/staleness");
+  $("stale-banner").hidden = !st.stale;
+  if (st.stale) {
+    const shown = st.changed_clusters.slice(0, 12).join(", ") + (st.changed_clusters.length > 12 ? ", …" : "");
+    $("stale-text").textContent = `Router version ${st.router_version} routes by an older mapping: ${st.reason} (clusters: ${shown}).`;
+  }
 }
 function show(tab) {
   document.querySelectorAll(".page").forEach((p) => { p.hidden = p.id !== tab; });
@@ -246,6 +257,7 @@ $("ex-new").addEventListener("submit", async (e) => {
   body.top_k = +body.top_k; body.threshold = body.threshold === "" ? null : +body.threshold;
   await api("POST", "/admin/api/experts", body); e.target.reset(); status("expert created"); await refresh("experts");
 });
+$("stale-retrain").addEventListener("click", () => { show("router"); $("rt-train").click(); });
 $("rt-train").addEventListener("click", async () => {
   status("training the router…");
   const job = await api("POST", "/admin/api/router/train", {});
