@@ -306,7 +306,9 @@ class Runtime:
 
     def _train_job(self, ctx: JobContext) -> dict[str, Any]:
         return self.routers.train(
-            lambda done, total: ctx.progress(done, total), activate=bool(ctx.params.get("activate", True))
+            lambda done, total: ctx.progress(done, total),
+            activate=bool(ctx.params.get("activate", True)),
+            force=bool(ctx.params.get("force", False)),
         )
 
     def _clean_spool(self) -> None:

@@ -283,7 +283,10 @@ class ExampleIn(BaseModel):
 class TrainIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    activate: bool = True
+    activate: bool = Field(
+        True, description="Activate the new version unless it is worse than the active one on held-out metrics."
+    )
+    force: bool = Field(False, description="Activate even when it is worse (the result's held_back says how).")
 
 
 class RouterVersionOut(BaseModel):

@@ -165,7 +165,7 @@ def evaluate(
     t0 = time.perf_counter()
     if train:
         print("training the router ...", flush=True)
-        print(json.dumps(rt.routers.train()), flush=True)
+        print(json.dumps(rt.routers.train(force=True)), flush=True)
     train_s = time.perf_counter() - t0
     profiles = rt.experts.profiles()
     domain_clusters = {d: list(profiles[ids[d]].clusters) for d in DOMAINS}
@@ -280,7 +280,7 @@ def evaluate(
     if faq_blind:
         print("training a router with the FAQ pages left out ...", flush=True)
         full_version = rt.routers.current().version_id
-        info = rt.routers.train(exclude_documents=faq_documents(rt))
+        info = rt.routers.train(exclude_documents=faq_documents(rt), force=True)
         blind_ranked, blind_preps = served(rt, questions)
         ranked[ROUTED + ", FAQ-blind router"] = blind_ranked
         result["retrieval"][ROUTED + ", FAQ-blind router"] = metrics_for(blind_ranked, questions)

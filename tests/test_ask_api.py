@@ -296,3 +296,31 @@ def test_readyz_says_when_the_router_is_older_than_the_mapping(client: TestClien
     assert job["status"] == "done", job
     time.sleep(1.1)  # a worker looks for a newly activated router once a second
     assert client.get("/readyz").json()["router"]["stale"] is False
+
+
+def test_a_worse_router_is_trained_but_not_activated(
+    client: TestClient, routed: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 13: training activates a new version only if it is not worse on held-out metrics;
+    otherwise it waits, with the deltas, until activated by hand (or trained with force)."""
+    import app.services.routing as routing
+
+    real_train = routing.train
+
+    def worse_train(*args: Any, **kw: Any) -> Any:  # the real training, its held-out accuracy then marked down
+        net, temperature, metrics = real_train(*args, **kw)
+        return net, temperature, metrics | {"accuracy": metrics["accuracy"] - 0.2}
+
+    monkeypatch.setattr(routing, "train", worse_train)
+    active = routed["job"]["result"]["version"]
+    job = wait_job(client, client.post("/admin/api/router/train", headers=AUTH).json()["id"])
+    result = job["result"]
+    assert job["status"] == "done" and result["active"] is False
+    assert (
+        result["held_back"]["delta"]["accuracy"] < 0
+        and "worse than the active version" in result["held_back"]["reason"]
+    )
+    versions = client.get("/admin/api/router/versions", headers=AUTH).json()
+    assert [v["id"] for v in versions if v["active"]] == [active]
+    job = wait_job(client, client.post("/admin/api/router/train", json={"force": True}, headers=AUTH).json()["id"])
+    assert job["result"]["active"] is True and "held_back" not in job["result"]

@@ -188,7 +188,8 @@ def propose(body: ProposeIn, rt: RuntimeDep) -> dict[str, object]:
 
 @router.post("/router/train", response_model=JobOut, status_code=202)
 def train_router(rt: RuntimeDep, body: TrainIn | None = None) -> JobOut:
-    return JobOut.model_validate(rt.jobs.submit("train", {"activate": body.activate if body else True}, total=100))
+    params = {"activate": body.activate, "force": body.force} if body else {"activate": True, "force": False}
+    return JobOut.model_validate(rt.jobs.submit("train", params, total=100))
 
 
 @router.get("/router/versions", response_model=list[RouterVersionOut])

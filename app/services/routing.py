@@ -243,8 +243,15 @@ class RouterManager:
         data.probe = (lists, VOTE_CHUNKS)
 
     def train(
-        self, progress: Progress | None = None, *, activate: bool = True, exclude_documents: Collection[int] = ()
+        self,
+        progress: Progress | None = None,
+        *,
+        activate: bool = True,
+        exclude_documents: Collection[int] = (),
+        force: bool = False,
     ) -> dict[str, Any]:
+        """Train a version; with `activate`, it goes live unless it is worse than the active one on
+        held-out metrics (`held_back` in the result says by how much; `force` activates anyway)."""
         report = progress or (lambda d, t: None)
         # Progress: embedding the samples is the first half, the epochs the second.
         data, expert_ids, info = self.training_set(
@@ -267,8 +274,12 @@ class RouterManager:
             s.add(version)
             s.flush()
             version_id = version.id
+        held_back = None if force or not activate else self.worse_than_active(metrics)
+        activate = activate and held_back is None
         if activate:
             self.activate(version_id)
+        elif held_back is not None:
+            log.warning("router version %d trained but not activated: %s", version_id, held_back["reason"])
         log.info(
             "router version %d trained: accuracy %.3f, ECE %.3f -> %.3f, coverage@%.2f %.3f",
             version_id,
@@ -278,7 +289,31 @@ class RouterManager:
             cfg.threshold,
             metrics["coverage_at_threshold"],
         )
-        return {"version": version_id, "active": activate, **{k: v for k, v in metrics.items() if _scalar(v)}}
+        result = {"version": version_id, "active": activate, **{k: v for k, v in metrics.items() if _scalar(v)}}
+        return result | ({"held_back": held_back} if held_back is not None else {})
+
+    def worse_than_active(self, metrics: dict[str, Any]) -> dict[str, Any] | None:
+        """Why a new version should wait instead of replacing the active one, or None.
+
+        Worse: held-out accuracy down by more than half a point, or coverage at the threshold
+        down by more than two points without a gain in accuracy on the expert path. A stale
+        active router (its mapping is gone) is replaced whatever the figures say. Held-out sets
+        differ between versions when documents changed, so the rule is deliberately loose.
+        """
+        if self.current() is None or self.staleness()["stale"] is not False:
+            return None
+        with self.sessions() as s:
+            old = s.scalars(select(RouterVersion.metrics).where(RouterVersion.active)).first() or {}
+        keys = ("accuracy", "coverage_at_threshold", "accuracy_at_threshold")
+        if not all(isinstance(old.get(k), int | float) for k in keys):
+            return None
+        delta = {k: round(float(metrics[k]) - float(old[k]), 4) for k in keys}
+        worse_accuracy = delta["accuracy"] < -0.005
+        worse_coverage = delta["coverage_at_threshold"] < -0.02 and delta["accuracy_at_threshold"] <= 0
+        if not (worse_accuracy or worse_coverage):
+            return None
+        words = ", ".join(f"{k} {old[k]:.3f} -> {metrics[k]:.3f}" for k in keys)
+        return {"delta": delta, "reason": f"worse than the active version on held-out documents ({words})"}
 
 
 def _scalar(v: object) -> bool:

@@ -262,7 +262,9 @@ $("rt-train").addEventListener("click", async () => {
   status("training the router…");
   const job = await api("POST", "/admin/api/router/train", {});
   const done = await waitJob(job.id, $("rt-progress"), $("rt-job"));
-  status(done.status === "done" ? `router version ${done.result.version} trained` : `training failed: ${done.error}`, done.status !== "done");
+  if (done.status !== "done") status(`training failed: ${done.error}`, true);
+  else if (done.result.held_back) status(`router version ${done.result.version} trained but not activated: ${done.result.held_back.reason}`, true);
+  else status(`router version ${done.result.version} trained`);
   await refresh("router");
 });
 $("try-form").addEventListener("submit", async (e) => {
