@@ -105,39 +105,14 @@ def ingest_files(rt: Runtime, files: list[Path], progress: bool = True, root: Pa
     return counts
 
 
-def ingest_remote(server: str, token: str, files: list[Path], batch: int = 50, progress: bool = True) -> dict[str, int]:
-    """Upload through a running server's bulk endpoint and follow its jobs."""
-    from tqdm import tqdm
-
-    from app.cli_remote import Remote
-
-    totals = {"created": 0, "duplicate": 0, "failed": 0, "chunks": 0}
-    with Remote(server, token) as api, tqdm(total=len(files), unit="doc", desc="ingest", disable=not progress) as bar:
-        for start in range(0, len(files), batch):
-            part = files[start : start + batch]
-            multipart = [("files", (str(f), f.read_bytes())) for f in part]
-            job = api.call("POST", "/documents/bulk", ok=(202,), files=multipart)
-            seen = 0
-
-            def advance(done: int, total: int) -> None:
-                nonlocal seen
-                bar.update(done - seen)
-                seen = done
-
-            job = api.follow_job(job, advance)
-            for key in totals:
-                totals[key] += job["result"].get(key, 0)
-            for failure in job["result"].get("failures", []):
-                tqdm.write(f"skipped {failure['source']}: {failure['error']}", file=sys.stderr)
-    return totals
-
-
 def cmd_ingest(args: argparse.Namespace) -> None:
     settings = _settings(args)
     files = collect_files(args.paths)
     if not files:
         raise SystemExit("moerag: no supported files found (txt, md, html, pdf)")
     if server := _server(args, settings):
+        from app.cli_remote import ingest_remote
+
         counts = ingest_remote(server, _token(args, settings, admin=True) or "", files, progress=not args.quiet)
     else:
         counts = ingest_local(settings, files, progress=not args.quiet)
@@ -303,61 +278,6 @@ def cmd_sample(args: argparse.Namespace) -> None:
     print(f"wrote {len(paths)} documents to {args.target}")
 
 
-def ensure_sample(settings: Settings) -> None:
-    """Ingest, cluster, propose experts and train a router on the pydoc sample when the store is empty."""
-    from app.sample import build_sample_corpus
-
-    if not store_is_empty(settings):
-        return  # no runtime at all: nothing to prepare, and the server alone resumes jobs
-    with _runtime(settings) as rt:  # one start-up (one model load) for the whole preparation
-        if rt.stats()["documents"] > 0:
-            return
-        folder = settings.resolved_data_dir / "sample-corpus"
-        files = build_sample_corpus(folder)
-        log.warning(
-            "ingesting the sample corpus (%d documents from pydoc) into %s",
-            len(files),
-            settings.resolved_data_dir,
-        )
-        ingest_files(rt, files, root=folder)
-        rt.indexes.recluster()
-        # Experts proposed from the clusters and a trained router, so the first question can
-        # already take the expert path.
-        from app.services.experts import assign_clusters, create_expert, propose
-
-        with rt.sessions.begin() as s:
-            for p in propose(s, 5, rt.embedder.dim):
-                expert = create_expert(s, {"name": p["name"], "description": ", ".join(p["keywords"])})
-                assign_clusters(s, p["cluster_ids"], expert.id)
-        rt.indexes.realign()  # each document's chunks into its expert's lists
-        log.warning("training the router on the sample corpus")
-        rt.routers.train()
-
-
-def store_is_empty(settings: Settings) -> bool:
-    """No documents and no jobs in the store, read without starting a runtime (no model, no lock)."""
-    from sqlalchemy import func, inspect, select
-    from sqlalchemy.exc import OperationalError
-
-    from app.db import make_engine
-    from app.models import Document, Job
-
-    if settings.db_url.startswith("sqlite") and not settings.resolved_data_dir.exists():
-        return True
-    engine = make_engine(settings.db_url)
-    try:
-        with engine.connect() as c:
-            if not inspect(c).has_table("document"):
-                return True
-            documents = c.scalar(select(func.count()).select_from(Document)) or 0
-            jobs = c.scalar(select(func.count()).select_from(Job)) or 0
-            return documents == 0 and jobs == 0
-    except OperationalError:  # no database yet: the runtime's start-up will create (or report) it
-        return True
-    finally:
-        engine.dispose()
-
-
 def cmd_serve(args: argparse.Namespace) -> None:
     import uvicorn
 
@@ -365,6 +285,8 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
     settings = _settings(args)
     # The sample is prepared behind an open port: /readyz says "preparing", then "starting".
+    from app.sample import ensure_sample
+
     prepare = (lambda: ensure_sample(settings)) if args.sample else None
     app = create_app(settings, prepare=prepare)
     app.state.runtime.announce_url = f"http://{args.host}:{args.port}"

@@ -107,3 +107,28 @@ def print_hits(body: dict[str, Any], as_json: bool) -> None:
     for h in body["hits"]:
         print(f"{h['score']:.3f}  [{h['chunk_id']}] {h['source']} :: {h['heading']}")
     print(f"({body['vectors_scanned']} vectors in {body['clusters_scanned']} clusters)", file=sys.stderr)
+
+
+def ingest_remote(server: str, token: str, files: list[Path], batch: int = 50, progress: bool = True) -> dict[str, int]:
+    """Upload through a running server's bulk endpoint and follow its jobs."""
+    from tqdm import tqdm
+
+    totals = {"created": 0, "duplicate": 0, "failed": 0, "chunks": 0}
+    with Remote(server, token) as api, tqdm(total=len(files), unit="doc", desc="ingest", disable=not progress) as bar:
+        for start in range(0, len(files), batch):
+            part = files[start : start + batch]
+            multipart = [("files", (str(f), f.read_bytes())) for f in part]
+            job = api.call("POST", "/documents/bulk", ok=(202,), files=multipart)
+            seen = 0
+
+            def advance(done: int, total: int) -> None:
+                nonlocal seen
+                bar.update(done - seen)
+                seen = done
+
+            job = api.follow_job(job, advance)
+            for key in totals:
+                totals[key] += job["result"].get(key, 0)
+            for failure in job["result"].get("failures", []):
+                tqdm.write(f"skipped {failure['source']}: {failure['error']}", file=sys.stderr)
+    return totals

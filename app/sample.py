@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import pydoc
 from pathlib import Path
+
+from app.settings import Settings
+
+log = logging.getLogger("moerag")
 
 # Modules whose documentation is rich prose and API reference, spread over several topics
 # so clustering has something to find: text, data formats, OS and files, concurrency, net.
@@ -97,3 +102,63 @@ def build_sample_corpus(target: Path, modules: tuple[str, ...] = SAMPLE_MODULES)
                 path.write_text(text, encoding="utf-8")
         paths.append(path)
     return paths
+
+
+def ensure_sample(settings: Settings) -> None:
+    """Ingest, cluster, propose experts and train a router on the pydoc sample when the store is empty."""
+    from app.cli import ingest_files
+    from app.runtime import Runtime
+
+    if not store_is_empty(settings):
+        return  # no runtime at all: nothing to prepare, and the server alone resumes jobs
+    rt = Runtime(settings)
+    rt.start(run_jobs=False)  # one start-up (one model load) for the whole preparation; jobs are the server's
+    try:
+        if rt.stats()["documents"] > 0:
+            return
+        folder = settings.resolved_data_dir / "sample-corpus"
+        files = build_sample_corpus(folder)
+        log.warning(
+            "ingesting the sample corpus (%d documents from pydoc) into %s",
+            len(files),
+            settings.resolved_data_dir,
+        )
+        ingest_files(rt, files, root=folder)
+        rt.indexes.recluster()
+        # Experts proposed from the clusters and a trained router, so the first question can
+        # already take the expert path.
+        from app.services.experts import assign_clusters, create_expert, propose
+
+        with rt.sessions.begin() as s:
+            for p in propose(s, 5, rt.embedder.dim):
+                expert = create_expert(s, {"name": p["name"], "description": ", ".join(p["keywords"])})
+                assign_clusters(s, p["cluster_ids"], expert.id)
+        rt.indexes.realign()  # each document's chunks into its expert's lists
+        log.warning("training the router on the sample corpus")
+        rt.routers.train()
+    finally:
+        rt.close()
+
+
+def store_is_empty(settings: Settings) -> bool:
+    """No documents and no jobs in the store, read without starting a runtime (no model, no lock)."""
+    from sqlalchemy import func, inspect, select
+    from sqlalchemy.exc import OperationalError
+
+    from app.db import make_engine
+    from app.models import Document, Job
+
+    if settings.db_url.startswith("sqlite") and not settings.resolved_data_dir.exists():
+        return True
+    engine = make_engine(settings.db_url)
+    try:
+        with engine.connect() as c:
+            if not inspect(c).has_table("document"):
+                return True
+            documents = c.scalar(select(func.count()).select_from(Document)) or 0
+            jobs = c.scalar(select(func.count()).select_from(Job)) or 0
+            return documents == 0 and jobs == 0
+    except OperationalError:  # no database yet: the runtime's start-up will create (or report) it
+        return True
+    finally:
+        engine.dispose()

@@ -220,8 +220,8 @@ def test_sample_corpus_answers_are_readable_and_cite_only_what_they_use(tmp_path
 
     from fastapi.testclient import TestClient
 
-    from app.cli import ensure_sample
     from app.main import create_app
+    from app.sample import ensure_sample
     from app.settings import Settings
     from tests.conftest import TOKEN
 
