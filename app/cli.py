@@ -125,7 +125,7 @@ def _server(args: argparse.Namespace, settings: Settings) -> str | None:
     """Where the work goes: --server, else the live server holding the data dir, else None (local)."""
     if getattr(args, "server", None):
         return str(args.server)
-    from app.cli_remote import running_server
+    from app.locking import running_server
 
     url = running_server(settings.resolved_data_dir)
     if url is not None:

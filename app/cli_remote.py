@@ -1,6 +1,6 @@
 """The CLI against a running server: one-line errors, jobs followed with progress.
 
-A server writes its address next to the data directory's lock (`server.json`); a command run on
+A server records its address in the data directory's lock file (`app.locking`); a command run on
 a data directory that a live server holds finds it there and sends the work to it, instead of
 failing on the lock (`--server URL` says where explicitly).
 """
@@ -15,33 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-SERVER_FILE = "server.json"
-
-
-def write_server_file(data_dir: Path, url: str, pid: int) -> Path:
-    path = data_dir / SERVER_FILE
-    data_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"url": url, "pid": pid}), encoding="utf-8")
-    return path
-
-
-def running_server(data_dir: Path) -> str | None:
-    """The URL of the live server holding `data_dir`, or None (no server, or its file is stale)."""
-    from app.locking import DataDirBusy, DataDirLock
-
-    if not (data_dir / ".lock").exists():
-        return None
-    lock = DataDirLock(data_dir)
-    try:
-        lock.acquire()
-    except DataDirBusy:
-        try:
-            return str(json.loads((data_dir / SERVER_FILE).read_text(encoding="utf-8"))["url"])
-        except (OSError, ValueError, KeyError):
-            return None
-    lock.release()  # nobody holds it: whatever server.json says is stale
-    return None
 
 
 class Remote:

@@ -1,11 +1,18 @@
-"""One process owns a data directory's index at a time (an advisory file lock)."""
+"""One process owns a data directory's index at a time (an advisory file lock).
+
+The lock file also says who holds it: the pid, and for `moerag serve` its address, so CLI
+commands run on a data directory a server holds can send their work there (`running_server`).
+A holder that dies leaves its record behind, but then nobody holds the lock: the record is
+read only while the lock is busy, so it is never stale.
+"""
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 
 class DataDirBusy(RuntimeError):
@@ -17,22 +24,23 @@ class DataDirLock:
         self.path = data_dir / ".lock"
         self._file: IO[str] | None = None
 
-    def acquire(self) -> None:
+    def acquire(self, url: str | None = None) -> None:
+        """Take the lock (DataDirBusy if another process has it) and record the pid and `url`."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         f = open(self.path, "a+", encoding="ascii")  # noqa: SIM115 - held for the process lifetime
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             f.seek(0)
-            holder = f.read().strip() or "?"
+            pid = _record(f.read()).get("pid", "?")
             f.close()
             raise DataDirBusy(
-                f"data directory {self.path.parent} is in use by another moerag process (pid {holder}); "
+                f"data directory {self.path.parent} is in use by another moerag process (pid {pid}); "
                 "stop it, or send the work to it with --server URL"
             ) from None
         f.seek(0)
         f.truncate()
-        f.write(str(os.getpid()))
+        f.write(json.dumps({"pid": os.getpid(), "url": url}))
         f.flush()
         self._file = f
 
@@ -41,3 +49,26 @@ class DataDirLock:
             fcntl.flock(self._file, fcntl.LOCK_UN)
             self._file.close()
             self._file = None
+
+
+def running_server(data_dir: Path) -> str | None:
+    """The address of the live server holding `data_dir`, or None (free, or held by a one-shot command)."""
+    lock = DataDirLock(data_dir)
+    if not lock.path.exists():
+        return None
+    try:
+        lock.acquire()
+    except DataDirBusy:
+        url = _record(lock.path.read_text(encoding="ascii")).get("url")
+        return str(url) if url else None
+    lock.release()
+    return None
+
+
+def _record(text: str) -> dict[str, Any]:
+    """The holder's record; a bare pid from an older version reads as {"pid": ...}."""
+    try:
+        record = json.loads(text)
+    except ValueError:
+        return {"pid": text.strip() or "?"}
+    return record if isinstance(record, dict) else {"pid": record}

@@ -16,7 +16,6 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import kernels
 from app.auth import load_or_create_token
-from app.cli_remote import SERVER_FILE, write_server_file
 from app.db import make_engine, make_sessionmaker
 from app.locking import DataDirLock
 from app.metrics import Metrics
@@ -183,9 +182,7 @@ class Runtime:
         try:
             s = self.settings
             s.resolved_data_dir.mkdir(parents=True, exist_ok=True)
-            self._lock.acquire()
-            if self.announce_url:  # where CLI commands on this data dir send their work (app/cli_remote.py)
-                write_server_file(s.resolved_data_dir, self.announce_url, os.getpid())
+            self._lock.acquire(self.announce_url)  # the address: where CLI commands on this data dir go
             t0 = time.perf_counter()
             upgrade(self.engine)
             self.kernel_backend = kernels.configure(s.kernel_backend)
@@ -275,8 +272,6 @@ class Runtime:
             except OSError:  # a full disk: SQL holds everything; the next start verifies and rebuilds
                 log.exception("final index checkpoint failed")
         self.ready = False
-        if self.announce_url:
-            (self.settings.resolved_data_dir / SERVER_FILE).unlink(missing_ok=True)
         self._lock.release()
         self.engine.dispose()
 

@@ -30,7 +30,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -49,13 +49,11 @@ class BatchStats:
     questions: int = 0
     cache_hits: int = 0
     largest: int = 0
-    sizes: dict[int, int] = field(default_factory=dict)  # batch size -> count
 
     def add(self, n: int) -> None:
         self.batches += 1
         self.questions += n
         self.largest = max(self.largest, n)
-        self.sizes[n] = self.sizes.get(n, 0) + 1
 
 
 @dataclass

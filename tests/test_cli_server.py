@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from app.locking import running_server
 from tests.conftest import TOKEN
 from tests.server import Server
 
@@ -71,4 +72,4 @@ def test_cli_commands_against_a_live_server(tmp_path: Path) -> None:
 
     run = cli(data, "ask", "anything", "--server", "http://127.0.0.1:9")  # nothing listens there
     assert run.returncode == 1 and one_line_error(run).startswith("moerag: cannot reach http://127.0.0.1:9")
-    assert not (data / "server.json").exists()  # a stopped server leaves no address behind
+    assert running_server(data) is None  # a stopped server's address is not followed
