@@ -113,7 +113,7 @@ def cmd_ingest(args: argparse.Namespace) -> None:
     if server := _server(args, settings):
         from app.cli_remote import ingest_remote
 
-        counts = ingest_remote(server, _token(args, settings, admin=True) or "", files, progress=not args.quiet)
+        counts = ingest_remote(server, _token(args, settings, admin=True), files, progress=not args.quiet)
     else:
         counts = ingest_local(settings, files, progress=not args.quiet)
     print(json.dumps(counts))
@@ -134,25 +134,21 @@ def _server(args: argparse.Namespace, settings: Settings) -> str | None:
 
 
 def _token(args: argparse.Namespace, settings: Settings, *, admin: bool) -> str | None:
-    """--token, else $MOERAG_ADMIN_TOKEN ($MOERAG_READ_TOKEN for reads), else the data dir's token file."""
+    """--token, else $MOERAG_ADMIN_TOKEN ($MOERAG_READ_TOKEN for reads), else the data dir's token file.
+
+    None only for a read: a server without a read token answers reads without one.
+    """
     explicit = getattr(args, "token", None) or os.environ.get("MOERAG_ADMIN_TOKEN")
     if not explicit and not admin:
         explicit = os.environ.get("MOERAG_READ_TOKEN")
     if explicit:
         return str(explicit)
     try:
-        return _read_token(settings)
-    except SystemExit:
-        if admin:
-            raise
-        return None  # a server without a read token answers reads without one
-
-
-def _read_token(settings: Settings) -> str:
-    try:
         return settings.token_file.read_text(encoding="ascii").strip()
     except OSError:
-        raise SystemExit("moerag: no admin token: pass --token or set MOERAG_ADMIN_TOKEN") from None
+        if admin:
+            raise SystemExit("moerag: no admin token: pass --token or set MOERAG_ADMIN_TOKEN") from None
+        return None
 
 
 def cmd_recluster(args: argparse.Namespace) -> None:

@@ -82,7 +82,9 @@ def print_hits(body: dict[str, Any], as_json: bool) -> None:
     print(f"({body['vectors_scanned']} vectors in {body['clusters_scanned']} clusters)", file=sys.stderr)
 
 
-def ingest_remote(server: str, token: str, files: list[Path], batch: int = 50, progress: bool = True) -> dict[str, int]:
+def ingest_remote(
+    server: str, token: str | None, files: list[Path], batch: int = 50, progress: bool = True
+) -> dict[str, int]:
     """Upload through a running server's bulk endpoint and follow its jobs."""
     from tqdm import tqdm
 

@@ -176,7 +176,8 @@ class Embedder:
 
         Traced on a padded pair (so the attention mask stays in the graph) and checked on texts of
         1 to 300 words, alone and together: kept only if no vector moves more than the dtype's
-        tolerance from `encode` (bfloat16 1e-2, float32 1e-4; measured 1.4e-3 and ~1e-7). Returns
+        tolerance from `encode` (bfloat16 1e-2, float32 1e-4; measured on the 174 dev questions, bfloat16,
+        alone and in batches of 8: 0.0, the same vectors). Returns
         what was decided, for the log. Idempotent.
         """
         if self._traced is not None:
