@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
+import numpy.typing as npt
 from sqlalchemy import (
     JSON,
     BigInteger,
@@ -17,7 +20,9 @@ from sqlalchemy import (
     MetaData,
     String,
     Text,
+    TypeDecorator,
 )
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; BIGINT elsewhere.
@@ -29,6 +34,34 @@ NAMING = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
+
+
+FloatVector = npt.NDArray[np.float32]
+
+
+class Vector(TypeDecorator[FloatVector]):
+    """A float32 vector [D] stored as raw bytes; reads come back as a read-only array.
+
+    The one place that turns blobs into vectors: columns of this type (chunk embeddings,
+    cluster centroids) bind any float array and read `FloatVector`s; `stack` makes [N, D].
+    """
+
+    impl = LargeBinary
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> bytes | None:
+        if value is None:
+            return None
+        return np.ascontiguousarray(value, dtype=np.float32).tobytes()
+
+    def process_result_value(self, value: bytes | None, dialect: Dialect) -> FloatVector | None:
+        return None if value is None else np.frombuffer(value, dtype=np.float32)
+
+
+def stack(vectors: Iterable[FloatVector], dim: int) -> FloatVector:
+    """[N, dim] float32 from N vectors read from a `Vector` column ([0, dim] when there are none)."""
+    rows = list(vectors)
+    return np.vstack(rows).astype(np.float32, copy=False) if rows else np.zeros((0, dim), dtype=np.float32)
 
 
 def utcnow() -> datetime:
@@ -75,7 +108,7 @@ class Chunk(Base):
     char_end: Mapped[int] = mapped_column(Integer)
     token_count: Mapped[int] = mapped_column(Integer)
     cluster_id: Mapped[int] = mapped_column(Integer, index=True)
-    embedding: Mapped[bytes] = mapped_column(LargeBinary)  # float32 [D], so the index rebuilds without the model
+    embedding: Mapped[FloatVector] = mapped_column(Vector)  # [D], so the index rebuilds without the model
 
     document: Mapped[Document] = relationship(back_populates="chunks")
 
@@ -99,7 +132,7 @@ class Cluster(Base):
     __tablename__ = "cluster"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
-    centroid: Mapped[bytes] = mapped_column(LargeBinary)  # float32 [D]
+    centroid: Mapped[FloatVector] = mapped_column(Vector)  # [D]
     keywords: Mapped[list[str]] = mapped_column(JSON, default=list)
     expert_id: Mapped[int | None] = mapped_column(
         ForeignKey("expert.id", ondelete="SET NULL"), nullable=True, index=True
@@ -177,6 +210,7 @@ class QueryLog(Base):
     timings: Mapped[dict[str, float]] = mapped_column(JSON, default=dict)
     vectors_scanned: Mapped[int] = mapped_column(Integer, default=0)
     router_version_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    catalogue_version: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # answered with
     feedback_expert_id: Mapped[int | None] = mapped_column(ForeignKey("expert.id", ondelete="SET NULL"), nullable=True)
 
 
@@ -187,3 +221,22 @@ class RevokedSession(Base):
 
     signature: Mapped[str] = mapped_column(String(64), primary_key=True)
     expires_at: Mapped[int] = mapped_column(BigInteger, index=True)  # epoch seconds; deleted after
+
+
+class CatalogueVersion(Base):
+    """The catalogue's version (a single row, id 1): bumped by every commit serving processes follow."""
+
+    __tablename__ = "catalogue_version"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    version: Mapped[int] = mapped_column(BigInteger, default=0)
+
+
+class CatalogueChange(Base):
+    """Which parts one committed version changed (see app.catalogue)."""
+
+    __tablename__ = "catalogue_change"
+
+    version: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    parts: Mapped[list[str]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -16,11 +16,12 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import kernels
 from app.auth import load_or_create_token
+from app.catalogue import Catalogue
 from app.db import make_engine, make_sessionmaker
 from app.locking import DataDirLock
 from app.metrics import Metrics
 from app.migrate import upgrade
-from app.models import Chunk, Cluster, Document, Job
+from app.models import Chunk, Cluster, Document, Job, stack
 from app.ratelimit import RateLimiter
 from app.services.ask import SqlChunkStore
 from app.services.bulk import bulk_handler
@@ -76,8 +77,9 @@ class Runtime:
         self.questions: QuestionEncoder | None = None
         self.announce_url: str | None = None  # set by `moerag serve`: its address, for the CLI
         self.question_model = "eager"
-        self._matrix: tuple[tuple[int, int], ExpertMatrix] | None = None
+        self._matrix: tuple[int, ExpertMatrix] | None = None  # (catalogue version it was built at, matrix)
         self._matrix_lock = threading.Lock()
+        self.catalogue = Catalogue(self.sessions, settings.catalogue_poll_seconds)  # before anything writes
         self.lexical = LexicalManager(self.sessions, settings.lexical_rebuild_share)
         self.experts = ExpertDirectory(self.sessions)
         self.console_sessions = ConsoleSessions(self.sessions)
@@ -130,14 +132,14 @@ class Runtime:
         return mode == "kernel" or (mode == "auto" and self.kernel_backend == "triton")
 
     def expert_matrix(self) -> ExpertMatrix | None:
-        """The expert-sorted embeddings for the scoped kernel, rebuilt when chunks or experts change."""
+        """The expert-sorted embeddings for the scoped kernel, rebuilt when the catalogue moved on."""
         if not self.kernel_search:
             return None
-        generation = (self.indexes.generation, self.experts.generation)
-        if self._matrix is None or self._matrix[0] != generation:
+        version = self.catalogue.version
+        if self._matrix is None or self._matrix[0] != version:
             with self._matrix_lock:
-                if self._matrix is None or self._matrix[0] != generation:
-                    self._matrix = (generation, self._build_matrix())
+                if self._matrix is None or self._matrix[0] != version:
+                    self._matrix = (version, self._build_matrix())
         return self._matrix[1]
 
     def _build_matrix(self) -> ExpertMatrix:
@@ -147,7 +149,7 @@ class Runtime:
             rows = s.execute(select(Chunk.id, Chunk.cluster_id, Chunk.embedding)).all()
         ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
         experts = np.fromiter((owner.get(r[1]) or -1 for r in rows), dtype=np.int64, count=len(rows))
-        x = np.frombuffer(b"".join(r[2] for r in rows), dtype=np.float32).reshape(len(rows), dim)
+        x = stack((r[2] for r in rows), dim)
         device = "cuda" if torch.cuda.is_available() else "cpu"
         return ExpertMatrix(ids, x, experts, sorted(self.experts.profiles()), device=device)
 
@@ -185,6 +187,7 @@ class Runtime:
             self._lock.acquire(self.announce_url)  # the address: where CLI commands on this data dir go
             t0 = time.perf_counter()
             upgrade(self.engine)
+            self.catalogue.open()  # the state built below reads this version or a later one
             self.kernel_backend = kernels.configure(s.kernel_backend)
             self.admin_token = load_or_create_token(
                 s.admin_token.get_secret_value() if s.admin_token else None, s.token_file
@@ -215,10 +218,10 @@ class Runtime:
                 max_chunks=s.max_chunks_per_document,
             )
             self._ingestor = Ingestor(self.sessions, emb, self._indexes, chunking)
-            self._indexes.listeners.append(self.lexical.mark_dirty)
             self.lexical.refresh(force=True)
             self._routers = RouterManager(s, self.sessions, emb, lambda: self.indexes.index)
             self._routers.reload()
+            self.experts.reload()
             self._pipeline = AskPipeline(
                 embedder=emb,
                 index=lambda: self.indexes.index,
@@ -236,6 +239,7 @@ class Runtime:
                 ),
                 matrix=self.expert_matrix,
                 encode_question=questions.encode,
+                catalogue_version=lambda: self.catalogue.version,
             )
             self._jobs = JobRunner(
                 self.sessions,
@@ -246,6 +250,10 @@ class Runtime:
                     "train": self._train_job,
                 },
             )
+            self.catalogue.subscribe(["documents"], self.lexical.mark_dirty)
+            self.catalogue.subscribe(["experts", "clusters"], self.experts.reload)
+            self.catalogue.subscribe(["router"], self._routers.reload)
+            self.catalogue.follow()
             self._clean_spool()
             if run_jobs:
                 self._jobs.start()
@@ -262,6 +270,7 @@ class Runtime:
         self._stop.set()
         if self._jobs is not None:
             self._jobs.stop()
+        self.catalogue.close()
         if self.questions is not None:
             self.questions.close()
         if self._checkpointer is not None:
@@ -285,15 +294,13 @@ class Runtime:
 
     def _recluster_job(self, ctx: JobContext) -> dict[str, Any]:
         result = self.indexes.recluster(lambda done, total: ctx.progress(done, total))
-        self.experts.invalidate()
         if self.routers.current() is not None:
             # The mapping carried over by majority vote; the router relearns it on the new clusters.
             result["train_job"] = self.jobs.submit("train", {"activate": True}, total=100).id
         return result
 
     def mapping_changed(self) -> int:
-        """The cluster -> expert mapping changed: fresh profiles now, documents re-placed by a job (its id)."""
-        self.experts.invalidate()
+        """The cluster -> expert mapping changed: documents are re-placed by a job (its id)."""
         return self.jobs.submit("realign", {}, total=3).id
 
     def _realign_job(self, ctx: JobContext) -> dict[str, Any]:

@@ -313,6 +313,8 @@ class QuestionOut(BaseModel):
     top: list[dict[str, Any]]
     timings: dict[str, float]
     feedback_expert_id: int | None
+    router_version_id: int | None = None
+    catalogue_version: int | None = None  # the catalogue version it was answered with
 
 
 class LabelIn(BaseModel):

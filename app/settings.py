@@ -75,7 +75,9 @@ class Settings(BaseSettings):
         0.3, gt=0, lt=1, description="Share of documents held out (per expert) to calibrate the router on."
     )
     router_seed: int = 0
-    router_refresh_seconds: float = Field(1.0, gt=0, description="How often a worker checks the active router.")
+    catalogue_poll_seconds: float = Field(
+        0.5, gt=0, description="How often a process asks for catalogue changes (PostgreSQL also wakes it at once)."
+    )
     ask_concurrency: int = Field(
         0,
         ge=0,

@@ -39,7 +39,7 @@ def build_store(data_dir: Path, clusters: int = 500, experts: int = 50, chunks: 
         s.add_all(Expert(name=f"expert {i}", description=f"synthetic {i}") for i in range(experts))
         s.flush()
         s.add_all(
-            Cluster(id=i, centroid=c[i].tobytes(), keywords=[f"kw{i}", f"topic{i % 37}", "word"],
+            Cluster(id=i, centroid=c[i], keywords=[f"kw{i}", f"topic{i % 37}", "word"],
                     expert_id=1 + i // (clusters // experts))
             for i in range(clusters)
         )  # fmt: skip
@@ -50,7 +50,7 @@ def build_store(data_dir: Path, clusters: int = 500, experts: int = 50, chunks: 
         x /= np.linalg.norm(x, axis=1, keepdims=True)
         s.add_all(
             Chunk(document_id=doc.id, ordinal=i, text=f"chunk {i}", heading="", char_start=0, char_end=1,
-                  token_count=3, cluster_id=int(np.argmax(c @ x[i])), embedding=x[i].astype(np.float32).tobytes())
+                  token_count=3, cluster_id=int(np.argmax(c @ x[i])), embedding=x[i])
             for i in range(chunks)
         )  # fmt: skip
         state = s.get(IndexState, 1)

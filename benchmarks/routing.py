@@ -86,7 +86,6 @@ def setup_experts(rt: Any) -> dict[str, int]:
             ids[d] = existing.get(d) or svc.create_expert(s, {"name": d, "description": f"{d} documentation"}).id
         for c in s.scalars(select(Cluster)):
             c.expert_id = ids[votes[c.id].most_common(1)[0][0]] if c.id in votes else None
-    rt.experts.invalidate()
     print(json.dumps({"realign": rt.indexes.realign()}), flush=True)
     return ids
 

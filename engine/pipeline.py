@@ -79,6 +79,7 @@ class Route:
     entropy: float | None = None
     clusters_scanned: int = 0
     vectors_scanned: int = 0
+    catalogue_version: int = 0  # the version of the experts, mapping and router this was answered with
 
 
 @dataclass
@@ -134,11 +135,13 @@ class AskPipeline:
         config: PipelineConfig | None = None,
         matrix: Callable[[], ExpertMatrix | None] | None = None,
         encode_question: Callable[[str], np.ndarray] | None = None,
+        catalogue_version: Callable[[], int] | None = None,
     ) -> None:
         self.embedder, self.index, self.lexical, self.router = embedder, index, lexical, router
         # question -> [1, D]; the server passes a QuestionEncoder's (cache + dynamic batching)
         self.encode_question = encode_question or (lambda text: embedder.encode([text]))
         self.matrix = matrix or (lambda: None)
+        self.catalogue_version = catalogue_version or (lambda: 0)  # read before any state: a lower bound
         self.experts, self.store, self.generator = experts, store, generator
         self.config = config or PipelineConfig()
         # Per BM25 index (weakly held: a rebuilt one starts afresh), scope masks by index state.
@@ -149,6 +152,7 @@ class AskPipeline:
         cfg = self.config
         started = time.perf_counter()
         timings: dict[str, float] = {}
+        version = self.catalogue_version()
 
         t = time.perf_counter()
         q = self.encode_question(req.question)  # [1, D]
@@ -156,6 +160,7 @@ class AskPipeline:
 
         t = time.perf_counter()
         route = self._route(q, req)
+        route.catalogue_version = version
         timings["route"] = (time.perf_counter() - t) * 1000
 
         t = time.perf_counter()

@@ -140,10 +140,17 @@ def test_versions_switch_atomically_and_roll_back(client: TestClient, routed: di
     assert [v["active"] for v in versions] == [False, True]  # newest first; the new one is not active yet
     assert versions[0]["metrics"]["examples"] == 1 and job["result"]["version"] == versions[0]["id"]
     new, old = versions[0]["id"], versions[1]["id"]
+    before = ask(client, question="git rebase")["route"]["catalogue_version"]
     client.post(f"/admin/api/router/versions/{new}/activate", headers=AUTH)
-    assert ask(client, question="git rebase")["route"]["router_version"] == new
+    # The activation's commit bumped the catalogue and was applied before the response returned.
+    route = ask(client, question="git rebase")["route"]
+    assert route["router_version"] == new and route["catalogue_version"] > before
     client.post(f"/admin/api/router/versions/{old}/activate", headers=AUTH)
-    assert ask(client, question="git rebase")["route"]["router_version"] == old
+    route = ask(client, question="git rebase")["route"]
+    assert route["router_version"] == old
+    assert client.get("/readyz").json()["catalogue_version"] == route["catalogue_version"]
+    logged = client.get("/admin/api/questions?limit=1", headers=AUTH).json()[0]
+    assert (logged["router_version_id"], logged["catalogue_version"]) == (old, route["catalogue_version"])
     actives = [v["active"] for v in client.get("/admin/api/router/versions", headers=AUTH).json()]
     assert actives.count(True) == 1
     assert client.post("/admin/api/router/versions/999/activate", headers=AUTH).status_code == 404
@@ -261,7 +268,7 @@ def test_remapping_re_places_a_stray_chunk_in_sql_and_in_the_index(client: TestC
     with rt.sessions() as s:  # one of its chunks, pushed into sqlite's list as plain IVF might
         chunks = s.scalars(select(Chunk).where(Chunk.document_id == r.json()["id"]).order_by(Chunk.id)).all()
         assert len(chunks) >= 3 and all(c.cluster_id in git_lists for c in chunks)
-        cid, vector = chunks[0].id, np.frombuffer(chunks[0].embedding, dtype=np.float32)[None, :]
+        cid, vector = chunks[0].id, np.array(chunks[0].embedding)[None, :]
     with rt.indexes.write_lock, rt.sessions.begin() as s:
         s.get(Chunk, cid).cluster_id = sqlite_list
         rt.indexes.index.remove([cid])

@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app.deps import AdminDep, IdPath, Offset, RuntimeDep
 from app.errors import ApiError
-from app.models import Chunk, Cluster, Document, Expert, QueryLog, RouterExample, RouterVersion
+from app.models import Chunk, Cluster, Document, Expert, QueryLog, RouterExample, RouterVersion, stack
 from app.schemas import (
     AssignIn,
     ClusterDetail,
@@ -129,7 +129,6 @@ def _owned(rt: RuntimeDep) -> dict[int, list[int]]:
 
 @router.get("/experts", response_model=list[ExpertOut])
 def list_experts(rt: RuntimeDep) -> list[ExpertOut]:
-    rt.experts.invalidate()
     owned = _owned(rt)
     with rt.sessions() as s:
         return [_expert_out(e, owned) for e in s.scalars(select(Expert).order_by(Expert.id))]
@@ -141,7 +140,6 @@ def create_expert(body: ExpertIn, rt: RuntimeDep) -> ExpertOut:
     with rt.sessions.begin() as s:
         e = expert_service.create_expert(s, body.model_dump())
         out = _expert_out(e, {})
-    rt.experts.invalidate()
     return out
 
 
@@ -151,7 +149,6 @@ def patch_expert(expert_id: IdPath, body: ExpertPatch, rt: RuntimeDep) -> Expert
         rt.check_generator(body.generator)
     with rt.sessions.begin() as s:
         expert_service.update_expert(s, expert_id, body.model_dump(exclude_unset=True))
-    rt.experts.invalidate()
     return next(e for e in list_experts(rt) if e.id == expert_id)
 
 
@@ -300,7 +297,7 @@ def clusters_map(rt: RuntimeDep) -> list[dict[str, object]]:
         rows = s.scalars(select(Cluster).order_by(Cluster.id)).all()
         if not rows:
             return []
-        c = np.frombuffer(b"".join(r.centroid for r in rows), dtype=np.float32).reshape(len(rows), -1)
+        c = stack((r.centroid for r in rows), len(rows[0].centroid))
         centred = c - c.mean(axis=0)  # [C, D]
         if len(rows) > 1:
             _, _, vt = np.linalg.svd(centred, full_matrices=False)

@@ -46,6 +46,7 @@ def readyz(request: Request) -> JSONResponse:
                 "opened": rt.index_status,
             },
             "router": rt.routers.staleness(),  # stale: the mapping changed since it was trained
+            "catalogue_version": rt.catalogue.version,  # the last change this process applied
             "question_model": rt.question_model,
         }
     )

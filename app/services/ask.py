@@ -57,6 +57,7 @@ def route_json(route: Route) -> dict[str, Any]:
         "reason": route.reason,
         "detail": route.detail,
         "router_version": route.router_version,
+        "catalogue_version": route.catalogue_version,
         "clusters_scanned": route.clusters_scanned,
         "vectors_scanned": route.vectors_scanned,
     }
@@ -79,5 +80,6 @@ def log_question(sessions: sessionmaker[Session], prepared: Prepared) -> int:
             timings={k: round(v, 3) for k, v in prepared.timings_ms.items()},
             vectors_scanned=route.vectors_scanned,
             router_version_id=route.router_version,
+            catalogue_version=route.catalogue_version,
         )
         return int(s.execute(stmt, row).scalar_one())

@@ -106,7 +106,7 @@ class Ingestor:
                 char_end=c.end,
                 token_count=c.token_count,
                 cluster_id=int(cl),
-                embedding=v.tobytes(),
+                embedding=v,
             )
             for c, v, cl in zip(p.chunks, vectors, clusters, strict=True)
         ]

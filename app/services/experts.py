@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections import Counter
 from typing import Any
 
@@ -12,7 +11,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.models import Cluster, Expert
+from app.models import Cluster, Expert, stack
 from app.services.documents import Conflict, NotFound
 from engine.pipeline import ExpertProfile
 from index import kmeans
@@ -70,7 +69,7 @@ def propose(s: Session, n: int, dim: int) -> list[dict[str, Any]]:
     if not clusters:
         return []
     n = max(1, min(n, len(clusters)))
-    centroids = np.frombuffer(b"".join(c.centroid for c in clusters), dtype=np.float32).reshape(-1, dim)
+    centroids = stack((c.centroid for c in clusters), dim)
     groups = kmeans(centroids, n, niter=50)  # [n, D]
     assign = np.argmax(centroids @ groups.T, axis=1)  # [C]
     counts: list[Counter[str]] = [Counter() for _ in range(n)]
@@ -92,28 +91,25 @@ def propose(s: Session, n: int, dim: int) -> list[dict[str, Any]]:
 
 
 class ExpertDirectory:
-    """Expert profiles for routing, cached briefly so /ask does not query experts every time."""
+    """Expert profiles for routing, held in memory and reloaded when the catalogue says they changed."""
 
-    def __init__(self, sessions: sessionmaker[Session], ttl: float = 2.0) -> None:
-        self.sessions, self.ttl = sessions, ttl
-        self._cache: dict[int, ExpertProfile] = {}
-        self._at = float("-inf")
+    def __init__(self, sessions: sessionmaker[Session]) -> None:
+        self.sessions = sessions
+        self._cache: dict[int, ExpertProfile] | None = None
         self._lock = threading.Lock()
-        self.generation = 0  # bumped whenever experts or their clusters change
-
-    def invalidate(self) -> None:
-        self._at = float("-inf")
-        self.generation += 1
 
     def profiles(self) -> dict[int, ExpertProfile]:
-        if time.monotonic() - self._at < self.ttl:
-            return self._cache
+        cache = self._cache
+        return cache if cache is not None else self.reload()
+
+    def reload(self, *_: object) -> dict[int, ExpertProfile]:
+        """Read experts and their clusters (a catalogue subscriber: experts or clusters changed)."""
         with self._lock, self.sessions() as s:
             owned: dict[int, list[int]] = {}
             for cid, eid in s.execute(select(Cluster.id, Cluster.expert_id).where(Cluster.expert_id.is_not(None))):
                 if eid is not None:
                     owned.setdefault(eid, []).append(cid)
-            self._cache = {
+            fresh = {
                 e.id: ExpertProfile(
                     e.id,
                     e.name,
@@ -125,5 +121,5 @@ class ExpertDirectory:
                 )
                 for e in s.scalars(select(Expert))
             }
-            self._at = time.monotonic()
-        return self._cache
+            self._cache = fresh  # one reference swap: readers see the old or the new profiles, whole
+        return fresh

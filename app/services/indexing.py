@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sqlalchemy import bindparam, delete, func, select, update
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.models import Chunk, Cluster, IndexState
+from app.models import Chunk, Cluster, IndexState, stack
 from app.settings import Settings
 from engine.keywords import cluster_keywords
 from index import ClusteredIndex, IndexCorrupt, auto_cluster_count, kmeans
@@ -41,9 +41,7 @@ class IndexManager:
         self.model = model
         self.write_lock = threading.RLock()
         self.index: ClusteredIndex = ClusteredIndex.single(dim, "unopened")
-        self._dirty = False
-        self.listeners: list[Callable[[], None]] = []  # told when chunks change (e.g. BM25 upkeep)
-        self.generation = 0  # bumped on every change of chunks or clusters
+        self._dirty = False  # the index changed since it was last written
 
     def path_for(self, version: str) -> Path:
         return self.settings.index_dir / f"ivf-{version}.faiss"
@@ -55,7 +53,7 @@ class IndexManager:
         if state is None:
             state = IndexState(id=1, version=uuid.uuid4().hex, nlist=1, dim=self.dim, model=self.model)
             s.add(state)
-            s.add(Cluster(id=0, centroid=np.zeros(self.dim, dtype=np.float32).tobytes(), keywords=[]))
+            s.add(Cluster(id=0, centroid=np.zeros(self.dim, dtype=np.float32), keywords=[]))
             s.flush()
         elif state.dim != self.dim or state.model != self.model:
             raise ModelMismatch(
@@ -110,7 +108,7 @@ class IndexManager:
                 for batch in rows.partitions(_BATCH):
                     ids = np.fromiter((r[0] for r in batch), dtype=np.int64)
                     clusters = np.fromiter((r[1] for r in batch), dtype=np.int64)
-                    x = np.frombuffer(b"".join(r[2] for r in batch), dtype=np.float32).reshape(-1, self.dim)
+                    x = stack((r[2] for r in batch), self.dim)
                     fresh.add(x, ids, clusters)
                     done += len(batch)
                     if progress:
@@ -125,10 +123,8 @@ class IndexManager:
     # ---- checkpoints ----------------------------------------------------------------------------
 
     def mark_dirty(self) -> None:
+        """The in-memory index changed: the next checkpoint writes it."""
         self._dirty = True
-        self.generation += 1
-        for listener in self.listeners:
-            listener()
 
     def checkpoint(self) -> bool:
         """Write the index if it changed since the last write. SQL stays the truth meanwhile."""
@@ -181,16 +177,15 @@ class IndexManager:
             ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=n)
             owners = np.fromiter((r[1] for r in rows), dtype=np.int64, count=n)
             before = np.fromiter((r[2] for r in rows), dtype=np.int64, count=n)
-            x = np.frombuffer(b"".join(r[3] for r in rows), dtype=np.float32).reshape(n, self.dim)
+            x = stack((r[3] for r in rows), self.dim)
             leak_before = leakage(owners, before, groups)
             after = place(x, owners, self.index.centroids(), groups) if self.index.nlist > 1 else before
             moved = np.flatnonzero(after != before)
             report(2, 3)
             if moved.size:
                 with self.sessions.begin() as s:
-                    s.connection().execute(
-                        update(Chunk).where(Chunk.id == bindparam("cid")).execution_options(synchronize_session=False),
-                        [{"cid": int(ids[i]), "cluster_id": int(after[i])} for i in moved],
+                    s.execute(  # ORM bulk UPDATE by primary key (one executemany)
+                        update(Chunk), [{"id": int(ids[i]), "cluster_id": int(after[i])} for i in moved]
                     )
                 self.index.remove(ids[moved].tolist())
                 self.index.add(x[moved], ids[moved], after[moved])
@@ -238,7 +233,7 @@ class IndexManager:
             report(1, 4)
             n = len(rows)
             ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=n)
-            x = np.frombuffer(b"".join(r[2] for r in rows), dtype=np.float32).reshape(n, self.dim)
+            x = stack((r[2] for r in rows), self.dim)
             k = auto_cluster_count(n, requested=self.settings.clusters)
             centroids = kmeans(x, k)  # [C, D]
             fresh = ClusteredIndex.create(centroids, uuid.uuid4().hex)
@@ -257,19 +252,17 @@ class IndexManager:
                 state = self._ensure_state(s)
                 s.execute(delete(Cluster))
                 s.add_all(
-                    Cluster(id=c, centroid=centroids[c].tobytes(), keywords=keywords[c], expert_id=experts[c])
-                    for c in range(k)
+                    Cluster(id=c, centroid=centroids[c], keywords=keywords[c], expert_id=experts[c]) for c in range(k)
                 )
                 if n:
-                    s.connection().execute(
-                        update(Chunk).where(Chunk.id == bindparam("cid")).execution_options(synchronize_session=False),
-                        [{"cid": int(i), "cluster_id": int(c)} for i, c in zip(ids, assigned, strict=True)],
+                    s.execute(  # ORM bulk UPDATE by primary key (one executemany)
+                        update(Chunk),
+                        [{"id": int(i), "cluster_id": int(c)} for i, c in zip(ids, assigned, strict=True)],
                     )
                 state.version, state.nlist = fresh.version, k
             fresh.add(x, ids, assigned)
             self.index = fresh
             self._dirty = False
-            self.generation += 1
             fresh.save(self.path_for(fresh.version))
             report(4, 4)
         self._remove_stale_files(fresh.version)
@@ -294,4 +287,4 @@ def _centroids(s: Session, nlist: int, dim: int) -> np.ndarray:
     rows = s.execute(select(Cluster.id, Cluster.centroid).order_by(Cluster.id)).all()
     if [r[0] for r in rows] != list(range(nlist)):
         raise RuntimeError(f"cluster table does not hold lists 0..{nlist - 1}; run `moerag recluster`")
-    return np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(nlist, dim)
+    return stack((r[1] for r in rows), dim)

@@ -37,7 +37,8 @@ class LexicalManager:
     def current(self) -> LexicalIndex | None:
         return self._index
 
-    def mark_dirty(self) -> None:
+    def mark_dirty(self, *_: object) -> None:
+        """Chunks changed (a catalogue subscriber): the next allowed refresh rebuilds."""
         self._dirty = True
 
     def refresh(self, *, force: bool = False) -> bool:

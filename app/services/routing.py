@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +13,7 @@ import numpy.typing as npt
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.models import Chunk, Cluster, Expert, RouterExample, RouterVersion
+from app.models import Chunk, Cluster, Expert, RouterExample, RouterVersion, stack
 from app.settings import Settings
 from engine.embedder import Embedder
 from engine.router import VOTE_CHUNKS, Router, TrainConfig, TrainingSet, train, without_self
@@ -54,21 +53,12 @@ class RouterManager:
         self.settings, self.sessions, self.embedder = settings, sessions, embedder
         self.index = index  # for the gate's vote: None trains a gate without one
         self._router: Router | None = None
-        self._checked = 0.0
         self._lock = threading.Lock()
 
     # ---- the active version, shared by every worker through the database ------------------------------
 
     def current(self) -> Router | None:
-        """The active router; the database is asked at most once per refresh interval."""
-        now = time.monotonic()
-        if now - self._checked >= self.settings.router_refresh_seconds:
-            self._checked = now
-            with self.sessions() as s:
-                active = s.scalar(select(RouterVersion.id).where(RouterVersion.active))
-            loaded = self._router.version_id if self._router else None
-            if active != loaded:
-                self.reload()
+        """The active router, as of the last catalogue version this process applied."""
         return self._router
 
     def staleness(self) -> dict[str, Any]:
@@ -95,7 +85,8 @@ class RouterManager:
         reason = f"{len(changed)} cluster(s) changed expert since training; retrain it" if changed else "up to date"
         return out | {"stale": bool(changed), "changed_clusters": changed, "reason": reason}
 
-    def reload(self) -> Router | None:
+    def reload(self, *_: object) -> Router | None:
+        """Load the active version (a catalogue subscriber: router versions changed)."""
         with self._lock, self.sessions() as s:
             v = s.scalars(select(RouterVersion).where(RouterVersion.active)).first()
             router = (
@@ -113,18 +104,16 @@ class RouterManager:
             if router is not None and v is not None:
                 router.metrics = v.metrics
             self._router = router  # one reference swap: requests see the old or the new router, whole
-            self._checked = time.monotonic()
         log.info("router version %s active", router.version_id if router else None)
         return router
 
     def activate(self, version_id: int) -> None:
-        """Exactly one version is active after this transaction, in every worker within a second."""
+        """Exactly one version is active after this transaction; every process follows the catalogue to it."""
         with self.sessions.begin() as s:
             if s.get(RouterVersion, version_id) is None:
                 raise LookupError(f"router version {version_id} not found")
             s.execute(update(RouterVersion).values(active=False))
             s.execute(update(RouterVersion).where(RouterVersion.id == version_id).values(active=True))
-        self.reload()
 
     # ---- training --------------------------------------------------------------------------------------
 
@@ -186,7 +175,7 @@ class RouterManager:
         position = {e: i for i, e in enumerate(corpus.expert_ids)}
         none = len(corpus.expert_ids)
         dim = self.embedder.dim
-        chunk_x = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), dim)
+        chunk_x = stack((r[1] for r in rows), dim)
 
         samples, sample_calib, held = self._split(corpus)
         # Chunks of held-out documents are not trained on: they calibrate, with the samples drawn
@@ -215,7 +204,7 @@ class RouterManager:
             "holdout": int(calib.sum()),
         }
         lists = corpus.lists
-        centroids = np.frombuffer(b"".join(r[1] for r in lists), dtype=np.float32).reshape(len(lists), dim)
+        centroids = stack((r[1] for r in lists), dim)
         list_class = np.array([position[r[2]] if r[2] is not None else none for r in lists], dtype=np.int64)
         data = TrainingSet(x.astype(np.float32), y, calib, none + 1, centroids, list_class)
         # Each held-out row's own chunk (a sample's source; none for a labelled question) is not
