@@ -213,7 +213,7 @@ def cmd_ask(args: argparse.Namespace) -> None:
 def cmd_router_train(args: argparse.Namespace) -> None:
     from tqdm import tqdm
 
-    from app.services.routing import NotTrainable
+    from engine.errors import NotTrainable
 
     settings = _settings(args)
     with tqdm(total=100, unit="%", desc="train router", disable=args.quiet) as bar:

@@ -18,7 +18,7 @@ def get_runtime(request: Request) -> Runtime:
     rt: Runtime = request.app.state.runtime
     if not rt.ready:
         message = f"start-up failed: {rt.error}" if rt.error else "moerag is starting (loading model and index)"
-        raise ApiError(503, "not_ready", message, headers={"Retry-After": "2"})
+        raise ApiError("not_ready", message, headers={"Retry-After": "2"})
     return rt
 
 
@@ -53,9 +53,8 @@ def require_admin(
             return
         if x_csrf_token and hmac.compare_digest(x_csrf_token, csrf_token(rt.admin_token, cookie)):
             return
-        raise ApiError(403, "csrf", "missing or wrong X-CSRF-Token header for this session")
+        raise ApiError("csrf", "missing or wrong X-CSRF-Token header for this session")
     raise ApiError(
-        401,
         "unauthorized",
         "this endpoint needs the admin token: Authorization: Bearer <token>",
         headers={"WWW-Authenticate": "Bearer"},
@@ -76,7 +75,6 @@ def require_reader(request: Request, rt: RuntimeDep, credentials: Bearer) -> Non
     if rt.console_sessions.valid(rt.admin_token, request.cookies.get(SESSION_COOKIE)):
         return
     raise ApiError(
-        401,
         "unauthorized",
         "reads need a token here (MOERAG_READ_TOKEN is set): Authorization: Bearer <token>",
         headers={"WWW-Authenticate": "Bearer"},

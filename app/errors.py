@@ -10,15 +10,47 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import IntegrityError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.services.documents import Conflict, NotFound
-from app.services.routing import NotTrainable
-from engine.errors import InputError
+from engine.errors import MoeragError
+
+# The HTTP status of every error code the API answers with: the one place statuses are chosen.
+STATUS: dict[str, int] = {
+    # engine and services (engine.errors)
+    "invalid_document": 422,
+    "unsupported_type": 415,
+    "empty_document": 422,
+    "document_too_large": 413,
+    "undecodable_document": 422,
+    "corrupt_document": 422,
+    "invalid_setting": 422,
+    "not_found": 404,
+    "conflict": 409,
+    "not_trainable": 409,
+    "unknown_expert": 422,
+    # requests
+    "malformed_json": 400,
+    "invalid_request": 422,
+    "missing_file": 422,
+    "question_too_long": 422,
+    "top_k_too_large": 422,
+    "expert_not_found": 404,
+    "unsupported_media_type": 415,
+    "too_large": 413,
+    "unauthorized": 401,
+    "csrf": 403,
+    "rate_limited": 429,
+    # the server and what it depends on
+    "not_ready": 503,
+    "generator_unavailable": 503,
+    "generator_failed": 502,
+}
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
+    """An error the API layer itself raises (request shape, auth, limits); status from STATUS."""
+
+    def __init__(self, code: str, message: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
-        self.status, self.code, self.message, self.headers = status, code, message, headers
+        self.status, self.code, self.message, self.headers = STATUS[code], code, message, headers
 
 
 def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
@@ -30,21 +62,9 @@ def install(app: FastAPI) -> None:
     async def _api(_: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(error_body(exc.code, exc.message), exc.status, headers=exc.headers)
 
-    @app.exception_handler(InputError)
-    async def _input(_: Request, exc: InputError) -> JSONResponse:
-        return JSONResponse(error_body(exc.code, exc.message), exc.status)
-
-    @app.exception_handler(NotFound)
-    async def _missing(_: Request, exc: NotFound) -> JSONResponse:
-        return JSONResponse(error_body("not_found", str(exc)), 404)
-
-    @app.exception_handler(NotTrainable)
-    async def _untrainable(_: Request, exc: NotTrainable) -> JSONResponse:
-        return JSONResponse(error_body("not_trainable", str(exc)), 409)
-
-    @app.exception_handler(Conflict)
-    async def _conflict(_: Request, exc: Conflict) -> JSONResponse:
-        return JSONResponse(error_body("conflict", str(exc)), 409)
+    @app.exception_handler(MoeragError)
+    async def _moerag(_: Request, exc: MoeragError) -> JSONResponse:
+        return JSONResponse(error_body(exc.code, exc.message), STATUS.get(exc.code, 400))
 
     @app.exception_handler(IntegrityError)
     async def _integrity(_: Request, exc: IntegrityError) -> JSONResponse:

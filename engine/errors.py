@@ -1,19 +1,25 @@
-"""Errors the engine raises for bad input; `app` turns them into 4xx responses."""
+"""Every error moerag raises on purpose, each with a stable code.
+
+The engine and the services raise these; `app.errors.STATUS` is the one table that maps a
+code to an HTTP status (the engine knows no HTTP), and the CLI prints `code: message`.
+"""
 
 
-class InputError(ValueError):
-    """The document cannot be ingested as given (the caller's fault, not ours)."""
-
-    status = 422
-    code = "invalid_document"
+class MoeragError(Exception):
+    code = "error"
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
 
 
+class InputError(MoeragError, ValueError):
+    """The document cannot be ingested as given (the caller's fault, not ours)."""
+
+    code = "invalid_document"
+
+
 class UnsupportedType(InputError):
-    status = 415
     code = "unsupported_type"
 
 
@@ -22,7 +28,6 @@ class EmptyDocument(InputError):
 
 
 class DocumentTooLarge(InputError):
-    status = 413
     code = "document_too_large"
 
 
@@ -38,3 +43,27 @@ class InvalidSetting(InputError):
     """A setting names something that does not exist here (a generator, a model)."""
 
     code = "invalid_setting"
+
+
+class NotFound(MoeragError, LookupError):
+    """A document, chunk, cluster, expert, job, question or router version id that does not exist."""
+
+    code = "not_found"
+
+
+class Conflict(MoeragError):
+    """The change collides with what is there (a name taken)."""
+
+    code = "conflict"
+
+
+class NotTrainable(MoeragError, ValueError):
+    """The router cannot be trained yet (no expert owns a cluster)."""
+
+    code = "not_trainable"
+
+
+class UnknownExperts(MoeragError, LookupError):
+    """Labelled questions name experts that do not exist (nothing was added)."""
+
+    code = "unknown_expert"

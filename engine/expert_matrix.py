@@ -51,7 +51,9 @@ class ExpertMatrix:
             return np.full((len(q), k), -np.inf, dtype=np.float32), np.full((len(q), k), -1, dtype=np.int64)
         positions = [p for p in (self._position(e) for e in expert_ids) if p >= 0] or [-1]
         sel = torch.tensor([positions] * len(q), dtype=torch.int64, device=self.device)  # [Q, S]
-        queries = torch.from_numpy(np.ascontiguousarray(q, dtype=np.float32)).to(self.device)  # [Q, D]
+        queries = torch.tensor(
+            np.asarray(q, dtype=np.float32), device=self.device
+        )  # [Q, D], a copy (q may be read-only)
         scores, rows = scoped_search(self.x, queries, self.offsets, sel, k)  # [Q, K], [Q, K]
         ids = torch.where(rows >= 0, self.ids[rows.clamp_min(0)], -1)  # [Q, K]
         return scores.cpu().numpy(), ids.cpu().numpy()

@@ -30,3 +30,16 @@ def test_package_imports_point_one_way(package: str) -> None:
     for f in files:
         bad = imported_roots(f) & FORBIDDEN[package]
         assert not bad, f"{f.relative_to(ROOT)} imports {sorted(bad)}"
+
+
+def test_routes_hold_no_sql() -> None:
+    """Routes map request and response bodies; every read and write of the catalogue is a service's."""
+    for f in (ROOT / "app" / "routes").rglob("*.py"):
+        assert "sqlalchemy" not in imported_roots(f), f"{f.relative_to(ROOT)} imports sqlalchemy"
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                inner = node.func.value
+                opens = isinstance(inner, ast.Attribute) and inner.attr == "sessions" and node.func.attr == "begin"
+                assert not opens, f"{f.relative_to(ROOT)}:{node.lineno} opens a transaction"
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "sessions":
+                raise AssertionError(f"{f.relative_to(ROOT)}:{node.lineno} opens a session")

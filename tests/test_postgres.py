@@ -35,9 +35,8 @@ def test_ingest_search_delete_and_restart_on_postgres(tmp_path: Path, embedder: 
         rt.indexes.recluster()
         from app.services.search import search
 
-        with rt.sessions() as s:
-            hits = search(s, rt.embedder, rt.indexes, "git branch rebase", 3, None).hits
-            assert hits[0].chunk.document_id == ids[1]
+        hits = search(rt.sessions, rt.embedder, rt.indexes, "git branch rebase", 3, None).hits
+        assert hits[0].chunk.document_id == ids[1]
         assert rt.ingestor.delete(ids[1]) >= 1
         stats = rt.stats()
         assert stats["documents"] == 3 and stats["chunks"] == stats["index_vectors"]

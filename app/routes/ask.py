@@ -56,17 +56,17 @@ def _citations(p: Prepared, answer: str | None = None) -> list[CitationOut]:
 def _prepare(rt: Runtime, body: AskIn) -> Prepared:
     s = rt.settings
     if len(body.question) > s.max_question_chars:
-        raise ApiError(422, "question_too_long", f"questions are limited to {s.max_question_chars} characters")
+        raise ApiError("question_too_long", f"questions are limited to {s.max_question_chars} characters")
     if body.top_k is not None and body.top_k > s.max_top_k:
-        raise ApiError(422, "top_k_too_large", f"top_k is limited to {s.max_top_k}")
+        raise ApiError("top_k_too_large", f"top_k is limited to {s.max_top_k}")
     if body.mode != "expert" and body.expert is not None:
-        raise ApiError(422, "invalid_request", "'expert' is only meaningful with mode='expert'")
+        raise ApiError("invalid_request", "'expert' is only meaningful with mode='expert'")
     if body.expert is not None and body.expert not in rt.experts.profiles():
-        raise ApiError(404, "expert_not_found", f"no expert {body.expert}")
+        raise ApiError("expert_not_found", f"no expert {body.expert}")
     try:
         return rt.pipeline.prepare(AskRequest(body.question, body.top_k, body.mode, body.expert))
     except GeneratorError as exc:
-        raise ApiError(503, "generator_unavailable", str(exc)) from None
+        raise ApiError("generator_unavailable", str(exc)) from None
 
 
 def _finish(rt: Runtime, prepared: Prepared) -> int:
@@ -85,8 +85,7 @@ def _finish(rt: Runtime, prepared: Prepared) -> int:
 async def ask(body: AskIn, request: Request, rt: RuntimeDep) -> Response:
     """Route the question, retrieve, answer with numbered citations; the route says which path and why."""
     if rt.ask_limiter is not None and (wait := rt.ask_limiter.take(request.client.host if request.client else "")):
-        raise ApiError(
-            429, "rate_limited", f"too many questions from this client; retry in {wait:.0f} s",
+        raise ApiError("rate_limited", f"too many questions from this client; retry in {wait:.0f} s",
             headers={"Retry-After": str(math.ceil(wait))},
         )  # fmt: skip
     slots = _answer_slots(request, rt)
@@ -121,7 +120,7 @@ def answer_json(rt: Runtime, body: AskIn) -> bytes:
         try:
             answer = "".join(prepared.answer_stream())
         except GeneratorError as exc:
-            raise ApiError(502, "generator_failed", str(exc)) from None
+            raise ApiError("generator_failed", str(exc)) from None
     query_id = _finish(rt, prepared)
     out = AskOut(
         answer=answer,

@@ -4,13 +4,12 @@ import shutil
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
-from sqlalchemy import func, select
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from app.deps import AdminDep, IdPath, Offset, ReaderDep, RuntimeDep
 from app.errors import ApiError
-from app.models import Chunk, Document
+from app.models import Document
 from app.routes.uploads import read_upload_file, upload_from_request
 from app.schemas import (
     ChunkOut,
@@ -23,8 +22,8 @@ from app.schemas import (
     JobOut,
     TextDocumentIn,
 )
+from app.services import library
 from app.services.bulk import new_spool, spool_file
-from app.services.documents import NotFound
 
 router = APIRouter(tags=["documents"])
 
@@ -93,11 +92,11 @@ async def bulk_ingest(request: Request, rt: RuntimeDep) -> JobOut:
     s = rt.settings
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype != "multipart/form-data":
-        raise ApiError(415, "unsupported_media_type", "send multipart/form-data with one or more 'files' fields")
+        raise ApiError("unsupported_media_type", "send multipart/form-data with one or more 'files' fields")
     form = await request.form(max_files=s.max_bulk_files, max_fields=s.max_bulk_files + 10)
     uploads = [f for f in form.getlist("files") if isinstance(f, UploadFile)]
     if not uploads:
-        raise ApiError(422, "missing_file", "send the documents in multipart fields named 'files'")
+        raise ApiError("missing_file", "send the documents in multipart fields named 'files'")
     spool = new_spool(s.spool_dir)
     files = []
     try:
@@ -119,28 +118,16 @@ def list_documents(
     offset: Offset = 0,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
 ) -> DocumentPage:
-    with rt.sessions() as s:
-        total = s.scalar(select(func.count(Document.id))) or 0
-        counts = select(Chunk.document_id, func.count(Chunk.id).label("n")).group_by(Chunk.document_id).subquery()
-        rows = s.execute(
-            select(Document, func.coalesce(counts.c.n, 0))
-            .outerjoin(counts, counts.c.document_id == Document.id)
-            .order_by(Document.id)
-            .offset(offset)
-            .limit(limit)
-        ).all()
-        items = [_out(doc, n) for doc, n in rows]
+    total, rows = library.document_page(rt.sessions, offset, limit)
+    items = [_out(doc, n) for doc, n in rows]
     return DocumentPage(items=items, total=total, offset=offset, limit=limit)
 
 
 @router.get("/documents/{document_id}", response_model=DocumentDetail, dependencies=[ReaderDep])
 def get_document(document_id: IdPath, rt: RuntimeDep) -> DocumentDetail:
-    with rt.sessions() as s:
-        doc = s.get(Document, document_id)
-        if doc is None:
-            raise NotFound(f"document {document_id} not found")
-        summaries = [ChunkSummary.model_validate(c) for c in doc.chunks]
-        return DocumentDetail(**_out(doc, len(summaries)).model_dump(), chunk_list=summaries)
+    doc = library.document(rt.sessions, document_id)
+    summaries = [ChunkSummary.model_validate(c) for c in doc.chunks]
+    return DocumentDetail(**_out(doc, len(summaries)).model_dump(), chunk_list=summaries)
 
 
 @router.put("/documents/{document_id}", response_model=IngestOut, dependencies=[AdminDep], openapi_extra=_UPLOAD_BODY)
@@ -159,14 +146,11 @@ def delete_document(document_id: IdPath, rt: RuntimeDep) -> DeletedOut:
 
 @router.get("/chunks/{chunk_id}", response_model=ChunkOut, dependencies=[ReaderDep])
 def get_chunk(chunk_id: IdPath, rt: RuntimeDep) -> ChunkOut:
-    with rt.sessions() as s:
-        c = s.get(Chunk, chunk_id)
-        if c is None:
-            raise NotFound(f"chunk {chunk_id} not found")
-        return ChunkOut(
-            **ChunkSummary.model_validate(c).model_dump(),
-            document_id=c.document_id,
-            source=c.document.source,
-            title=c.document.title,
-            text=c.text,
-        )
+    c = library.chunk(rt.sessions, chunk_id)
+    return ChunkOut(
+        **ChunkSummary.model_validate(c).model_dump(),
+        document_id=c.document_id,
+        source=c.document.source,
+        title=c.document.title,
+        text=c.text,
+    )

@@ -6,14 +6,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
-from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
 from app.deps import IdPath, ReaderDep, RuntimeDep
-from app.models import Job
 from app.runtime import Runtime
 from app.schemas import JobOut, SearchHit, SearchIn, SearchOut, StatsOut
-from app.services.documents import NotFound
 from app.services.search import search
 
 router = APIRouter()
@@ -59,18 +56,12 @@ def stats(rt: RuntimeDep) -> StatsOut:
 
 @router.get("/jobs", response_model=list[JobOut], tags=["jobs"], dependencies=[ReaderDep])
 def list_jobs(rt: RuntimeDep, limit: Annotated[int, Query(ge=1, le=200)] = 20) -> list[JobOut]:
-    with rt.sessions() as s:
-        jobs = s.scalars(select(Job).order_by(Job.id.desc()).limit(limit)).all()
-        return [JobOut.model_validate(j) for j in jobs]
+    return [JobOut.model_validate(j) for j in rt.jobs.recent(limit)]
 
 
 @router.get("/jobs/{job_id}", response_model=JobOut, tags=["jobs"], dependencies=[ReaderDep])
 def get_job(job_id: IdPath, rt: RuntimeDep) -> JobOut:
-    with rt.sessions() as s:
-        job = s.get(Job, job_id)
-        if job is None:
-            raise NotFound(f"job {job_id} not found")
-        return JobOut.model_validate(job)
+    return JobOut.model_validate(rt.jobs.get(job_id))
 
 
 @router.post("/search", response_model=SearchOut, tags=["search"], dependencies=[ReaderDep])
@@ -81,19 +72,18 @@ async def search_chunks(body: SearchIn, rt: RuntimeDep) -> SearchOut:
 
 def run_search(rt: Runtime, body: SearchIn) -> SearchOut:
     """The search as the API answers it (the CLI's local `search` prints the same)."""
-    with rt.sessions() as s:
-        result = search(s, rt.embedder, rt.indexes, body.query, body.k, body.clusters)
-        hits = [
-            SearchHit(
-                chunk_id=h.chunk.id,
-                document_id=h.chunk.document_id,
-                source=h.chunk.document.source,
-                title=h.chunk.document.title,
-                heading=h.chunk.heading,
-                cluster_id=h.chunk.cluster_id,
-                score=h.score,
-                text=h.chunk.text,
-            )
-            for h in result.hits
-        ]
-        return SearchOut(hits=hits, clusters_scanned=result.clusters_scanned, vectors_scanned=result.vectors_scanned)
+    result = search(rt.sessions, rt.embedder, rt.indexes, body.query, body.k, body.clusters)
+    hits = [
+        SearchHit(
+            chunk_id=h.chunk.id,
+            document_id=h.chunk.document_id,
+            source=h.chunk.document.source,
+            title=h.chunk.document.title,
+            heading=h.chunk.heading,
+            cluster_id=h.chunk.cluster_id,
+            score=h.score,
+            text=h.chunk.text,
+        )
+        for h in result.hits
+    ]
+    return SearchOut(hits=hits, clusters_scanned=result.clusters_scanned, vectors_scanned=result.vectors_scanned)

@@ -22,7 +22,7 @@ async def read_upload_file(file: UploadFile, limit: int) -> bytes:
     while block := await file.read(1 << 20):
         data += block
         if len(data) > limit:
-            raise ApiError(413, "too_large", f"{file.filename or 'the upload'} exceeds the limit of {limit} bytes")
+            raise ApiError("too_large", f"{file.filename or 'the upload'} exceeds the limit of {limit} bytes")
     return bytes(data)
 
 
@@ -34,7 +34,7 @@ async def upload_from_request(request: Request, limit: int) -> Upload:
         form = await request.form(max_files=1, max_fields=10)
         file = form.get("file")
         if not isinstance(file, UploadFile):
-            raise ApiError(422, "missing_file", "send the document in a multipart field named 'file'")
+            raise ApiError("missing_file", "send the document in a multipart field named 'file'")
         data = await read_upload_file(file, limit)
         filename = file.filename or "upload"
         source = _form_str(form.get("source")) or filename
@@ -48,16 +48,16 @@ async def upload_from_request(request: Request, limit: int) -> Upload:
     if ctype in ("application/json", ""):
         body = await request.body()
         if len(body) > limit:
-            raise ApiError(413, "too_large", f"the request exceeds the limit of {limit} bytes")
+            raise ApiError("too_large", f"the request exceeds the limit of {limit} bytes")
         try:
             payload: Any = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError):
-            raise ApiError(400, "malformed_json", "the request body is not valid JSON") from None
+            raise ApiError("malformed_json", "the request body is not valid JSON") from None
         try:
             doc = TextDocumentIn.model_validate(payload)
         except ValidationError as exc:
             details = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-            raise ApiError(422, "invalid_request", details) from None
+            raise ApiError("invalid_request", details) from None
         data = doc.text.encode("utf-8")
         source = doc.source or f"text:{hashlib.sha256(data).hexdigest()[:12]}"
         return Upload(
@@ -68,7 +68,7 @@ async def upload_from_request(request: Request, limit: int) -> Upload:
             content_type=_FORMAT_TYPES[doc.format],
             metadata=doc.metadata,
         )
-    raise ApiError(415, "unsupported_media_type", "send multipart/form-data with a 'file' field, or JSON text")
+    raise ApiError("unsupported_media_type", "send multipart/form-data with a 'file' field, or JSON text")
 
 
 def _form_str(value: object) -> str | None:

@@ -18,7 +18,7 @@ from app.services.indexing import IndexManager
 from engine.chunking import Chunk as TextChunk
 from engine.chunking import ChunkingConfig, chunk_document
 from engine.embedder import Embedder, Vectors
-from engine.errors import InputError
+from engine.errors import Conflict, InputError, NotFound
 from engine.parsing import ParsedDocument, parse
 
 log = logging.getLogger(__name__)
@@ -26,14 +26,6 @@ log = logging.getLogger(__name__)
 # Chunks gathered across documents before one encode call: small documents alone would
 # give the model tiny batches and waste most of its throughput.
 EMBED_GROUP = 256
-
-
-class NotFound(LookupError):
-    pass
-
-
-class Conflict(RuntimeError):
-    pass
 
 
 @dataclass

@@ -12,7 +12,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.models import Cluster, Expert, stack
-from app.services.documents import Conflict, NotFound
+from engine.errors import Conflict, NotFound
 from engine.pipeline import ExpertProfile
 from index import kmeans
 
@@ -87,6 +87,51 @@ def propose(s: Session, n: int, dim: int) -> list[dict[str, Any]]:
         proposals.append(
             {"name": " / ".join(keywords[:3]) or f"group {g}", "keywords": keywords, "cluster_ids": members}
         )
+    return proposals
+
+
+# ---- the API's use cases: one transaction each ------------------------------------------------------
+
+
+def list_all(sessions: sessionmaker[Session]) -> list[Expert]:
+    with sessions() as s:
+        return list(s.scalars(select(Expert).order_by(Expert.id)))
+
+
+def create(sessions: sessionmaker[Session], fields: dict[str, Any]) -> Expert:
+    with sessions.begin() as s:
+        return create_expert(s, fields)
+
+
+def edit(sessions: sessionmaker[Session], expert_id: int, fields: dict[str, Any]) -> Expert:
+    with sessions.begin() as s:
+        return update_expert(s, expert_id, fields)
+
+
+def delete(sessions: sessionmaker[Session], expert_id: int) -> None:
+    with sessions.begin() as s:
+        delete_expert(s, expert_id)
+
+
+def assign(sessions: sessionmaker[Session], cluster_ids: list[int], expert_id: int | None) -> int:
+    with sessions.begin() as s:
+        return assign_clusters(s, cluster_ids, expert_id)
+
+
+def propose_and_apply(sessions: sessionmaker[Session], n: int, dim: int, apply: bool) -> list[dict[str, Any]]:
+    """`propose`; with `apply`, each proposal becomes an expert (a unique name) owning its clusters."""
+    with sessions.begin() as s:
+        proposals = propose(s, n, dim)
+        if apply:
+            taken = set(s.scalars(select(Expert.name)))
+            for p in proposals:
+                name, i = p["name"], 2
+                while name in taken:
+                    name, i = f"{p['name']} ({i})", i + 1
+                taken.add(name)
+                e = create_expert(s, {"name": name, "description": ", ".join(p["keywords"])})
+                assign_clusters(s, p["cluster_ids"], e.id)
+                p["expert_id"] = e.id
     return proposals
 
 

@@ -23,6 +23,7 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.models import Job
+from engine.errors import NotFound
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +84,17 @@ class JobRunner:
             s.flush()
             s.expunge(job)
         self._queue.put(job.id)
+        return job
+
+    def recent(self, limit: int) -> list[Job]:
+        with self.sessions() as s:
+            return list(s.scalars(select(Job).order_by(Job.id.desc()).limit(limit)))
+
+    def get(self, job_id: int) -> Job:
+        with self.sessions() as s:
+            job = s.get(Job, job_id)
+        if job is None:
+            raise NotFound(f"job {job_id} not found")
         return job
 
     def start(self) -> None:

@@ -16,16 +16,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.models import Chunk, Cluster, Expert, RouterExample, RouterVersion, stack
 from app.settings import Settings
 from engine.embedder import Embedder
+from engine.errors import NotTrainable
 from engine.router import VOTE_CHUNKS, Router, TrainConfig, TrainingSet, train, without_self
 from engine.samples import Sample, held_out_documents, query_like_samples
 from index.store import ClusteredIndex
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int, int], None]
-
-
-class NotTrainable(ValueError):
-    pass
 
 
 @dataclass
@@ -106,6 +103,11 @@ class RouterManager:
             self._router = router  # one reference swap: requests see the old or the new router, whole
         log.info("router version %s active", router.version_id if router else None)
         return router
+
+    def versions(self) -> list[RouterVersion]:
+        """Every stored version, newest first."""
+        with self.sessions() as s:
+            return list(s.scalars(select(RouterVersion).order_by(RouterVersion.id.desc())))
 
     def activate(self, version_id: int) -> None:
         """Exactly one version is active after this transaction; every process follows the catalogue to it."""

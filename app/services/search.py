@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session, selectinload
+from sqlalchemy.orm import Session, selectinload, sessionmaker
 
 from app.models import Chunk
 from app.services.indexing import IndexManager
@@ -27,19 +27,26 @@ class SearchResult:
 
 
 def search(
-    s: Session, embedder: Embedder, indexes: IndexManager, query: str, k: int, clusters: Sequence[int] | None
+    sessions: sessionmaker[Session],
+    embedder: Embedder,
+    indexes: IndexManager,
+    query: str,
+    k: int,
+    clusters: Sequence[int] | None,
 ) -> SearchResult:
+    """Each hit's chunk comes with its document loaded (usable after the session closed)."""
     q = embedder.encode([query])  # [1, D]
     index = indexes.index
     scores, ids = index.search(q, k, clusters)  # [1, K], [1, K]
     scanned_lists, scanned = index.scan_size(clusters)
     found = [(int(i), float(sc)) for i, sc in zip(ids[0], scores[0], strict=True) if i >= 0]
-    rows = {
-        c.id: c
-        for c in s.scalars(
-            select(Chunk).options(selectinload(Chunk.document)).where(Chunk.id.in_([i for i, _ in found]))
-        )
-    }
+    with sessions() as s:
+        rows = {
+            c.id: c
+            for c in s.scalars(
+                select(Chunk).options(selectinload(Chunk.document)).where(Chunk.id.in_([i for i, _ in found]))
+            )
+        }
     # An id the index returns but SQL no longer has (a delete racing this search) is skipped.
     hits = [Hit(rows[i], sc) for i, sc in found if i in rows]
     return SearchResult(hits, scanned_lists, scanned)
