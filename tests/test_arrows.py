@@ -43,3 +43,16 @@ def test_routes_hold_no_sql() -> None:
                 assert not opens, f"{f.relative_to(ROOT)}:{node.lineno} opens a transaction"
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "sessions":
                 raise AssertionError(f"{f.relative_to(ROOT)}:{node.lineno} opens a session")
+
+
+def test_every_error_code_has_one_status() -> None:
+    """Each code an engine or service error carries is mapped to an HTTP status in app.errors."""
+    import engine.errors as errors
+    from app.errors import STATUS
+
+    codes = {
+        cls.code
+        for cls in vars(errors).values()
+        if isinstance(cls, type) and issubclass(cls, errors.MoeragError) and cls is not errors.MoeragError
+    }
+    assert codes and codes <= set(STATUS), sorted(codes - set(STATUS))
