@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from sqlalchemy import Engine, event, insert, select, text, update
 from sqlalchemy.orm import ORMExecuteState, Session, UOWTransaction, sessionmaker
 
-from app.models import Base, CatalogueChange, CatalogueVersion
+from app.models import Base, CatalogueChange, CatalogueVersion, IndexLog
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,7 @@ PARTS: dict[str, str] = {
 CHANNEL = "moerag_catalogue"
 _PENDING = "moerag_catalogue_parts"  # session.info key: parts changed in the open transaction
 _BUMPED = "moerag_catalogue_bumped"  # session.info key: this commit bumped the version
+_INDEX = "moerag_index_log"  # session.info key: {chunk id: cluster id, or None when it leaves}
 
 Subscriber = Callable[[int, frozenset[str]], object]  # (version, parts changed); the result is ignored
 
@@ -55,6 +56,18 @@ def _note(session: Session, table: Any) -> None:
     part = PARTS.get(getattr(table, "name", ""))
     if part is not None:
         session.info.setdefault(_PENDING, set()).add(part)
+
+
+def stage_index_changes(session: Session, added: Iterable[tuple[int, int]] = (), removed: Iterable[int] = ()) -> None:
+    """Record, in this transaction, chunks entering the index ((chunk id, cluster id); a chunk
+    already there moves) and chunks leaving it. The log rows are written at commit with the
+    version the commit bumps; every process, this one included, applies them from the log."""
+    staged: dict[int, int | None] = session.info.setdefault(_INDEX, {})
+    for chunk_id in removed:
+        staged[int(chunk_id)] = None
+    for chunk_id, cluster_id in added:
+        staged[int(chunk_id)] = int(cluster_id)
+    session.info.setdefault(_PENDING, set()).add("documents")
 
 
 def read_version(session: Session) -> int:
@@ -103,6 +116,10 @@ class Catalogue:
             .returning(CatalogueVersion.version)
         ).scalar_one()
         session.execute(insert(CatalogueChange).values(version=version, parts=sorted(parts)))
+        staged = session.info.pop(_INDEX, None)
+        if staged:
+            rows = [{"version": version, "chunk_id": c, "cluster_id": k} for c, k in sorted(staged.items())]
+            session.execute(insert(IndexLog), rows)
         if self._postgres:  # delivered at commit, to every process that listens
             session.execute(text("SELECT pg_notify(:channel, :version)"), {"channel": CHANNEL, "version": str(version)})
         session.info[_BUMPED] = True
@@ -113,6 +130,7 @@ class Catalogue:
 
     def _after_rollback(self, session: Session) -> None:
         session.info.pop(_PENDING, None)
+        session.info.pop(_INDEX, None)
         session.info.pop(_BUMPED, None)
 
     # ---- following ---------------------------------------------------------------------------------

@@ -240,3 +240,17 @@ class CatalogueChange(Base):
     version: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     parts: Mapped[list[str]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class IndexLog(Base):
+    """Append-only: chunks entering (cluster_id) or leaving (None) the index, by catalogue version.
+
+    Written in the writer's transaction with the version it bumped, so a replica that has
+    applied the log up to version v holds exactly SQL's chunks as of v.
+    """
+
+    __tablename__ = "index_log"
+
+    version: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    chunk_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    cluster_id: Mapped[int | None] = mapped_column(Integer, nullable=True)

@@ -250,6 +250,7 @@ class Runtime:
                     "train": self._train_job,
                 },
             )
+            self.catalogue.subscribe(["documents", "index"], self._indexes.follow)  # first: the others read it
             self.catalogue.subscribe(["documents"], self.lexical.mark_dirty)
             self.catalogue.subscribe(["experts", "clusters"], self.experts.reload)
             self.catalogue.subscribe(["router"], self._routers.reload)

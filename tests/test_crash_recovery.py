@@ -28,7 +28,8 @@ def db_chunk_ids(data_dir: Path) -> np.ndarray:
 def index_on_disk(data_dir: Path) -> ClusteredIndex:
     with sqlite3.connect(data_dir / "moerag.db") as conn:
         (version,) = conn.execute("SELECT version FROM index_state WHERE id = 1").fetchone()
-    return ClusteredIndex.load(data_dir / "index" / f"ivf-{version}.faiss", version)
+    [path] = (data_dir / "index").glob(f"ivf-{version}@*.faiss")  # one snapshot: the newest
+    return ClusteredIndex.load(path, version)
 
 
 def test_sigkill_mid_bulk_ingest_then_restart(tmp_path: Path) -> None:

@@ -69,7 +69,8 @@ def test_kills_at_random_moments_of_bulk_ingest(tmp_path: Path) -> None:
             (version,) = conn.execute("SELECT version FROM index_state WHERE id = 1").fetchone()
         from index import ClusteredIndex
 
-        ids, _ = ClusteredIndex.load(data_dir / "index" / f"ivf-{version}.faiss", version).assignments()
+        [path] = (data_dir / "index").glob(f"ivf-{version}@*.faiss")  # one snapshot: the newest
+        ids, _ = ClusteredIndex.load(path, version).assignments()
         assert np.array_equal(rows, ids)
     finally:
         server.stop()

@@ -23,9 +23,10 @@ def fill(settings: Settings, embedder: Embedder) -> Path:
     rt.start()
     for i, t in enumerate(["sqlite", "git", "debian", "python"] * 2):
         rt.ingestor.ingest(Upload(data=topic_doc(t, i).encode(), source=f"{t}-{i}.md", filename=f"{t}-{i}.md"))
-    path = rt.indexes.path_for(rt.indexes.index.version)
-    rt.close()  # checkpoints
-    assert path.exists()
+    indexes, version = rt.indexes, rt.indexes.index.version
+    rt.close()  # checkpoints: a snapshot named by clustering version and catalogue position
+    [(position, path)] = indexes.snapshots(version)
+    assert path.exists() and position == indexes.position > 0
     return path
 
 
@@ -135,6 +136,7 @@ def test_a_full_disk_at_a_checkpoint_loses_nothing(
     try:
         assert rt.index_status == "loaded"  # the file on disk already held the late document
         assert_consistent(rt)
-        assert path.exists() and rt.stats()["documents"] == 9
+        [(_, newest)] = rt.indexes.snapshots(rt.indexes.index.version)  # the old one replaced
+        assert newest != path and not path.exists() and rt.stats()["documents"] == 9
     finally:
         rt.close()

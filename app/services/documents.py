@@ -13,6 +13,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from app.catalogue import stage_index_changes
 from app.models import Chunk, Document
 from app.services.indexing import IndexManager
 from engine.chunking import Chunk as TextChunk
@@ -131,6 +132,7 @@ class Ingestor:
                     s.add_all(rows)
                     s.flush()
                     ids = np.array([r.id for r in rows], dtype=np.int64)
+                    stage_index_changes(s, zip(ids.tolist(), clusters.tolist(), strict=True))
                     doc_id = doc.id
             except IntegrityError:
                 # The same bytes arrived concurrently (or twice in one batch): the first one wins.
@@ -138,8 +140,6 @@ class Ingestor:
                 if existing is None:
                     raise
                 return Outcome("duplicate", existing.source, existing.id, 0)
-            self.indexes.index.add(vectors, ids, clusters)
-            self.indexes.mark_dirty()
         return Outcome("created", up.source, doc_id, len(ids))
 
     def ingest(self, upload: Upload) -> Outcome:
@@ -192,7 +192,7 @@ class Ingestor:
     # ---- update and delete ------------------------------------------------------------------------
 
     def update(self, document_id: int, upload: Upload) -> Outcome:
-        """New content, same id: old chunks leave SQL and the index in the same step new ones enter."""
+        """New content, same id: old chunks leave SQL and the index log in the transaction new ones enter."""
         with self.sessions() as s:
             doc = s.get(Document, document_id)
             if doc is None:
@@ -227,22 +227,18 @@ class Ingestor:
                 s.add_all(rows)
                 s.flush()
                 ids = np.array([r.id for r in rows], dtype=np.int64)
+                stage_index_changes(s, zip(ids.tolist(), clusters.tolist(), strict=True), removed=old_ids)
                 source = doc.source
-            self.indexes.index.remove(old_ids)
-            self.indexes.index.add(vectors, ids, clusters)
-            self.indexes.mark_dirty()
         return Outcome("updated", source, document_id, len(ids))
 
     def delete(self, document_id: int) -> int:
         """Remove a document; returns how many chunks left SQL and the index."""
-        with self.indexes.write_lock:
-            with self.sessions() as s, s.begin():
-                doc = s.get(Document, document_id)
-                if doc is None:
-                    raise NotFound(f"document {document_id} not found")
-                ids = list(s.scalars(select(Chunk.id).where(Chunk.document_id == document_id)))
-                s.execute(delete(Chunk).where(Chunk.document_id == document_id))
-                s.delete(doc)
-            self.indexes.index.remove(ids)
-            self.indexes.mark_dirty()
+        with self.indexes.write_lock, self.sessions() as s, s.begin():
+            doc = s.get(Document, document_id)
+            if doc is None:
+                raise NotFound(f"document {document_id} not found")
+            ids = list(s.scalars(select(Chunk.id).where(Chunk.document_id == document_id)))
+            s.execute(delete(Chunk).where(Chunk.document_id == document_id))
+            s.delete(doc)
+            stage_index_changes(s, removed=ids)
         return len(ids)

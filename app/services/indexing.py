@@ -14,7 +14,8 @@ import numpy as np
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.models import Chunk, Cluster, IndexState, stack
+from app.catalogue import read_version, stage_index_changes
+from app.models import Chunk, Cluster, IndexLog, IndexState, stack
 from app.settings import Settings
 from engine.keywords import cluster_keywords
 from index import ClusteredIndex, IndexCorrupt, auto_cluster_count, kmeans
@@ -32,7 +33,19 @@ class ModelMismatch(RuntimeError):
 
 
 class IndexManager:
-    """Owns the live index. `write_lock` serialises every change to chunks, clusters and index."""
+    """Owns this process's replica of the index and keeps it equal to SQL by following the index log.
+
+    `write_lock` serialises this process's changes to chunks, clusters and index. Writers never
+    touch the replica: they stage index changes in their transaction (`stage_index_changes`);
+    the commit writes them to the index log with the catalogue version it bumps, and `follow`
+    (a catalogue subscriber, run in this process before the commit returns, and in every other
+    process when it sees the version) applies the log. `position` is the catalogue version the
+    replica holds; snapshots are named by clustering version and position, so a process boots
+    from the newest one and replays the log after it.
+
+    Locks, always taken in this order: `write_lock`, the catalogue's, `_replica_lock` (held only
+    around reads and in-memory swaps: never across a commit).
+    """
 
     def __init__(self, settings: Settings, sessions: sessionmaker[Session], dim: int, model: str) -> None:
         self.settings = settings
@@ -41,10 +54,22 @@ class IndexManager:
         self.model = model
         self.write_lock = threading.RLock()
         self.index: ClusteredIndex = ClusteredIndex.single(dim, "unopened")
+        self.position = 0  # the catalogue version this replica holds
         self._dirty = False  # the index changed since it was last written
+        self._staged: ClusteredIndex | None = None  # a recluster's index, adopted when its commit is followed
+        self._replica_lock = threading.RLock()
 
-    def path_for(self, version: str) -> Path:
-        return self.settings.index_dir / f"ivf-{version}.faiss"
+    def path_for(self, version: str, position: int) -> Path:
+        return self.settings.index_dir / f"ivf-{version}@{position}.faiss"
+
+    def snapshots(self, version: str) -> list[tuple[int, Path]]:
+        """(position, file) of this clustering's snapshots, newest last."""
+        found = []
+        for p in self.settings.index_dir.glob(f"ivf-{version}@*.faiss"):
+            tail = p.name[len(f"ivf-{version}@") : -len(".faiss")]
+            if tail.isdigit():
+                found.append((int(tail), p))
+        return sorted(found)
 
     # ---- start-up -----------------------------------------------------------------------------
 
@@ -64,89 +89,156 @@ class IndexManager:
         return state
 
     def open(self) -> str:
-        """Load the index file if it matches the database exactly; otherwise rebuild it from SQL."""
-        with self.write_lock, self.sessions.begin() as s:
-            state = self._ensure_state(s)
-            version, nlist = state.version, state.nlist
-            db_ids, db_clusters = _assignments(s)
-        path = self.path_for(version)
-        if not path.exists() and len(db_ids) == 0:
-            self.rebuild()  # a new store: nothing to distrust
-            return "created"
-        try:
-            if not path.exists():
-                raise IndexCorrupt(f"no index file for version {version}")
-            loaded = ClusteredIndex.load(path, version)
-            if loaded.nlist != nlist or loaded.dim != self.dim:
-                raise IndexCorrupt(f"index has {loaded.nlist} lists of dim {loaded.dim}, expected {nlist}/{self.dim}")
-            ix_ids, ix_clusters = loaded.assignments()
-            if not (np.array_equal(ix_ids, db_ids) and np.array_equal(ix_clusters, db_clusters)):
-                raise IndexCorrupt(
-                    f"index holds {len(ix_ids)} vectors, the database {len(db_ids)} chunks, or they differ"
-                )
-        except IndexCorrupt as exc:
-            log.warning("index not trusted (%s): rebuilding from stored embeddings", exc)
-            self.rebuild()
-            return f"rebuilt: {exc}"
+        """Load the newest snapshot, replay the index log after it and check the result against SQL
+        exactly; anything missing, corrupt or different: rebuild from SQL."""
         with self.write_lock:
-            self.index = loaded
-        self._remove_stale_files(version)
-        log.info("index %s loaded: %d vectors in %d clusters", version, loaded.ntotal, loaded.nlist)
+            with self.sessions.begin() as s:
+                state = self._ensure_state(s)
+                version, nlist = state.version, state.nlist
+                empty = (s.scalar(select(func.count(Chunk.id))) or 0) == 0
+            snapshots = self.snapshots(version) if self.settings.index_dir.exists() else []
+            if not snapshots and empty:
+                self.rebuild()  # a new store: nothing to distrust
+                return "created"
+            try:
+                if not snapshots:
+                    raise IndexCorrupt(f"no index snapshot for version {version}")
+                position, path = snapshots[-1]
+                loaded = ClusteredIndex.load(path, version)
+                if loaded.nlist != nlist or loaded.dim != self.dim:
+                    raise IndexCorrupt(
+                        f"index has {loaded.nlist} lists of dim {loaded.dim}, expected {nlist}/{self.dim}"
+                    )
+                with self._replica_lock:
+                    self.index, self.position = loaded, position
+                with self.sessions() as s:
+                    now = read_version(s)
+                self.follow(now)  # the log after the snapshot
+                with self.sessions() as s:
+                    db_ids, db_clusters = _assignments(s)
+                ix_ids, ix_clusters = self.index.assignments()
+                if not (np.array_equal(ix_ids, db_ids) and np.array_equal(ix_clusters, db_clusters)):
+                    raise IndexCorrupt(
+                        f"index holds {len(ix_ids)} vectors, the database {len(db_ids)} chunks, or they differ"
+                    )
+            except IndexCorrupt as exc:
+                log.warning("index not trusted (%s): rebuilding from stored embeddings", exc)
+                self.rebuild()
+                return f"rebuilt: {exc}"
+        self._remove_stale_files()
+        log.info(
+            "index %s loaded at catalogue version %d: %d vectors in %d clusters",
+            version,
+            self.position,
+            self.index.ntotal,
+            self.index.nlist,
+        )
         return "loaded"
 
     def rebuild(self, progress: Progress | None = None) -> ClusteredIndex:
         """Recreate the index from the clusters' centroids and the chunks' stored embeddings."""
         with self.write_lock:
-            with self.sessions() as s:
-                state = self._ensure_state(s)
-                s.commit()
-                centroids = _centroids(s, state.nlist, self.dim)
-                fresh = ClusteredIndex.create(centroids, state.version)
-                total = s.scalar(select(func.count(Chunk.id))) or 0
-                done = 0
-                rows = s.execute(select(Chunk.id, Chunk.cluster_id, Chunk.embedding).order_by(Chunk.id))
-                for batch in rows.partitions(_BATCH):
-                    ids = np.fromiter((r[0] for r in batch), dtype=np.int64)
-                    clusters = np.fromiter((r[1] for r in batch), dtype=np.int64)
-                    x = stack((r[2] for r in batch), self.dim)
-                    fresh.add(x, ids, clusters)
-                    done += len(batch)
-                    if progress:
-                        progress(done, total)
-            self.index = fresh
-            self._dirty = False
-            fresh.save(self.path_for(fresh.version))
-        self._remove_stale_files(fresh.version)
+            with self.sessions.begin() as s:
+                self._ensure_state(s)
+            with self._replica_lock:
+                fresh, position = self._build_from_sql(progress)
+                self.index, self.position, self._dirty = fresh, position, False
+            fresh.save(self.path_for(fresh.version, position))
+        self._remove_stale_files()
         log.info("index %s rebuilt: %d vectors in %d clusters", fresh.version, fresh.ntotal, fresh.nlist)
         return fresh
 
+    def _build_from_sql(self, progress: Progress | None = None) -> tuple[ClusteredIndex, int]:
+        """(an index of every stored chunk, the catalogue version it holds at least); reads only."""
+        with self.sessions() as s:
+            position = read_version(s)  # rows read below are this version or later (replays are idempotent)
+            state = s.get(IndexState, 1)
+            if state is None:
+                raise IndexCorrupt("no index state in the database")
+            fresh = ClusteredIndex.create(_centroids(s, state.nlist, self.dim), state.version)
+            total = s.scalar(select(func.count(Chunk.id))) or 0
+            done = 0
+            rows = s.execute(select(Chunk.id, Chunk.cluster_id, Chunk.embedding).order_by(Chunk.id))
+            for batch in rows.partitions(_BATCH):
+                ids = np.fromiter((r[0] for r in batch), dtype=np.int64)
+                clusters = np.fromiter((r[1] for r in batch), dtype=np.int64)
+                fresh.add(stack((r[2] for r in batch), self.dim), ids, clusters)
+                done += len(batch)
+                if progress:
+                    progress(done, total)
+        return fresh, position
+
     # ---- checkpoints ----------------------------------------------------------------------------
 
-    def mark_dirty(self) -> None:
-        """The in-memory index changed: the next checkpoint writes it."""
-        self._dirty = True
-
     def checkpoint(self) -> bool:
-        """Write the index if it changed since the last write. SQL stays the truth meanwhile."""
-        with self.write_lock:
+        """Write a snapshot if the replica changed since the last one. SQL stays the truth meanwhile."""
+        with self._replica_lock:
             if not self._dirty:
                 return False
-            data, version = self.index.to_bytes(), self.index.version
+            data, version, position = self.index.to_bytes(), self.index.version, self.position
             self._dirty = False
         try:
-            write_atomic(self.path_for(version), data)
+            write_atomic(self.path_for(version, position), data)
         except OSError:  # a full disk: SQL holds everything; the next checkpoint writes again
-            with self.write_lock:
+            with self._replica_lock:
                 self._dirty = True
             raise
+        self._remove_stale_files()
         return True
 
-    def _remove_stale_files(self, keep: str) -> None:
+    def _remove_stale_files(self) -> None:
+        """Keep only the newest snapshot of the live clustering (and no file of an older one)."""
         if not self.settings.index_dir.exists():
             return
+        newest = self.snapshots(self.index.version)[-1:]
+        keep = {p.name for _, p in newest}
         for p in self.settings.index_dir.glob("ivf-*.faiss"):
-            if p.name != self.path_for(keep).name:
+            if p.name not in keep:
                 p.unlink(missing_ok=True)
+
+    def follow(self, version: int, parts: object = None) -> None:
+        """Bring the replica to catalogue `version` (a catalogue subscriber): apply the index log
+        after `position`, or, when the clustering changed, adopt this process's recluster or
+        rebuild from SQL. Idempotent: a chunk entering again moves, one leaving again is a no-op."""
+        with self._replica_lock:
+            if version <= self.position:
+                return
+            with self.sessions() as s:
+                state = s.get(IndexState, 1)
+                if state is None:
+                    return
+                if state.version != self.index.version:
+                    staged, self._staged = self._staged, None
+                    if staged is not None and staged.version == state.version:
+                        self.index, self.position, self._dirty = staged, version, True
+                        return
+                    clustering = state.version
+                else:
+                    clustering = None
+                    rows = s.execute(
+                        select(IndexLog.chunk_id, IndexLog.cluster_id)
+                        .where(IndexLog.version > self.position, IndexLog.version <= version)
+                        .order_by(IndexLog.version, IndexLog.chunk_id)
+                    ).all()
+                    latest: dict[int, int | None] = dict(rows)  # the last entry of each chunk wins
+                    entering = [c for c, k in latest.items() if k is not None]
+                    vectors: dict[int, np.ndarray] = {}
+                    for start in range(0, len(entering), 900):  # bounded IN lists
+                        batch = entering[start : start + 900]
+                        vectors.update(s.execute(select(Chunk.id, Chunk.embedding).where(Chunk.id.in_(batch))).all())
+            if clustering is not None:  # reclustered by another process
+                log.info("clustering %s is live elsewhere: rebuilding this replica from SQL", clustering)
+                self.index, self.position = self._build_from_sql()
+                self._dirty = True
+                return
+            present = [c for c in entering if c in vectors]  # a chunk deleted since is simply absent
+            self.index.remove(list(latest))  # leaving, and moving (absent ids are ignored)
+            if present:
+                x = stack((vectors[c] for c in present), self.dim)  # [N, D]
+                clusters = np.array([latest[c] for c in present], dtype=np.int64)
+                self.index.add(x, np.array(present, dtype=np.int64), clusters)
+            self.position = version
+            self._dirty = self._dirty or bool(latest)
 
     # ---- placement: a document's chunks stay in one expert's lists ---------------------------------
 
@@ -187,9 +279,7 @@ class IndexManager:
                     s.execute(  # ORM bulk UPDATE by primary key (one executemany)
                         update(Chunk), [{"id": int(ids[i]), "cluster_id": int(after[i])} for i in moved]
                     )
-                self.index.remove(ids[moved].tolist())
-                self.index.add(x[moved], ids[moved], after[moved])
-                self.mark_dirty()
+                    stage_index_changes(s, ((int(ids[i]), int(after[i])) for i in moved))
             report(3, 3)
         result = {
             "chunks": n,
@@ -248,24 +338,29 @@ class IndexManager:
             assigned = place(x, owners, centroids, _groups(experts))  # [N]
             keywords = cluster_keywords([r[3] for r in rows], assigned, k)
             report(3, 4)
-            with self.sessions.begin() as s:
-                state = self._ensure_state(s)
-                s.execute(delete(Cluster))
-                s.add_all(
-                    Cluster(id=c, centroid=centroids[c], keywords=keywords[c], expert_id=experts[c]) for c in range(k)
-                )
-                if n:
-                    s.execute(  # ORM bulk UPDATE by primary key (one executemany)
-                        update(Chunk),
-                        [{"id": int(i), "cluster_id": int(c)} for i, c in zip(ids, assigned, strict=True)],
-                    )
-                state.version, state.nlist = fresh.version, k
             fresh.add(x, ids, assigned)
-            self.index = fresh
-            self._dirty = False
-            fresh.save(self.path_for(fresh.version))
+            self._staged = fresh  # adopted by `follow` when the commit below is applied
+            try:
+                with self.sessions.begin() as s:
+                    state = self._ensure_state(s)
+                    s.execute(delete(Cluster))
+                    s.add_all(
+                        Cluster(id=c, centroid=centroids[c], keywords=keywords[c], expert_id=experts[c])
+                        for c in range(k)
+                    )
+                    if n:
+                        s.execute(  # ORM bulk UPDATE by primary key (one executemany)
+                            update(Chunk),
+                            [{"id": int(i), "cluster_id": int(c)} for i, c in zip(ids, assigned, strict=True)],
+                        )
+                    state.version, state.nlist = fresh.version, k
+            finally:
+                self._staged = None
+            with self._replica_lock:
+                if self.index is not fresh:  # not followed (no catalogue subscription): adopt it here
+                    self.index, self._dirty = fresh, True
+            self.checkpoint()
             report(4, 4)
-        self._remove_stale_files(fresh.version)
         sizes = np.bincount(assigned, minlength=k) if n else np.zeros(k, dtype=np.int64)
         log.info("reclustered %d chunks into %d clusters (version %s)", n, k, fresh.version)
         return {"chunks": n, "clusters": k, "version": fresh.version, "largest": int(sizes.max(initial=0))}

@@ -1,4 +1,4 @@
-"""catalogue version and its change log
+"""catalogue version, its change log and the index log
 
 Revision ID: 0004
 Revises: 0003
@@ -31,6 +31,13 @@ def upgrade() -> None:
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("version", name=op.f("pk_catalogue_change")),
     )
+    op.create_table(
+        "index_log",
+        sa.Column("version", sa.BigInteger(), autoincrement=False, nullable=False),
+        sa.Column("chunk_id", sa.BigInteger(), autoincrement=False, nullable=False),
+        sa.Column("cluster_id", sa.Integer(), nullable=True),
+        sa.PrimaryKeyConstraint("version", "chunk_id", name=op.f("pk_index_log")),
+    )
     with op.batch_alter_table("query_log", schema=None) as batch_op:
         batch_op.add_column(sa.Column("catalogue_version", sa.BigInteger(), nullable=True))
 
@@ -38,5 +45,6 @@ def upgrade() -> None:
 def downgrade() -> None:
     with op.batch_alter_table("query_log", schema=None) as batch_op:
         batch_op.drop_column("catalogue_version")
+    op.drop_table("index_log")
     op.drop_table("catalogue_change")
     op.drop_table("catalogue_version")

@@ -1,0 +1,149 @@
+"""Several processes on one catalogue: each holds a replica of the index that follows the index log.
+
+Each runtime here has its own data directory (its own snapshots and lock) and shares one
+database, as separate processes or machines would: on PostgreSQL when MOERAG_TEST_PG_URL is
+set, and on one SQLite file otherwise (the log works there too; several *serving workers*
+still need PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sqlalchemy import func, select
+
+from app.db import make_engine
+from app.migrate import downgrade
+from app.models import Chunk
+from app.runtime import Runtime
+from app.services import experts as expert_service
+from app.services.documents import Upload
+from app.settings import Settings
+from engine.embedder import Embedder
+from tests.helpers import TOPICS, topic_doc
+
+URLS = ["sqlite"] + (["postgresql"] if os.environ.get("MOERAG_TEST_PG_URL") else [])
+
+
+@pytest.fixture(params=URLS)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'shared.db'}"
+        return
+    url = os.environ["MOERAG_TEST_PG_URL"]
+    engine = make_engine(url)
+    downgrade(engine, "base")
+    engine.dispose()
+    yield url
+
+
+@pytest.fixture
+def start(db_url: str, tmp_path: Path, embedder: Embedder) -> Iterator[Callable[[str], Runtime]]:
+    started: list[Runtime] = []
+
+    def make(name: str) -> Runtime:
+        settings = Settings(
+            data_dir=tmp_path / name,
+            database_url=db_url,
+            admin_token="t",
+            catalogue_poll_seconds=0.05,
+            checkpoint_seconds=0.2,
+            clusters=4,
+            router_samples=300,
+        )  # type: ignore[arg-type]
+        rt = Runtime(settings, embedder=embedder)
+        rt.start(run_jobs=False)
+        started.append(rt)
+        return rt
+
+    yield make
+    for rt in started:
+        rt.close()
+
+
+def sql_chunks(rt: Runtime) -> int:
+    with rt.sessions() as s:
+        return s.scalar(select(func.count(Chunk.id))) or 0
+
+
+def converged(rt: Runtime, other: Runtime) -> bool:
+    """The replica holds exactly SQL's chunks, in the same lists as the other's."""
+    a_ids, a_lists = rt.indexes.index.assignments()
+    b_ids, b_lists = other.indexes.index.assignments()
+    return (
+        len(a_ids) == sql_chunks(rt)
+        and np.array_equal(a_ids, b_ids)
+        and np.array_equal(a_lists, b_lists)
+        and rt.indexes.index.version == other.indexes.index.version
+    )
+
+
+def wait_until(check: Callable[[], bool], seconds: float = 10.0) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < seconds:
+        if check():
+            return time.monotonic() - start
+        time.sleep(0.01)
+    raise AssertionError("replicas did not converge in time")
+
+
+def search_ids(rt: Runtime, question: str) -> tuple[list[int], list[float]]:
+    scores, ids = rt.indexes.index.search(rt.embedder.encode([question]), 5)
+    return ids[0].tolist(), [round(float(s), 5) for s in scores[0]]
+
+
+def test_a_second_process_follows_ingest_delete_recluster_and_router(start: Callable[[str], Runtime]) -> None:
+    a, b = start("a"), start("b")
+    ids = [
+        a.ingestor.ingest(Upload(data=topic_doc(t, i, 4).encode(), source=f"{t}-{i}.md")).document_id
+        for i in range(3)
+        for t in TOPICS
+    ]
+    lag = wait_until(lambda: converged(b, a))
+    assert lag < 2.0 and b.stats()["index_vectors"] == sql_chunks(b) > 0
+    assert search_ids(b, "git rebase onto another branch") == search_ids(a, "git rebase onto another branch")
+
+    gone = ids[0]
+    with a.sessions() as s:
+        gone_chunks = set(s.scalars(select(Chunk.id).where(Chunk.document_id == gone)))
+    a.ingestor.delete(gone)
+    wait_until(lambda: converged(b, a))
+    assert not gone_chunks & set(b.indexes.index.assignments()[0].tolist())  # gone everywhere
+
+    a.indexes.recluster()  # a new clustering: b rebuilds its replica from SQL
+    wait_until(lambda: converged(b, a) and b.indexes.index.nlist == 4)
+
+    git = expert_service.create(a.sessions, {"name": "git"}).id
+    git_lists = sorted({int(c) for c in a.indexes.index.assign(a.embedder.encode([TOPICS["git"]]))})
+    expert_service.assign(a.sessions, git_lists, git)
+    wait_until(lambda: git in b.experts.profiles() and b.experts.profiles()[git].clusters == tuple(git_lists))
+    a.indexes.realign()
+    wait_until(lambda: converged(b, a))
+    result = a.routers.train(activate=True, force=True)
+    wait_until(lambda: (r := b.routers.current()) is not None and r.version_id == result["version"])
+    assert b.catalogue.version == a.catalogue.version
+
+
+def test_a_process_started_late_boots_and_answers_like_the_others(start: Callable[[str], Runtime]) -> None:
+    a = start("a")
+    for i in range(2):
+        for t in TOPICS:
+            a.ingestor.ingest(Upload(data=topic_doc(t, i, 4).encode(), source=f"{t}-{i}.md"))
+    a.indexes.recluster()
+    a.ingestor.ingest(Upload(data=topic_doc("sqlite", 9, 4).encode(), source="late.md"))  # in the log only
+    a.indexes.checkpoint()
+    b = start("b")  # no snapshot of its own: built from SQL
+    assert b.index_status.startswith("rebuilt") or b.index_status == "loaded"
+    assert converged(b, a)
+    for q in ("write-ahead log checkpoint", "apt resolves dependencies", "tuples are immutable"):
+        assert search_ids(b, q) == search_ids(a, q)  # same ids and scores
+    # A restart of a boots from its snapshot and replays what it missed.
+    a.close()
+    b.ingestor.ingest(Upload(data=topic_doc("git", 9, 4).encode(), source="while-a-was-down.md"))
+    a2 = start("a")
+    assert a2.index_status == "loaded" and converged(a2, b)
