@@ -26,6 +26,7 @@ STATUS: dict[str, int] = {
     "conflict": 409,
     "not_trainable": 409,
     "unknown_expert": 422,
+    "index_moved": 503,
     # requests
     "malformed_json": 400,
     "invalid_request": 422,

@@ -217,7 +217,7 @@ class Runtime:
                 heading_prefix=s.chunk_heading_prefix,
                 max_chunks=s.max_chunks_per_document,
             )
-            self._ingestor = Ingestor(self.sessions, emb, self._indexes, chunking)
+            self._ingestor = Ingestor(self.sessions, emb, self._indexes, chunking, self.catalogue.sync)
             self.lexical.refresh(force=True)
             self._routers = RouterManager(s, self.sessions, emb, lambda: self.indexes.index)
             self._routers.reload()

@@ -67,3 +67,10 @@ class UnknownExperts(MoeragError, LookupError):
     """Labelled questions name experts that do not exist (nothing was added)."""
 
     code = "unknown_expert"
+
+
+class IndexMoved(MoeragError):
+    """The clustering changed while chunks were being placed (another process reclustered);
+    the write was rolled back whole and may be retried once this replica has followed."""
+
+    code = "index_moved"

@@ -147,3 +147,25 @@ def test_a_process_started_late_boots_and_answers_like_the_others(start: Callabl
     b.ingestor.ingest(Upload(data=topic_doc("git", 9, 4).encode(), source="while-a-was-down.md"))
     a2 = start("a")
     assert a2.index_status == "loaded" and converged(a2, b)
+
+
+def test_a_writer_placing_in_an_old_clustering_follows_and_places_again(
+    start: Callable[[str], Runtime],
+) -> None:
+    """b has not yet seen a's recluster (its follower is paused) when it ingests: the commit finds the
+    clustering moved under the writers' lock, rolls back, follows, places again; nothing misplaced."""
+    a, b = start("a"), start("b")
+    for t in TOPICS:
+        a.ingestor.ingest(Upload(data=topic_doc(t, 1, 4).encode(), source=f"{t}.md"))
+    wait_until(lambda: converged(b, a))
+    b.catalogue.close()  # b stops following on its own
+    old = b.indexes.index.version
+    a.indexes.recluster()
+    assert b.indexes.index.version == old  # b is behind
+    outcome = b.ingestor.ingest(Upload(data=topic_doc("git", 7, 4).encode(), source="late-git.md"))
+    assert outcome.status == "created" and b.indexes.index.version == a.indexes.index.version
+    a.catalogue.sync()
+    assert converged(a, b) and converged(b, a)
+    with a.sessions() as s:  # the late chunks sit in lists of the live clustering, nearest to them
+        late = s.scalars(select(Chunk).where(Chunk.document_id == outcome.document_id)).all()
+        assert all(0 <= c.cluster_id < a.indexes.index.nlist for c in late)

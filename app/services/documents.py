@@ -19,7 +19,7 @@ from app.services.indexing import IndexManager
 from engine.chunking import Chunk as TextChunk
 from engine.chunking import ChunkingConfig, chunk_document
 from engine.embedder import Embedder, Vectors
-from engine.errors import Conflict, InputError, NotFound
+from engine.errors import Conflict, IndexMoved, InputError, NotFound
 from engine.parsing import ParsedDocument, parse
 
 log = logging.getLogger(__name__)
@@ -71,6 +71,7 @@ class Ingestor:
     embedder: Embedder
     indexes: IndexManager
     chunking: ChunkingConfig
+    follow: Callable[[], object] = lambda: None  # apply the catalogue's changes now (Catalogue.sync)
 
     # ---- shared steps -------------------------------------------------------------------------
 
@@ -111,11 +112,21 @@ class Ingestor:
     # ---- create ---------------------------------------------------------------------------------
 
     def _commit_new(self, p: _Prepared, vectors: Vectors) -> Outcome:
+        for _ in range(3):  # another process reclustered meanwhile: follow it, place again
+            try:
+                return self._try_commit_new(p, vectors)
+            except IndexMoved:  # this replica has not seen the new clustering yet: follow it now
+                self.follow()
+        return self._try_commit_new(p, vectors)
+
+    def _try_commit_new(self, p: _Prepared, vectors: Vectors) -> Outcome:
         up = p.upload
         with self.indexes.write_lock:
             clusters = self.indexes.place_document(vectors)  # [N]
+            placed = self.indexes.index.version
             try:
                 with self.sessions() as s, s.begin():
+                    self.indexes.lock_clustering(s, placed)
                     title = up.title or p.parsed.title or up.filename or up.source
                     doc = Document(
                         source=up.source,
@@ -208,6 +219,7 @@ class Ingestor:
         with self.indexes.write_lock:
             clusters = self.indexes.place_document(vectors)  # [N]
             with self.sessions() as s, s.begin():
+                self.indexes.lock_clustering(s, self.indexes.index.version)
                 doc = s.get(Document, document_id)
                 if doc is None:
                     raise NotFound(f"document {document_id} not found")
@@ -234,6 +246,7 @@ class Ingestor:
     def delete(self, document_id: int) -> int:
         """Remove a document; returns how many chunks left SQL and the index."""
         with self.indexes.write_lock, self.sessions() as s, s.begin():
+            self.indexes.lock_clustering(s)
             doc = s.get(Document, document_id)
             if doc is None:
                 raise NotFound(f"document {document_id} not found")

@@ -15,8 +15,10 @@ from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.catalogue import read_version, stage_index_changes
-from app.models import Chunk, Cluster, IndexLog, IndexState, stack
+from app.models import Chunk, Cluster, IndexState, stack
+from app.services.index_log import apply_log, read_log, remove_stale_snapshots, snapshot_path, snapshots
 from app.settings import Settings
+from engine.errors import IndexMoved
 from engine.keywords import cluster_keywords
 from index import ClusteredIndex, IndexCorrupt, auto_cluster_count, kmeans
 from index.placement import leakage, outside, place
@@ -60,16 +62,10 @@ class IndexManager:
         self._replica_lock = threading.RLock()
 
     def path_for(self, version: str, position: int) -> Path:
-        return self.settings.index_dir / f"ivf-{version}@{position}.faiss"
+        return snapshot_path(self.settings.index_dir, version, position)
 
     def snapshots(self, version: str) -> list[tuple[int, Path]]:
-        """(position, file) of this clustering's snapshots, newest last."""
-        found = []
-        for p in self.settings.index_dir.glob(f"ivf-{version}@*.faiss"):
-            tail = p.name[len(f"ivf-{version}@") : -len(".faiss")]
-            if tail.isdigit():
-                found.append((int(tail), p))
-        return sorted(found)
+        return snapshots(self.settings.index_dir, version)
 
     # ---- start-up -----------------------------------------------------------------------------
 
@@ -187,19 +183,12 @@ class IndexManager:
         return True
 
     def _remove_stale_files(self) -> None:
-        """Keep only the newest snapshot of the live clustering (and no file of an older one)."""
-        if not self.settings.index_dir.exists():
-            return
-        newest = self.snapshots(self.index.version)[-1:]
-        keep = {p.name for _, p in newest}
-        for p in self.settings.index_dir.glob("ivf-*.faiss"):
-            if p.name not in keep:
-                p.unlink(missing_ok=True)
+        remove_stale_snapshots(self.settings.index_dir, self.index.version)
 
     def follow(self, version: int, parts: object = None) -> None:
         """Bring the replica to catalogue `version` (a catalogue subscriber): apply the index log
         after `position`, or, when the clustering changed, adopt this process's recluster or
-        rebuild from SQL. Idempotent: a chunk entering again moves, one leaving again is a no-op."""
+        rebuild from SQL."""
         with self._replica_lock:
             if version <= self.position:
                 return
@@ -207,38 +196,31 @@ class IndexManager:
                 state = s.get(IndexState, 1)
                 if state is None:
                     return
-                if state.version != self.index.version:
-                    staged, self._staged = self._staged, None
-                    if staged is not None and staged.version == state.version:
-                        self.index, self.position, self._dirty = staged, version, True
-                        return
-                    clustering = state.version
-                else:
-                    clustering = None
-                    rows = s.execute(
-                        select(IndexLog.chunk_id, IndexLog.cluster_id)
-                        .where(IndexLog.version > self.position, IndexLog.version <= version)
-                        .order_by(IndexLog.version, IndexLog.chunk_id)
-                    ).all()
-                    latest: dict[int, int | None] = dict(rows)  # the last entry of each chunk wins
-                    entering = [c for c, k in latest.items() if k is not None]
-                    vectors: dict[int, np.ndarray] = {}
-                    for start in range(0, len(entering), 900):  # bounded IN lists
-                        batch = entering[start : start + 900]
-                        vectors.update(s.execute(select(Chunk.id, Chunk.embedding).where(Chunk.id.in_(batch))).all())
-            if clustering is not None:  # reclustered by another process
-                log.info("clustering %s is live elsewhere: rebuilding this replica from SQL", clustering)
-                self.index, self.position = self._build_from_sql()
-                self._dirty = True
+                moved = state.version != self.index.version
+                changes = None if moved else read_log(s, self.position, version, self.dim)
+            if changes is not None:
+                apply_log(self.index, changes)
+                self.position, self._dirty = version, self._dirty or bool(changes.touched)
                 return
-            present = [c for c in entering if c in vectors]  # a chunk deleted since is simply absent
-            self.index.remove(list(latest))  # leaving, and moving (absent ids are ignored)
-            if present:
-                x = stack((vectors[c] for c in present), self.dim)  # [N, D]
-                clusters = np.array([latest[c] for c in present], dtype=np.int64)
-                self.index.add(x, np.array(present, dtype=np.int64), clusters)
-            self.position = version
-            self._dirty = self._dirty or bool(latest)
+            staged, self._staged = self._staged, None
+            if staged is not None and staged.version == state.version:  # this process's recluster
+                self.index, self.position, self._dirty = staged, version, True
+                return
+            log.info("clustering %s is live elsewhere: rebuilding this replica from SQL", state.version)
+            self.index, self.position = self._build_from_sql()
+            self._dirty = True
+
+    # ---- writers, across processes ------------------------------------------------------------------
+
+    def lock_clustering(self, s: Session, placed: str | None = None) -> IndexState:
+        """First statement of every transaction that changes chunks or clusters: the index_state row,
+        locked until commit (PostgreSQL; SQLite has one writer at a time anyway), so index writers of
+        all processes take turns and a lock holder that dies releases it with its connection.
+        `placed`: the clustering the new chunks were placed in; IndexMoved if it is no longer live."""
+        state = s.scalars(select(IndexState).where(IndexState.id == 1).with_for_update()).one()
+        if placed is not None and state.version != placed:
+            raise IndexMoved(f"the index was reclustered (now {state.version}) while chunks were placed in {placed}")
+        return state
 
     # ---- placement: a document's chunks stay in one expert's lists ---------------------------------
 
@@ -276,6 +258,7 @@ class IndexManager:
             report(2, 3)
             if moved.size:
                 with self.sessions.begin() as s:
+                    self.lock_clustering(s, self.index.version)  # a recluster meanwhile placed them already
                     s.execute(  # ORM bulk UPDATE by primary key (one executemany)
                         update(Chunk), [{"id": int(ids[i]), "cluster_id": int(after[i])} for i in moved]
                     )
@@ -342,7 +325,9 @@ class IndexManager:
             self._staged = fresh  # adopted by `follow` when the commit below is applied
             try:
                 with self.sessions.begin() as s:
-                    state = self._ensure_state(s)
+                    state = self.lock_clustering(s)  # other processes' writers wait from here to commit
+                    ids, assigned = self._reconcile(s, fresh, ids, assigned, _groups(experts))
+                    n = len(ids)
                     s.execute(delete(Cluster))
                     s.add_all(
                         Cluster(id=c, centroid=centroids[c], keywords=keywords[c], expert_id=experts[c])
@@ -364,6 +349,27 @@ class IndexManager:
         sizes = np.bincount(assigned, minlength=k) if n else np.zeros(k, dtype=np.int64)
         log.info("reclustered %d chunks into %d clusters (version %s)", n, k, fresh.version)
         return {"chunks": n, "clusters": k, "version": fresh.version, "largest": int(sizes.max(initial=0))}
+
+    def _reconcile(
+        self, s: Session, fresh: ClusteredIndex, ids: np.ndarray, assigned: np.ndarray, groups: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Chunks committed or deleted by other processes since a recluster read them: placed in
+        (or removed from) the new clustering too. Under `lock_clustering`: nothing changes meanwhile."""
+        now = dict(s.execute(select(Chunk.id, Chunk.document_id)).all())  # chunk id -> document id
+        keep = np.fromiter((int(i) in now for i in ids), dtype=bool, count=len(ids))
+        if not keep.all():
+            fresh.remove(ids[~keep].tolist())
+            ids, assigned = ids[keep], assigned[keep]
+        extra = sorted(now.keys() - set(ids.tolist()))
+        if extra:
+            rows = s.execute(select(Chunk.id, Chunk.embedding).where(Chunk.id.in_(extra)).order_by(Chunk.id)).all()
+            new_ids = np.array([r[0] for r in rows], dtype=np.int64)
+            x = stack((r[1] for r in rows), self.dim)
+            owners = np.array([now[int(i)] for i in new_ids], dtype=np.int64)
+            placed = place(x, owners, fresh.centroids(), groups)
+            fresh.add(x, new_ids, placed)
+            ids, assigned = np.concatenate([ids, new_ids]), np.concatenate([assigned, placed])
+        return ids, assigned
 
 
 def _groups(experts: list[int | None]) -> np.ndarray:

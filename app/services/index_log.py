@@ -1,0 +1,74 @@
+"""Small free functions over the index log and the snapshot files (see IndexManager)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.models import Chunk, IndexLog, stack
+from index import ClusteredIndex
+
+
+def snapshot_path(folder: Path, clustering: str, position: int) -> Path:
+    """A snapshot is named by the clustering it belongs to and the catalogue version it holds."""
+    return folder / f"ivf-{clustering}@{position}.faiss"
+
+
+def snapshots(folder: Path, clustering: str) -> list[tuple[int, Path]]:
+    """(position, file) of a clustering's snapshots, newest last."""
+    prefix = f"ivf-{clustering}@"
+    found = []
+    for p in folder.glob(f"{prefix}*.faiss") if folder.exists() else ():
+        tail = p.name[len(prefix) : -len(".faiss")]
+        if tail.isdigit():
+            found.append((int(tail), p))
+    return sorted(found)
+
+
+def remove_stale_snapshots(folder: Path, clustering: str) -> None:
+    """Keep only the newest snapshot of the live clustering (and no file of an older one)."""
+    keep = {p.name for _, p in snapshots(folder, clustering)[-1:]}
+    for p in folder.glob("ivf-*.faiss") if folder.exists() else ():
+        if p.name not in keep:
+            p.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class LogSlice:
+    """The index log between two catalogue versions, reduced to each chunk's last entry."""
+
+    touched: list[int]  # every chunk with an entry: leaving, moving or entering
+    ids: np.ndarray  # [N] chunks to (re-)enter that SQL still holds
+    x: np.ndarray  # [N, D] their embeddings
+    clusters: np.ndarray  # [N] their lists
+
+
+def read_log(s: Session, after: int, upto: int, dim: int) -> LogSlice:
+    rows = s.execute(
+        select(IndexLog.chunk_id, IndexLog.cluster_id)
+        .where(IndexLog.version > after, IndexLog.version <= upto)
+        .order_by(IndexLog.version, IndexLog.chunk_id)
+    ).all()
+    latest: dict[int, int | None] = dict(rows)  # the last entry of each chunk wins
+    entering = [c for c, k in latest.items() if k is not None]
+    vectors: dict[int, np.ndarray] = {}
+    for start in range(0, len(entering), 900):  # bounded IN lists
+        batch = entering[start : start + 900]
+        vectors.update(s.execute(select(Chunk.id, Chunk.embedding).where(Chunk.id.in_(batch))).all())
+    present = [c for c in entering if c in vectors]  # a chunk deleted since is simply absent
+    return LogSlice(
+        list(latest),
+        np.array(present, dtype=np.int64),
+        stack((vectors[c] for c in present), dim),
+        np.array([latest[c] for c in present], dtype=np.int64),
+    )
+
+
+def apply_log(index: ClusteredIndex, changes: LogSlice) -> None:
+    """Idempotent: a chunk entering again moves, one leaving again is a no-op."""
+    index.remove(changes.touched)  # leaving, and moving (absent ids are ignored)
+    index.add(changes.x, changes.ids, changes.clusters)
