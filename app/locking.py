@@ -11,8 +11,11 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import threading
 from pathlib import Path
 from typing import IO, Any
+
+from sqlalchemy import Connection, Engine, text
 
 
 class DataDirBusy(RuntimeError):
@@ -72,3 +75,37 @@ def _record(text: str) -> dict[str, Any]:
     except ValueError:
         return {"pid": text.strip() or "?"}
     return record if isinstance(record, dict) else {"pid": record}
+
+
+class SqlLease:
+    """One holder among all processes on a database (PostgreSQL: a session advisory lock on a
+    connection of its own, released by the server when the holder's connection dies, so a live
+    process takes it over at its next try). On SQLite one process owns the data dir: always held."""
+
+    def __init__(self, engine: Engine, key: int) -> None:
+        self.engine, self.key = engine, key
+        self._conn: Connection | None = None
+        self._lock = threading.Lock()
+
+    def held(self) -> bool:
+        """Whether this process holds the lease, taking it if it is free."""
+        if self.engine.dialect.name != "postgresql":
+            return True
+        with self._lock:
+            if self._conn is not None:
+                return True
+            conn = self.engine.connect()
+            if conn.scalar(text("SELECT pg_try_advisory_lock(:k)"), {"k": self.key}):
+                conn.commit()
+                self._conn = conn
+                return True
+            conn.close()
+            return False
+
+    def release(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": self.key})
+                self._conn.commit()
+                self._conn.close()
+                self._conn = None

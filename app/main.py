@@ -126,6 +126,12 @@ class SecurityHeaders:
         await self.app(scope, receive, send_with_headers)
 
 
+def worker_app() -> FastAPI:
+    """The app of one `moerag serve --workers N` worker (uvicorn's factory): settings from the
+    environment the supervisor prepared, MOERAG_WORKER_OF among them."""
+    return create_app(Settings())
+
+
 def _start_quietly(rt: Runtime, prepare: Callable[[], None] | None = None) -> None:
     try:
         if prepare is not None:

@@ -18,7 +18,7 @@ import kernels
 from app.auth import load_or_create_token
 from app.catalogue import Catalogue
 from app.db import make_engine, make_sessionmaker
-from app.locking import DataDirLock
+from app.locking import DataDirLock, SqlLease
 from app.metrics import Metrics
 from app.migrate import upgrade
 from app.models import Chunk, Cluster, Document, Job, stack
@@ -42,6 +42,7 @@ from engine.pipeline import AskPipeline, PipelineConfig
 from engine.question_encoder import QuestionEncoder
 
 log = logging.getLogger(__name__)
+_SNAPSHOT_LEASE = 0x6D6F6572  # "moer": the advisory lock key of the snapshot writer
 
 
 def use_serving_threads(settings: Settings) -> int:
@@ -80,6 +81,7 @@ class Runtime:
         self._matrix: tuple[int, ExpertMatrix] | None = None  # (catalogue version it was built at, matrix)
         self._matrix_lock = threading.Lock()
         self.catalogue = Catalogue(self.sessions, settings.catalogue_poll_seconds)  # before anything writes
+        self.snapshot_lease = SqlLease(self.engine, _SNAPSHOT_LEASE)  # one process writes index snapshots
         self.lexical = LexicalManager(self.sessions, settings.lexical_rebuild_share)
         self.experts = ExpertDirectory(self.sessions)
         self.console_sessions = ConsoleSessions(self.sessions)
@@ -184,7 +186,8 @@ class Runtime:
         try:
             s = self.settings
             s.resolved_data_dir.mkdir(parents=True, exist_ok=True)
-            self._lock.acquire(self.announce_url)  # the address: where CLI commands on this data dir go
+            if not s.worker_of:  # `serve --workers N`: the supervisor holds the data dir for its workers
+                self._lock.acquire(self.announce_url)  # the address: where CLI commands on this data dir go
             t0 = time.perf_counter()
             upgrade(self.engine)
             self.catalogue.open()  # the state built below reads this version or a later one
@@ -205,6 +208,7 @@ class Runtime:
                 workers=s.question_workers or os.cpu_count() or 1,
             )
             self._indexes = IndexManager(s, self.sessions, emb.dim, emb.name)
+            self._indexes.snapshot_writer = self.snapshot_lease.held
             self.index_status = self._indexes.open()
             max_tokens = emb.max_tokens
             target = min(s.chunk_target_tokens, max_tokens)
@@ -249,13 +253,16 @@ class Runtime:
                     "realign": self._realign_job,
                     "train": self._train_job,
                 },
+                exclusive=self.engine.dialect.name == "sqlite",  # else other processes may run jobs too
+                lease_seconds=s.job_lease_seconds,
             )
             self.catalogue.subscribe(["documents", "index"], self._indexes.follow)  # first: the others read it
             self.catalogue.subscribe(["documents"], self.lexical.mark_dirty)
             self.catalogue.subscribe(["experts", "clusters"], self.experts.reload)
             self.catalogue.subscribe(["router"], self._routers.reload)
             self.catalogue.follow()
-            self._clean_spool()
+            if not s.worker_of:  # a sibling worker may be spooling an upload right now
+                self._clean_spool()
             if run_jobs:
                 self._jobs.start()
             self._checkpointer = threading.Thread(target=self._checkpoint_loop, name="moerag-checkpoint", daemon=True)
@@ -282,6 +289,7 @@ class Runtime:
             except OSError:  # a full disk: SQL holds everything; the next start verifies and rebuilds
                 log.exception("final index checkpoint failed")
         self.ready = False
+        self.snapshot_lease.release()
         self._lock.release()
         self.engine.dispose()
 

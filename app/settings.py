@@ -43,6 +43,10 @@ class Settings(BaseSettings):
     )
     clusters: int = Field(0, ge=0, description="IVF lists at recluster; 0 picks sqrt(chunks).")
     checkpoint_seconds: float = Field(5.0, gt=0, description="Longest delay before index changes hit disk.")
+    job_lease_seconds: float = Field(
+        15.0, gt=0, description="A running job without a heartbeat this long is another process's to finish."
+    )
+    worker_of: int = Field(0, ge=0, description="Set by `moerag serve --workers N`: the supervising process's pid.")
     route_threshold: float = Field(0.7, ge=0, le=1, description="Calibrated confidence for the expert path.")
     expert_min_score: float = Field(0.2, description="Best scoped score under this falls back to global search.")
     expert_nprobe: int = Field(

@@ -36,11 +36,11 @@ def test_a_job_runs_once_however_many_runners_see_it(tmp_path: Path) -> None:
         gate.wait(10)
         return {"ok": True}
 
-    first, second = JobRunner(maker, {"slow": slow}), JobRunner(maker, {"slow": slow})
+    first = JobRunner(maker, {"slow": slow}, exclusive=False, poll_seconds=0.01)
+    second = JobRunner(maker, {"slow": slow}, exclusive=False, poll_seconds=0.01)
     first.start()
     second.start()
-    job = first.submit("slow", {})  # into the first runner's queue...
-    second._queue.put(job.id)  # ...and the second's: both try to claim it
+    job = first.submit("slow", {})  # both runners poll the table: both try to claim it
     time.sleep(0.5)
     gate.set()
     first.stop()
@@ -105,3 +105,50 @@ def test_a_runtime_started_without_jobs_leaves_them_for_the_server(settings, emb
         assert status(rt.sessions, job.id).status == "done"
     finally:
         rt.close()
+
+
+def test_a_job_whose_runner_died_is_taken_over_by_another(tmp_path: Path) -> None:
+    """A running job without a heartbeat for the lease (its process killed) is finished elsewhere."""
+    maker = sessions(tmp_path)
+    with maker.begin() as s:  # as a SIGKILLed runner leaves it: running, its heartbeat stopped
+        s.add(Job(kind="count", status="running", params={}, total=3, done=1, result={"partial": {"next": 1}}))
+    seen: list[dict[str, Any]] = []
+
+    def counting(ctx: JobContext) -> dict[str, Any]:
+        seen.append(dict(ctx.resumed))
+        return {"ok": True}
+
+    other = JobRunner(maker, {"count": counting}, exclusive=False, poll_seconds=0.05, lease_seconds=0.5)
+    other.start()
+    try:
+        time.sleep(0.2)
+        assert status(maker, 1).status == "running"  # within its lease: maybe alive, left alone
+        deadline = time.monotonic() + 10
+        while status(maker, 1).status != "done" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert status(maker, 1).status == "done" and seen == [{"next": 1}]  # resumed from its state
+    finally:
+        other.stop()
+
+
+def test_a_live_runner_keeps_its_job_with_a_heartbeat(tmp_path: Path) -> None:
+    maker = sessions(tmp_path)
+    gate = threading.Event()
+    calls: list[int] = []
+
+    def slow(ctx: JobContext) -> dict[str, Any]:
+        calls.append(ctx.job_id)
+        gate.wait(10)
+        return {}
+
+    kw: dict[str, Any] = {"exclusive": False, "poll_seconds": 0.05, "lease_seconds": 0.6}
+    first, second = JobRunner(maker, {"slow": slow}, **kw), JobRunner(maker, {"slow": slow}, **kw)
+    first.start()
+    job = first.submit("slow", {})
+    time.sleep(0.3)
+    second.start()
+    time.sleep(2.0)  # several leases: the heartbeat keeps the job first's
+    gate.set()
+    first.stop()
+    second.stop()
+    assert calls == [job.id] and status(maker, job.id).status == "done"

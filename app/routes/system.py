@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
@@ -33,6 +34,7 @@ def readyz(request: Request) -> JSONResponse:
     return JSONResponse(
         {
             "status": "ready",
+            "pid": os.getpid(),  # which process answered (several workers share one port)
             "model": {"name": rt.embedder.name, "dim": rt.embedder.dim, "dtype": rt.embedder.dtype_name},
             "database": rt.engine.dialect.name,
             "kernels": rt.kernel_backend,

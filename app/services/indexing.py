@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 from sqlalchemy import delete, func, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.catalogue import read_version, stage_index_changes
@@ -60,6 +61,8 @@ class IndexManager:
         self._dirty = False  # the index changed since it was last written
         self._staged: ClusteredIndex | None = None  # a recluster's index, adopted when its commit is followed
         self._replica_lock = threading.RLock()
+        # Whether this process writes snapshot files (several workers on one data dir: one of them).
+        self.snapshot_writer: Callable[[], bool] = lambda: True
 
     def path_for(self, version: str, position: int) -> Path:
         return snapshot_path(self.settings.index_dir, version, position)
@@ -72,11 +75,15 @@ class IndexManager:
     def _ensure_state(self, s: Session) -> IndexState:
         state = s.get(IndexState, 1)
         if state is None:
-            state = IndexState(id=1, version=uuid.uuid4().hex, nlist=1, dim=self.dim, model=self.model)
-            s.add(state)
-            s.add(Cluster(id=0, centroid=np.zeros(self.dim, dtype=np.float32), keywords=[]))
-            s.flush()
-        elif state.dim != self.dim or state.model != self.model:
+            try:
+                with s.begin_nested():  # workers starting together on a new database: one creates it
+                    s.add(IndexState(id=1, version=uuid.uuid4().hex, nlist=1, dim=self.dim, model=self.model))
+                    s.add(Cluster(id=0, centroid=np.zeros(self.dim, dtype=np.float32), keywords=[]))
+            except IntegrityError:
+                pass
+            state = s.get(IndexState, 1, populate_existing=True)
+            assert state is not None
+        if state.dim != self.dim or state.model != self.model:
             raise ModelMismatch(
                 f"the database holds embeddings of model {state.model!r} (dim {state.dim}) but the "
                 f"configured model is {self.model!r} (dim {self.dim}); point MOERAG_MODEL_PATH at the "
@@ -139,8 +146,9 @@ class IndexManager:
             with self._replica_lock:
                 fresh, position = self._build_from_sql(progress)
                 self.index, self.position, self._dirty = fresh, position, False
-            fresh.save(self.path_for(fresh.version, position))
-        self._remove_stale_files()
+            if self.snapshot_writer():
+                fresh.save(self.path_for(fresh.version, position))
+                self._remove_stale_files()
         log.info("index %s rebuilt: %d vectors in %d clusters", fresh.version, fresh.ntotal, fresh.nlist)
         return fresh
 
@@ -168,6 +176,8 @@ class IndexManager:
 
     def checkpoint(self) -> bool:
         """Write a snapshot if the replica changed since the last one. SQL stays the truth meanwhile."""
+        if not self.snapshot_writer():
+            return False
         with self._replica_lock:
             if not self._dirty:
                 return False

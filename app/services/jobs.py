@@ -11,11 +11,11 @@ its recorded progress kept for the resume) and waits for the thread: never aband
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from sqlalchemy import select, update
@@ -68,12 +68,32 @@ Handler = Callable[[JobContext], dict[str, Any]]
 
 
 class JobRunner:
-    def __init__(self, sessions: sessionmaker[Session], handlers: dict[str, Handler]) -> None:
+    """Claims queued jobs from SQL and runs them on one thread; any number of runners (processes)
+    may share the job table.
+
+    A claim is `SELECT ... FOR UPDATE SKIP LOCKED` (PostgreSQL; SQLite has one process) and the
+    status change in one transaction. While a job runs, a heartbeat refreshes its `updated_at`;
+    a running job whose heartbeat is older than `lease_seconds` belongs to a dead runner and is
+    queued again, so another process finishes it (handlers are idempotent). `exclusive`: this
+    runner is the only one (SQLite, the data dir locked), so every running job at start is dead.
+    """
+
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        handlers: dict[str, Handler],
+        *,
+        exclusive: bool = True,
+        poll_seconds: float = 1.0,
+        lease_seconds: float = 15.0,
+    ) -> None:
         self.sessions = sessions
         self.handlers = handlers
-        self._queue: queue.Queue[int | None] = queue.Queue()
+        self.exclusive, self.poll_seconds, self.lease_seconds = exclusive, poll_seconds, lease_seconds
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._cancel = threading.Event()
+        self._running: int | None = None  # the job this runner holds (its heartbeat)
 
     def submit(self, kind: str, params: dict[str, Any], total: int = 0) -> Job:
         if kind not in self.handlers:
@@ -83,7 +103,7 @@ class JobRunner:
             s.add(job)
             s.flush()
             s.expunge(job)
-        self._queue.put(job.id)
+        self._wake.set()
         return job
 
     def recent(self, limit: int) -> list[Job]:
@@ -99,15 +119,7 @@ class JobRunner:
 
     def start(self) -> None:
         self._cancel.clear()
-        with self.sessions.begin() as s:
-            unfinished = s.scalars(select(Job).where(Job.status.in_(("queued", "running"))).order_by(Job.id)).all()
-            for job in unfinished:
-                if job.status == "running":
-                    log.warning("job %d (%s) was interrupted; resuming it", job.id, job.kind)
-                job.status = "queued"
-            ids = [j.id for j in unfinished]
-        for job_id in ids:
-            self._queue.put(job_id)
+        self._requeue_dead(everything=self.exclusive)
         self._thread = threading.Thread(target=self._work, name="moerag-jobs", daemon=True)
         self._thread.start()
 
@@ -115,31 +127,67 @@ class JobRunner:
         """Cancel the running job at its next progress report and wait for the thread to end."""
         if self._thread is not None:
             self._cancel.set()
-            self._queue.put(None)
+            self._wake.set()
             while self._thread.is_alive():
                 self._thread.join(warn_every)
                 if self._thread.is_alive():
                     log.warning("waiting for the job thread to reach a progress report and stop")
             self._thread = None
 
-    def _work(self) -> None:
-        while True:
-            job_id = self._queue.get()
-            if job_id is None:
-                return
-            self._run(job_id)
-
-    def _run(self, job_id: int) -> None:
-        if self._cancel.is_set():
-            return  # stopping: the job stays queued for the next start
+    def _requeue_dead(self, *, everything: bool = False) -> None:
+        """Running jobs whose runner died (no heartbeat for `lease_seconds`) are queued again."""
+        stale = datetime.now(UTC) - timedelta(seconds=self.lease_seconds)
         with self.sessions.begin() as s:
-            claim = update(Job).where(Job.id == job_id, Job.status == "queued").values(status="running")
-            claimed = cast("CursorResult[Any]", s.execute(claim)).rowcount
+            query = select(Job).where(Job.status == "running").order_by(Job.id)
+            if not everything:
+                query = query.where(Job.updated_at < stale, Job.id != (self._running or -1))
+            for job in s.scalars(query.with_for_update(skip_locked=True)):
+                log.warning("job %d (%s) was interrupted; resuming it", job.id, job.kind)
+                job.status = "queued"
+
+    def _claim(self) -> tuple[int, str, dict[str, Any], dict[str, Any]] | None:
+        """The oldest queued job, or None; two runners never claim the same one."""
+        with self.sessions.begin() as s:
+            job_id = s.scalar(
+                select(Job.id).where(Job.status == "queued").order_by(Job.id).limit(1).with_for_update(skip_locked=True)
+            )
+            if job_id is None:
+                return None
+            claim = update(Job).where(Job.id == job_id, Job.status == "queued")
+            if not cast("CursorResult[Any]", s.execute(claim.values(status="running"))).rowcount:
+                return None  # another runner got there first (SQLite takes no row locks)
             job = s.get(Job, job_id)
-            if not claimed or job is None:
-                return  # finished, failed, or claimed by another runner
-            kind, params = job.kind, dict(job.params)
-            resumed = dict((job.result or {}).get("partial", {}))
+            assert job is not None
+            return job.id, job.kind, dict(job.params), dict((job.result or {}).get("partial", {}))
+
+    def _heartbeat(self, job_id: int, done: threading.Event) -> None:
+        while not done.wait(min(self.lease_seconds / 3, 5.0)):
+            with self.sessions.begin() as s:
+                s.execute(
+                    update(Job).where(Job.id == job_id, Job.status == "running").values(updated_at=datetime.now(UTC))
+                )
+
+    def _work(self) -> None:
+        while not self._cancel.is_set():
+            claimed = self._claim()
+            if claimed is None:  # idle: sleep until a submit here, or poll for one made elsewhere
+                self._wake.wait(self.poll_seconds)
+                self._wake.clear()
+                if not self._cancel.is_set():
+                    self._requeue_dead()
+                continue
+            done = threading.Event()
+            beat = threading.Thread(target=self._heartbeat, args=(claimed[0], done), daemon=True)
+            self._running = claimed[0]
+            beat.start()
+            try:
+                self._run(*claimed)
+            finally:
+                done.set()
+                beat.join()
+                self._running = None
+
+    def _run(self, job_id: int, kind: str, params: dict[str, Any], resumed: dict[str, Any]) -> None:
         ctx = JobContext(job_id, params, self.sessions, resumed=resumed, _cancel=self._cancel)
         try:
             result = self.handlers[kind](ctx)

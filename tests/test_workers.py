@@ -1,0 +1,119 @@
+"""`moerag serve --workers 2` on PostgreSQL: real worker processes behind one port, each with its own
+replica of the index following the catalogue; a worker killed mid-ingest loses nothing.
+
+Which worker answers a request is the kernel's choice; /readyz says its pid, so a test polls it
+until it has heard every worker say the same thing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.db import make_engine
+from app.migrate import downgrade
+from tests.helpers import TOPICS, topic_doc
+from tests.server import Server
+
+PG_URL = os.environ.get("MOERAG_TEST_PG_URL")
+pytestmark = pytest.mark.skipif(not PG_URL, reason="MOERAG_TEST_PG_URL not set")
+WORKERS = 2
+BULK = 150
+
+
+def replicas(client: httpx.Client, want: int, seconds: float = 30.0) -> dict[int, dict[str, int]]:
+    """{pid: {"vectors", "catalogue"}} once every worker has answered /readyz with `want` vectors."""
+    seen: dict[int, dict[str, int]] = {}
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            r = client.get("/readyz", headers={"Connection": "close"})  # a new connection: any worker
+        except httpx.TransportError:  # a worker just killed
+            continue
+        if r.status_code == 200:
+            body = r.json()
+            seen[body["pid"]] = {"vectors": body["index"]["vectors"], "catalogue": body["catalogue_version"]}
+            if len(seen) >= WORKERS and all(v["vectors"] == want for v in seen.values()):
+                return seen
+        time.sleep(0.01)
+    raise AssertionError(f"replicas did not converge on {want} vectors: {seen}")
+
+
+def get(client: httpx.Client, path: str, seconds: float = 60.0) -> dict:  # type: ignore[type-arg]
+    """GET on a fresh connection, retried while the worker that takes it is starting (or just died)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            r = client.get(path, headers={"Connection": "close"})
+            if r.status_code == 200:
+                return r.json()  # type: ignore[no-any-return]
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"GET {path} kept failing")
+        time.sleep(0.1)
+
+
+def test_workers_share_one_catalogue_and_survive_a_killed_worker(tmp_path: Path) -> None:
+    assert PG_URL
+    engine = make_engine(PG_URL)
+    downgrade(engine, "base")
+    engine.dispose()
+    server = Server(
+        tmp_path / "data",
+        "tok",
+        tmp_path / "server.log",
+        MOERAG_DATABASE_URL=PG_URL,
+        MOERAG_CATALOGUE_POLL_SECONDS="0.2",
+        MOERAG_JOB_LEASE_SECONDS="2",
+        MOERAG_CHECKPOINT_SECONDS="0.5",
+    )
+    client = server.start(180, "--workers", str(WORKERS))
+    try:
+        replicas(client, 0, 120)  # every worker up
+        lags = []
+        for i, t in enumerate(TOPICS):
+            r = client.post("/documents", json={"text": topic_doc(t, i, 3), "source": f"{t}.md"})
+            assert r.status_code == 201, r.text
+            acked = time.monotonic()
+            replicas(client, client.get("/stats").json()["chunks"])
+            lags.append(time.monotonic() - acked)
+        assert max(lags) < 5.0, lags  # ingested through one worker, searchable through all
+        hits = client.post("/search", json={"query": "git rebase branch", "k": 1}).json()["hits"]
+        assert hits[0]["source"] == "git.md"
+
+        doomed = client.get("/documents").json()["items"][0]["id"]
+        assert client.delete(f"/documents/{doomed}").status_code == 200
+        replicas(client, client.get("/stats").json()["chunks"])  # gone everywhere
+
+        # A bulk ingest, and each worker SIGKILLed in turn while it runs: the job's runner dies at
+        # some point, another worker takes it over after the lease; nothing acknowledged is lost.
+        files = [
+            ("files", (f"bulk-{i}.md", topic_doc(list(TOPICS)[i % 4], 100 + i, 6).encode(), "text/markdown"))
+            for i in range(BULK)
+        ]
+        job = client.post("/documents/bulk", files=files).json()["id"]
+        killed: set[int] = set()
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            state = get(client, f"/jobs/{job}")
+            if state["status"] in ("done", "failed"):
+                break
+            pid = get(client, "/readyz")["pid"]
+            if pid and pid not in killed and state["done"] >= 10 + 30 * len(killed) and len(killed) < WORKERS:
+                os.kill(pid, signal.SIGKILL)  # uvicorn starts a new worker in its place
+                killed.add(pid)
+            time.sleep(0.2)
+        assert state["status"] == "done", state
+        assert len(killed) == WORKERS
+        total = get(client, "/documents")["total"]
+        assert total == len(TOPICS) - 1 + BULK
+        final = replicas(client, get(client, "/stats")["chunks"], 120)
+        assert not killed & set(final)  # answered by the new workers, booted from snapshot + log
+    finally:
+        server.stop()
