@@ -274,71 +274,10 @@ def cmd_sample(args: argparse.Namespace) -> None:
     print(f"wrote {len(paths)} documents to {args.target}")
 
 
-def cmd_serve(args: argparse.Namespace) -> None:
-    import uvicorn
+def _serve(args: argparse.Namespace) -> None:
+    from app.cli_serve import cmd_serve  # imports uvicorn: only when serving
 
-    from app.main import create_app
-
-    settings = _settings(args)
-    url = f"http://{args.host}:{args.port}"
-    if args.workers > 1:
-        _serve_workers(args, settings, url)
-        return
-    # The sample is prepared behind an open port: /readyz says "preparing", then "starting".
-    from app.sample import ensure_sample
-
-    prepare = (lambda: ensure_sample(settings)) if args.sample else None
-    app = create_app(settings, prepare=prepare)
-    app.state.runtime.announce_url = url
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=settings.log_level.lower(),
-        access_log=settings.access_log,
-    )
-
-
-def _serve_workers(args: argparse.Namespace, settings: Settings, url: str) -> None:
-    """N uvicorn worker processes on one port, each a full runtime following the catalogue; this
-    process supervises them and holds the data dir (its lock names this address for the CLI)."""
-    import uvicorn
-
-    from app.locking import DataDirBusy, DataDirLock
-
-    if settings.db_url.startswith("sqlite"):
-        raise SystemExit(
-            "moerag: several workers need PostgreSQL: set MOERAG_DATABASE_URL=postgresql+psycopg://USER:PASS@HOST/DB "
-            "(SQLite serves from one process)"
-        )
-    if args.sample:
-        from app.sample import ensure_sample
-
-        ensure_sample(settings)  # before the workers start: they would all try at once
-    lock = DataDirLock(settings.resolved_data_dir)
-    try:
-        lock.acquire(url)
-    except DataDirBusy as exc:
-        raise SystemExit(f"moerag: {exc}") from None
-    from app.auth import load_or_create_token
-
-    load_or_create_token(  # one token for every worker, printed once
-        settings.admin_token.get_secret_value() if settings.admin_token else None, settings.token_file
-    )
-    os.environ["MOERAG_DATA_DIR"] = str(settings.data_dir)
-    os.environ["MOERAG_WORKER_OF"] = str(os.getpid())
-    try:
-        uvicorn.run(
-            "app.main:worker_app",
-            factory=True,
-            workers=args.workers,
-            host=args.host,
-            port=args.port,
-            log_level=settings.log_level.lower(),
-            access_log=settings.access_log,
-        )
-    finally:
-        lock.release()
+    cmd_serve(args)
 
 
 def _cluster_ids(text: str) -> list[int]:
@@ -360,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--workers", type=int, default=1, help="worker processes on the port (more than 1 needs PostgreSQL)"
     )
-    serve.set_defaults(func=cmd_serve)
+    serve.set_defaults(func=_serve)
 
     # Commands that can run against a server: --server (default: the live server holding the data dir).
     remote = argparse.ArgumentParser(add_help=False)
