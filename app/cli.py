@@ -162,21 +162,6 @@ def cmd_index_rebuild(args: argparse.Namespace) -> None:
         print(json.dumps({"version": idx.version, "clusters": idx.nlist, "vectors": idx.ntotal}))
 
 
-def cmd_db(args: argparse.Namespace) -> None:
-    from app.db import make_engine
-    from app.migrate import downgrade, upgrade
-
-    settings = _settings(args)
-    settings.resolved_data_dir.mkdir(parents=True, exist_ok=True)
-    engine = make_engine(settings.db_url)
-    if args.action == "upgrade":
-        upgrade(engine, args.revision or "head")
-    else:
-        downgrade(engine, args.revision or "-1")
-    engine.dispose()
-    print(f"database {args.action}d to {args.revision or ('head' if args.action == 'upgrade' else '-1')}")
-
-
 def cmd_search(args: argparse.Namespace) -> None:
     from app.cli_remote import Remote, print_hits
 
@@ -274,6 +259,12 @@ def cmd_sample(args: argparse.Namespace) -> None:
     print(f"wrote {len(paths)} documents to {args.target}")
 
 
+def _db(args: argparse.Namespace) -> None:
+    from app.cli_db import cmd_db
+
+    cmd_db(args)
+
+
 def _serve(args: argparse.Namespace) -> None:
     from app.cli_serve import cmd_serve  # imports uvicorn: only when serving
 
@@ -321,10 +312,10 @@ def build_parser() -> argparse.ArgumentParser:
         func=cmd_index_rebuild
     )
 
-    db = sub.add_parser("db", help="database migrations")
-    db.add_argument("action", choices=["upgrade", "downgrade"])
-    db.add_argument("revision", nargs="?")
-    db.set_defaults(func=cmd_db)
+    db = sub.add_parser("db", help="database migrations; copy-to URL: the whole catalogue into an empty database")
+    db.add_argument("action", choices=["upgrade", "downgrade", "copy-to"])
+    db.add_argument("revision", nargs="?", help="a revision (upgrade, downgrade) or the target URL (copy-to)")
+    db.set_defaults(func=_db)
 
     search = sub.add_parser("search", parents=[remote], help="dense search (debugging aid)")
     search.add_argument("query")

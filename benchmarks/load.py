@@ -194,6 +194,13 @@ MOERAG_TARGETS: dict[str, dict[str, str]] = {
     "moerag, batching, 2 torch threads": {**_NO_CACHE, "MOERAG_TORCH_THREADS": "2"},
     "moerag, batching + question cache": {},
 }
+WORKER_COUNTS = (1, 2, 4)  # `moerag serve --workers N` on PostgreSQL (--pg-url: a copy of the store)
+
+
+def worker_target(n: int) -> str:
+    return f"moerag, PostgreSQL, {n} worker{'s' if n > 1 else ''}"
+
+
 PEER_TARGETS: dict[str, dict[str, str]] = {
     "LangChain server": {},
     "LangChain server, 1 torch thread": {"OMP_NUM_THREADS": "1"},
@@ -210,16 +217,30 @@ def run(
     langchain: Path | None = None,
     requests: int | None = None,
     targets: list[str] | None = None,
+    pg_url: str | None = None,
 ) -> dict[str, Any]:
-    """Every target (default: all; LangChain ones need `langchain`) at every client count, one at a time."""
-    wanted = targets or [*MOERAG_TARGETS, *(PEER_TARGETS if langchain else {})]
+    """Every target (default: all; LangChain ones need `langchain`, worker ones `pg_url`) at every
+    client count, one at a time."""
+    workers = [worker_target(n) for n in WORKER_COUNTS] if pg_url else []
+    wanted = targets or [*MOERAG_TARGETS, *(PEER_TARGETS if langchain else {}), *workers]
     result: dict[str, Any] = {"cpus": os.cpu_count(), "seconds_per_level": seconds, "questions": len(questions)}
     print("bare encode + search, in process ...", flush=True)
     bare = result["bare_encode_search"] = bare_floor(data_dir, questions)
     print(json.dumps(bare), flush=True)
     rows: list[dict[str, Any]] = []
     for name in wanted:
-        if name in MOERAG_TARGETS:
+        if name.startswith("moerag, PostgreSQL"):
+            if pg_url is None:
+                raise ValueError(f"target {name!r} needs --pg-url")
+            n = int(name.split(", ")[-1].split()[0])
+            # Its own data dir: each worker builds its replica from SQL, none writes into the SQLite store's.
+            server = Server(data_dir.parent / "load-pg", "bench-load", log, MOERAG_DATABASE_URL=pg_url, **_NO_CACHE)
+            server.start(600, "--workers", str(n)).close()
+            try:
+                rows += run_target(name, server.url, questions, clients, seconds, requests)
+            finally:
+                server.stop()
+        elif name in MOERAG_TARGETS:
             server = Server(data_dir, "bench-load", log, **MOERAG_TARGETS[name])
             server.start(timeout=600).close()
             try:
@@ -247,7 +268,13 @@ def main() -> None:
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--seconds", type=float, default=15, help="per target and client count")
     ap.add_argument("--requests", type=int, help="also stop a level after this many requests")
-    ap.add_argument("--targets", nargs="+", choices=[*MOERAG_TARGETS, *PEER_TARGETS], help="default: all")
+    ap.add_argument(
+        "--targets",
+        nargs="+",
+        choices=[*MOERAG_TARGETS, *PEER_TARGETS, *(worker_target(n) for n in WORKER_COUNTS)],
+        help="default: all",
+    )
+    ap.add_argument("--pg-url", help="PostgreSQL holding a copy of the store (`moerag db copy-to`): worker rows")
     ap.add_argument("--log", type=Path, default=Path("load-servers.log"))
     ap.add_argument("--name", default="load", help="results file stem under benchmarks/results/")
     args = ap.parse_args()
@@ -262,6 +289,7 @@ def main() -> None:
         langchain=args.langchain,
         requests=args.requests,
         targets=args.targets,
+        pg_url=args.pg_url,
     )
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2))
@@ -282,6 +310,12 @@ def summary(rows: list[dict[str, Any]], bare_p50: float) -> dict[str, Any]:
         out["p50_at_1_client_over_bare_ms"] = round(m1["p50_ms"] - bare_p50, 2)
     if m1 and m8:
         out["p95_8_over_p95_1"] = round(m8["p95_ms"] / m1["p95_ms"], 2)
+    best_by_workers = {
+        n: max((r["throughput_rps"] for r in rows if r["target"] == worker_target(n)), default=None)
+        for n in WORKER_COUNTS
+    }
+    if any(best_by_workers.values()):
+        out["best_throughput_by_workers"] = {str(n): v for n, v in best_by_workers.items() if v is not None}
     return out
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -59,6 +60,54 @@ def get(client: httpx.Client, path: str, seconds: float = 60.0) -> dict:  # type
         time.sleep(0.1)
 
 
+def all_documents(client: httpx.Client) -> list[dict]:  # type: ignore[type-arg]
+    out: list[dict] = []  # type: ignore[type-arg]
+    while page := get(client, f"/documents?offset={len(out)}&limit=500")["items"]:
+        out += page
+    return out
+
+
+def concurrent_writes_and_questions(url: str, seconds: float) -> tuple[set[str], dict[str, int]]:
+    """4 writer and 4 asker threads for `seconds`, each on fresh connections (any worker)."""
+    acked: set[str] = set()
+    counts = {"asked": 0, "written": 0, "5xx": 0}
+    lock = threading.Lock()
+    stop = time.monotonic() + seconds
+
+    def writer(w: int) -> None:
+        with httpx.Client(
+            base_url=url, headers={"Authorization": "Bearer tok", "Connection": "close"}, timeout=60
+        ) as c:
+            i = 0
+            while time.monotonic() < stop:
+                source = f"w{w}-{i}.md"
+                r = c.post(
+                    "/documents", json={"text": topic_doc(list(TOPICS)[(w + i) % 4], 1000 * w + i, 2), "source": source}
+                )
+                with lock:
+                    counts["5xx"] += r.status_code >= 500
+                    if r.status_code == 201:
+                        acked.add(source)
+                        counts["written"] += 1
+                i += 1
+
+    def asker(a: int) -> None:
+        with httpx.Client(base_url=url, headers={"Connection": "close"}, timeout=60) as c:
+            while time.monotonic() < stop:
+                r = c.post("/ask", json={"question": "how does a git rebase replay commits?"})
+                with lock:
+                    counts["5xx"] += r.status_code >= 500
+                    counts["asked"] += r.status_code == 200
+
+    threads = [threading.Thread(target=writer, args=(w,)) for w in range(4)]
+    threads += [threading.Thread(target=asker, args=(a,)) for a in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return acked, counts
+
+
 def test_workers_share_one_catalogue_and_survive_a_killed_worker(tmp_path: Path) -> None:
     assert PG_URL
     engine = make_engine(PG_URL)
@@ -91,6 +140,15 @@ def test_workers_share_one_catalogue_and_survive_a_killed_worker(tmp_path: Path)
         assert client.delete(f"/documents/{doomed}").status_code == 200
         replicas(client, client.get("/stats").json()["chunks"])  # gone everywhere
 
+        # Four writers and four askers at once, through whichever worker the kernel picks.
+        acked, statuses = concurrent_writes_and_questions(
+            server.url, float(os.environ.get("MOERAG_SOAK_SECONDS", "15"))
+        )
+        assert statuses["5xx"] == 0 and statuses["asked"] > 0, statuses
+        sources = {d["source"] for d in all_documents(client)}
+        assert acked <= sources, sorted(acked - sources)[:5]  # nothing acknowledged is lost
+        replicas(client, get(client, "/stats")["chunks"], 60)
+
         # A bulk ingest, and each worker SIGKILLed in turn while it runs: the job's runner dies at
         # some point, another worker takes it over after the lease; nothing acknowledged is lost.
         files = [
@@ -112,7 +170,7 @@ def test_workers_share_one_catalogue_and_survive_a_killed_worker(tmp_path: Path)
         assert state["status"] == "done", state
         assert len(killed) == WORKERS
         total = get(client, "/documents")["total"]
-        assert total == len(TOPICS) - 1 + BULK
+        assert total == len(TOPICS) - 1 + len(acked) + BULK
         final = replicas(client, get(client, "/stats")["chunks"], 120)
         assert not killed & set(final)  # answered by the new workers, booted from snapshot + log
     finally:
