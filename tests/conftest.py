@@ -17,6 +17,26 @@ from app.settings import Settings
 from engine.embedder import Embedder
 
 TOKEN = "test-admin-token"
+DATABASES = ["sqlite"] + (["postgresql"] if os.environ.get("MOERAG_TEST_PG_URL") else [])
+
+
+@pytest.fixture(params=DATABASES)
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A database URL on each kind the run has: a SQLite file, and the scratch PostgreSQL
+    (emptied to base first) when MOERAG_TEST_PG_URL is set."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'shared.db'}"
+        return
+    from app.db import make_engine
+    from app.migrate import downgrade
+
+    url = os.environ["MOERAG_TEST_PG_URL"]
+    engine = make_engine(url)
+    downgrade(engine, "base")
+    engine.dispose()
+    yield url
+
+
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 

@@ -7,11 +7,8 @@ where a NOTIFY wakes the follower.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,22 +17,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.catalogue import Catalogue, read_version
 from app.db import make_engine, make_sessionmaker
-from app.migrate import downgrade, upgrade
+from app.migrate import upgrade
 from app.models import CatalogueChange, Cluster, Expert, Job
-
-URLS = ["sqlite"] + (["postgresql"] if os.environ.get("MOERAG_TEST_PG_URL") else [])
-
-
-@pytest.fixture(params=URLS)
-def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'c.db'}"
-        return
-    pg = os.environ["MOERAG_TEST_PG_URL"]
-    engine = make_engine(pg)
-    downgrade(engine, "base")
-    engine.dispose()
-    yield pg
 
 
 def process(url: str, poll: float = 0.05) -> tuple[sessionmaker[Session], Catalogue]:
@@ -54,8 +37,8 @@ def wait_for(check: object, seconds: float = 5.0) -> float:
     raise AssertionError("not seen in time")
 
 
-def test_writes_bump_the_version_in_their_transaction_and_others_do_not(url: str) -> None:
-    sessions, cat = process(url)
+def test_writes_bump_the_version_in_their_transaction_and_others_do_not(db_url: str) -> None:
+    sessions, cat = process(db_url)
     cat.open()
     with sessions.begin() as s:
         s.add(Expert(name="git"))
@@ -79,8 +62,8 @@ def test_writes_bump_the_version_in_their_transaction_and_others_do_not(url: str
     sessions.kw["bind"].dispose()
 
 
-def test_a_commit_in_this_process_is_applied_before_commit_returns(url: str) -> None:
-    sessions, cat = process(url, poll=60)  # the follower would take a minute: only the commit hook can do it
+def test_a_commit_in_this_process_is_applied_before_commit_returns(db_url: str) -> None:
+    sessions, cat = process(db_url, poll=60)  # the follower would take a minute: only the commit hook can do it
     seen: list[tuple[int, frozenset[str]]] = []
     cat.subscribe(["experts"], lambda v, parts: seen.append((v, parts)))
     cat.open()
@@ -95,9 +78,9 @@ def test_a_commit_in_this_process_is_applied_before_commit_returns(url: str) -> 
     sessions.kw["bind"].dispose()
 
 
-def test_another_process_follows_within_a_bound(url: str) -> None:
-    writer_sessions, writer = process(url)
-    reader_sessions, reader = process(url)
+def test_another_process_follows_within_a_bound(db_url: str) -> None:
+    writer_sessions, writer = process(db_url)
+    reader_sessions, reader = process(db_url)
     names: list[list[str]] = []
 
     def reload(version: int, parts: frozenset[str]) -> None:
@@ -122,8 +105,8 @@ def test_another_process_follows_within_a_bound(url: str) -> None:
         s.kw["bind"].dispose()
 
 
-def test_concurrent_writers_get_distinct_versions_in_commit_order(url: str) -> None:
-    sessions, cat = process(url)
+def test_concurrent_writers_get_distinct_versions_in_commit_order(db_url: str) -> None:
+    sessions, cat = process(db_url)
     cat.open()
 
     def write(i: int) -> None:

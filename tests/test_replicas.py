@@ -8,7 +8,6 @@ still need PostgreSQL).
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,8 +16,6 @@ import numpy as np
 import pytest
 from sqlalchemy import func, select
 
-from app.db import make_engine
-from app.migrate import downgrade
 from app.models import Chunk
 from app.runtime import Runtime
 from app.services import experts as expert_service
@@ -26,20 +23,6 @@ from app.services.documents import Upload
 from app.settings import Settings
 from engine.embedder import Embedder
 from tests.helpers import TOPICS, topic_doc
-
-URLS = ["sqlite"] + (["postgresql"] if os.environ.get("MOERAG_TEST_PG_URL") else [])
-
-
-@pytest.fixture(params=URLS)
-def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'shared.db'}"
-        return
-    url = os.environ["MOERAG_TEST_PG_URL"]
-    engine = make_engine(url)
-    downgrade(engine, "base")
-    engine.dispose()
-    yield url
 
 
 @pytest.fixture

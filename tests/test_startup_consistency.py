@@ -140,3 +140,16 @@ def test_a_full_disk_at_a_checkpoint_loses_nothing(
         assert newest != path and not path.exists() and rt.stats()["documents"] == 9
     finally:
         rt.close()
+
+
+def test_a_snapshot_from_before_the_index_log_still_loads(settings: Settings, embedder: Embedder) -> None:
+    """Upgrading: `ivf-<clustering>.faiss` (no position) is read as position 0 and checked, not rebuilt."""
+    path = fill(settings, embedder)
+    version = path.name.split("@")[0][len("ivf-") :]
+    path.rename(path.with_name(f"ivf-{version}.faiss"))
+    rt = reopen(settings, embedder)
+    try:
+        assert rt.index_status == "loaded"
+        assert_consistent(rt)
+    finally:
+        rt.close()

@@ -60,6 +60,19 @@ def get(client: httpx.Client, path: str, seconds: float = 60.0) -> dict:  # type
         time.sleep(0.1)
 
 
+def routers_seen(client: httpx.Client, want: int, seconds: float = 30.0) -> dict[int, int]:
+    """{pid: active router version} once every worker reports `want`."""
+    seen: dict[int, int] = {}
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        body = get(client, "/readyz")
+        seen[body["pid"]] = body["router"]["router_version"]
+        if len(seen) >= WORKERS and set(seen.values()) == {want}:
+            return seen
+        time.sleep(0.01)
+    raise AssertionError(f"not every worker switched to router {want}: {seen}")
+
+
 def all_documents(client: httpx.Client) -> list[dict]:  # type: ignore[type-arg]
     out: list[dict] = []  # type: ignore[type-arg]
     while page := get(client, f"/documents?offset={len(out)}&limit=500")["items"]:
@@ -121,6 +134,7 @@ def test_workers_share_one_catalogue_and_survive_a_killed_worker(tmp_path: Path)
         MOERAG_CATALOGUE_POLL_SECONDS="0.2",
         MOERAG_JOB_LEASE_SECONDS="2",
         MOERAG_CHECKPOINT_SECONDS="0.5",
+        MOERAG_ROUTER_SAMPLES="200",
     )
     client = server.start(180, "--workers", str(WORKERS))
     try:
@@ -136,6 +150,20 @@ def test_workers_share_one_catalogue_and_survive_a_killed_worker(tmp_path: Path)
         hits = client.post("/search", json={"query": "git rebase branch", "k": 1}).json()["hits"]
         assert hits[0]["source"] == "git.md"
 
+        # Router versions: activation and roll-back reach every worker.
+        expert = client.post("/admin/api/experts", json={"name": "everything"}).json()["id"]
+        client.post("/admin/api/clusters/assign", json={"cluster_ids": [0], "expert_id": expert})
+        versions = []
+        for _ in range(2):
+            job = client.post("/admin/api/router/train", json={"activate": True, "force": True}).json()["id"]
+            while get(client, f"/jobs/{job}")["status"] not in ("done", "failed"):
+                time.sleep(0.2)
+            versions.append(get(client, f"/jobs/{job}")["result"]["version"])
+        for version in (versions[1], versions[0]):  # the newest, then a roll-back
+            assert client.post(f"/admin/api/router/versions/{version}/activate").status_code == 200
+            routers = routers_seen(client, version)
+            assert set(routers.values()) == {version}, routers
+
         doomed = client.get("/documents").json()["items"][0]["id"]
         assert client.delete(f"/documents/{doomed}").status_code == 200
         replicas(client, client.get("/stats").json()["chunks"])  # gone everywhere
@@ -144,6 +172,7 @@ def test_workers_share_one_catalogue_and_survive_a_killed_worker(tmp_path: Path)
         acked, statuses = concurrent_writes_and_questions(
             server.url, float(os.environ.get("MOERAG_SOAK_SECONDS", "15"))
         )
+        print(f"writers and askers: {statuses}, ingest-to-every-replica lags {[round(x, 3) for x in lags]} s")
         assert statuses["5xx"] == 0 and statuses["asked"] > 0, statuses
         sources = {d["source"] for d in all_documents(client)}
         assert acked <= sources, sorted(acked - sources)[:5]  # nothing acknowledged is lost

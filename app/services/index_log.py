@@ -19,9 +19,12 @@ def snapshot_path(folder: Path, clustering: str, position: int) -> Path:
 
 
 def snapshots(folder: Path, clustering: str) -> list[tuple[int, Path]]:
-    """(position, file) of a clustering's snapshots, newest last."""
+    """(position, file) of a clustering's snapshots, newest last. A file of a version before the
+    index log (`ivf-<clustering>.faiss`) counts as position 0: start-up replays the whole log
+    after it and checks it against SQL, so an upgrade does not rebuild."""
     prefix = f"ivf-{clustering}@"
-    found = []
+    legacy = folder / f"ivf-{clustering}.faiss"
+    found = [(0, legacy)] if legacy.exists() else []
     for p in folder.glob(f"{prefix}*.faiss") if folder.exists() else ():
         tail = p.name[len(prefix) : -len(".faiss")]
         if tail.isdigit():
