@@ -23,6 +23,7 @@ from app.metrics import Metrics
 from app.migrate import upgrade
 from app.models import Chunk, Cluster, Document, Job, stack
 from app.ratelimit import RateLimiter
+from app.services.answer_cache import AnswerCache
 from app.services.ask import SqlChunkStore
 from app.services.bulk import bulk_handler
 from app.services.console_sessions import ConsoleSessions
@@ -76,6 +77,7 @@ class Runtime:
         self._routers: RouterManager | None = None
         self._pipeline: AskPipeline | None = None
         self.questions: QuestionEncoder | None = None
+        self.answers = AnswerCache(0, lambda: ())  # the real one once started
         self.announce_url: str | None = None  # set by `moerag serve`: its address, for the CLI
         self.question_model = "eager"
         self._matrix: tuple[int, ExpertMatrix] | None = None  # (catalogue version it was built at, matrix)
@@ -244,6 +246,9 @@ class Runtime:
                 matrix=self.expert_matrix,
                 encode_question=questions.encode,
                 catalogue_version=lambda: self.catalogue.version,
+            )
+            self.answers = AnswerCache(
+                s.answer_cache, lambda: (self.catalogue.version, self.indexes.position, self.lexical.builds)
             )
             self._jobs = JobRunner(
                 self.sessions,

@@ -103,6 +103,9 @@ class Settings(BaseSettings):
         "eager at start; eager if it differs or fails).",
     )
     question_cache: int = Field(1024, ge=0, description="Question vectors remembered by exact text; 0 = no cache.")
+    answer_cache: int = Field(
+        256, ge=0, description="Routes and citations of repeated questions, kept until the catalogue changes; 0 = off."
+    )
     torch_threads: int = Field(
         0, ge=0, description="Torch and FAISS threads of a serving process; 0 = one (measured best, README)."
     )

@@ -124,7 +124,9 @@ def stage_quality(work: Path, corpus: Path, questions: list[dict[str, str]], lat
     cache = EmbeddingCache(work / "embeddings.sqlite", embedder)  # the plain reference's vectors, kept
     q_vecs = embedder.encode([q["question"] for q in questions])
     reference, _ = reference_ranked(corpus, cache, q_vecs)
-    rt = Runtime(Settings(data_dir=work / "moerag"), embedder=cached(embedder, cache))
+    rt = Runtime(
+        Settings(data_dir=work / "moerag", answer_cache=0), embedder=cached(embedder, cache)
+    )  # latencies: no repeats served
     rt.start()
     try:
         ev = routing.evaluate(
@@ -190,7 +192,7 @@ def stage_speed(corpus: Path, pages: int) -> dict[str, Any]:
     raw_m = [raw_encode(embedder, m_texts)]
     raw_l = [raw_encode(embedder, lc_texts)]
     with tempfile.TemporaryDirectory() as tmp:
-        rt = Runtime(Settings(data_dir=Path(tmp) / "data", admin_token="bench"), embedder=embedder)
+        rt = Runtime(Settings(data_dir=Path(tmp) / "data", admin_token="bench", answer_cache=0), embedder=embedder)
         rt.start()
         t = time.perf_counter()
         m_chunks = sum(o.chunks for o in rt.ingestor.ingest_many(evalcorpus.uploads(pick, corpus)))

@@ -187,12 +187,13 @@ def run_target(
     return rows
 
 
-_NO_CACHE = {"MOERAG_QUESTION_CACHE": "0"}
+_NO_CACHE = {"MOERAG_QUESTION_CACHE": "0", "MOERAG_ANSWER_CACHE": "0"}
 MOERAG_TARGETS: dict[str, dict[str, str]] = {
     "moerag, batching": _NO_CACHE,
     "moerag, no batching": {**_NO_CACHE, "MOERAG_QUESTION_BATCH": "1"},
     "moerag, batching, 2 torch threads": {**_NO_CACHE, "MOERAG_TORCH_THREADS": "2"},
-    "moerag, batching + question cache": {},
+    "moerag, batching + question cache": {"MOERAG_ANSWER_CACHE": "0"},
+    "moerag, batching + question and answer caches": {},
 }
 WORKER_COUNTS = (1, 2, 4)  # `moerag serve --workers N` on PostgreSQL (--pg-url: a copy of the store)
 

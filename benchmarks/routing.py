@@ -342,7 +342,7 @@ def main() -> None:
     if args.corpus is not None and not args.corpus.exists():
         print(json.dumps({"mirror": build(args.corpus)}), flush=True)
     # No question cache: the latency loop re-asks questions the evaluation already asked.
-    rt = Runtime(Settings(data_dir=args.data_dir, question_cache=0), embedder=embedder)
+    rt = Runtime(Settings(data_dir=args.data_dir, question_cache=0, answer_cache=0), embedder=embedder)
     rt.start()
     try:
         ingest = prepare_store(rt, args.corpus) if args.corpus is not None else {"ingested": False}

@@ -226,6 +226,7 @@ def test_expert_nprobe_caps_the_lists_the_expert_path_scans(client: TestClient, 
     question |= {"mode": "expert", "expert": git, "generate": False}
     full = ask(client, **question)
     assert full["route"]["clusters_scanned"] == len(git_lists) + len(python_lists)
+    rt.answers.size = 0  # a setting changed behind the catalogue's back (a restart in production)
     rt.pipeline.config.expert_nprobe = 1
     capped = ask(client, **question)
     assert capped["route"]["clusters_scanned"] == 1
@@ -240,6 +241,7 @@ def test_kernel_scoped_search_matches_faiss_on_the_expert_path(client: TestClien
     question = {"question": "How does a git rebase replay commits onto another branch?", "top_k": 5, "generate": False}
     by_faiss = ask(client, **question)
     assert rt.expert_matrix() is None  # no GPU: FAISS serves the expert path
+    rt.answers.size = 0  # a setting changed behind the catalogue's back (a restart in production)
     rt.settings.scoped_search = "kernel"  # the GPU layout, scanned here by the kernel's torch twin
     by_kernel = ask(client, **question)
     assert by_kernel["route"]["path"] == by_faiss["route"]["path"] == "expert"
@@ -331,3 +333,21 @@ def test_a_worse_router_is_trained_but_not_activated(
     assert [v["id"] for v in versions if v["active"]] == [active]
     job = wait_job(client, client.post("/admin/api/router/train", json={"force": True}, headers=AUTH).json()["id"])
     assert job["result"]["active"] is True and "held_back" not in job["result"]
+
+
+def test_a_repeated_question_is_answered_from_the_cache_until_the_catalogue_changes(
+    client: TestClient, routed: dict[str, Any]
+) -> None:
+    question = {"question": "What does a checkpoint copy back into the database file?", "top_k": 5}
+    first = ask(client, **question)
+    again = ask(client, **question)
+    assert "cached" in again["timings_ms"] and "embed" not in again["timings_ms"]
+    assert [c["chunk_id"] for c in again["citations"]] == [c["chunk_id"] for c in first["citations"]]
+    assert again["route"] == first["route"] and again["answer"] == first["answer"]
+    assert again["query_id"] != first["query_id"]  # still logged, once per question asked
+    # Any catalogue change (here a new document) makes every older entry unreachable.
+    doc = topic_doc("sqlite", 77, 2).replace("SQLite", "The checkpoint copies the WAL back. SQLite")
+    assert client.post("/documents", json={"text": doc, "source": "new.md"}, headers=AUTH).status_code == 201
+    fresh = ask(client, **question)
+    assert "embed" in fresh["timings_ms"] and fresh["route"]["catalogue_version"] > first["route"]["catalogue_version"]
+    assert "cached" in ask(client, **question)["timings_ms"]  # and the new state is cached in turn

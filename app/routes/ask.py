@@ -64,7 +64,10 @@ def _prepare(rt: Runtime, body: AskIn) -> Prepared:
     if body.expert is not None and body.expert not in rt.experts.profiles():
         raise ApiError("expert_not_found", f"no expert {body.expert}")
     try:
-        return rt.pipeline.prepare(AskRequest(body.question, body.top_k, body.mode, body.expert))
+        request = AskRequest(body.question, body.top_k, body.mode, body.expert)
+        return rt.answers.prepare(
+            (body.question, body.top_k, body.mode, body.expert), lambda: rt.pipeline.prepare(request)
+        )
     except GeneratorError as exc:
         raise ApiError("generator_unavailable", str(exc)) from None
 

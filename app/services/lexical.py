@@ -30,6 +30,7 @@ class LexicalManager:
         self.sessions = sessions
         self.max_share, self.clock = max_share, clock
         self._index: LexicalIndex | None = None
+        self.builds = 0  # how many times it was (re)built: part of the answer cache's stamp
         self._dirty = True
         self._next_allowed = 0.0  # clock time before which a non-forced rebuild waits
         self._lock = threading.Lock()
@@ -53,6 +54,7 @@ class LexicalManager:
                 rows = s.execute(select(Chunk.id, Chunk.heading, Chunk.text).order_by(Chunk.id)).all()
             fresh = LexicalIndex([r[0] for r in rows], [f"{r[1]}\n{r[2]}" for r in rows])
             self._index = fresh
+            self.builds += 1
             took = self.clock() - t0
             self._next_allowed = t0 + took / self.max_share
         log.info("BM25 index rebuilt over %d chunks in %.1fs", len(fresh), took)
