@@ -44,6 +44,7 @@ PARTS: dict[str, str] = {
     "router_version": "router",
     "index_state": "index",
 }
+ALL_PARTS = frozenset(PARTS.values())
 CHANNEL = "moerag_catalogue"
 _PENDING = "moerag_catalogue_parts"  # session.info key: parts changed in the open transaction
 _BUMPED = "moerag_catalogue_bumped"  # session.info key: this commit bumped the version
@@ -143,26 +144,29 @@ class Catalogue:
         self._subscribers.append((frozenset(parts), fn))
 
     def sync(self) -> int:
-        """Apply every change committed after the last version applied; returns the version now."""
+        """Apply every change committed after the last version applied; returns the version now.
+        A follower behind the compacted horizon cannot know what changed: everything did."""
         with self._lock:
             with self.sessions() as s:
-                rows = s.execute(
-                    select(CatalogueChange.version, CatalogueChange.parts)
-                    .where(CatalogueChange.version > self.version)
-                    .order_by(CatalogueChange.version)
+                now, horizon = s.execute(
+                    select(CatalogueVersion.version, CatalogueVersion.log_horizon).where(CatalogueVersion.id == 1)
+                ).one()
+                if now <= self.version:
+                    return self.version
+                parts = s.scalars(
+                    select(CatalogueChange.parts).where(
+                        CatalogueChange.version > self.version, CatalogueChange.version <= now
+                    )
                 ).all()
-            if not rows:
-                return self.version
-            changed = frozenset(p for _, parts in rows for p in parts)
-            version = int(rows[-1][0])
-            for parts, fn in self._subscribers:
-                if parts & changed:
+            changed = frozenset(ALL_PARTS if self.version < horizon else (p for ps in parts for p in ps))
+            for wanted, fn in self._subscribers:
+                if wanted & changed:
                     try:
-                        fn(version, changed)
+                        fn(int(now), changed)
                     except Exception:  # one failing subscriber must not starve the others
-                        log.exception("catalogue subscriber failed at version %d", version)
-            self.version = version
-            return version
+                        log.exception("catalogue subscriber failed at version %d", now)
+            self.version = int(now)
+            return self.version
 
     def open(self) -> int:
         """Take the version committed now as applied: state built after this reads it or a later one."""

@@ -230,6 +230,9 @@ class CatalogueVersion(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     version: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Changes (catalogue_change, index_log) up to here were compacted away: a follower or a
+    # snapshot older than this cannot replay them and starts from SQL.
+    log_horizon: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 class CatalogueChange(Base):

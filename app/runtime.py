@@ -301,7 +301,8 @@ class Runtime:
     def _checkpoint_loop(self) -> None:
         while not self._stop.wait(self.settings.checkpoint_seconds):
             try:
-                self.indexes.checkpoint()
+                if self.indexes.checkpoint():  # a new snapshot: the log it covers may go
+                    self.indexes.compact_log(self.settings.index_log_retention_seconds)
                 self.lexical.refresh()
             except Exception:  # a full disk must not kill the thread; SQL stays the truth
                 log.exception("index checkpoint failed")

@@ -43,6 +43,11 @@ class Settings(BaseSettings):
     )
     clusters: int = Field(0, ge=0, description="IVF lists at recluster; 0 picks sqrt(chunks).")
     checkpoint_seconds: float = Field(5.0, gt=0, description="Longest delay before index changes hit disk.")
+    index_log_retention_seconds: float = Field(
+        600.0,
+        ge=0,
+        description="Index log kept at least this long after a snapshot covers it (a lagging follower rebuilds).",
+    )
     job_lease_seconds: float = Field(
         15.0, gt=0, description="A running job without a heartbeat this long is another process's to finish."
     )

@@ -152,3 +152,34 @@ def test_a_writer_placing_in_an_old_clustering_follows_and_places_again(
     with a.sessions() as s:  # the late chunks sit in lists of the live clustering, nearest to them
         late = s.scalars(select(Chunk).where(Chunk.document_id == outcome.document_id)).all()
         assert all(0 <= c.cluster_id < a.indexes.index.nlist for c in late)
+
+
+def test_the_log_is_compacted_under_a_snapshot_and_whoever_is_behind_it_starts_from_sql(
+    start: Callable[[str], Runtime],
+) -> None:
+    from app.models import CatalogueChange, IndexLog
+
+    a, b, c = start("a"), start("b"), start("c")
+    for t in TOPICS:
+        a.ingestor.ingest(Upload(data=topic_doc(t, 1, 4).encode(), source=f"{t}.md"))
+    wait_until(lambda: converged(b, a) and converged(c, a))
+    b.catalogue.close()  # b and c stop following: they fall behind what comes next
+    c.catalogue.close()
+    for i in range(3):
+        a.ingestor.ingest(Upload(data=topic_doc("git", 10 + i, 4).encode(), source=f"more-{i}.md"))
+    a.indexes.checkpoint()  # (or the checkpoint thread did): a snapshot at a's position
+    wait_until(lambda: a.indexes.snapshots(a.indexes.index.version)[-1][0] == a.indexes.position)
+    horizon = a.indexes.compact_log(retention_seconds=0)
+    assert horizon == a.indexes.position == a.catalogue.version
+    with a.sessions() as s:
+        assert s.scalar(select(func.count()).select_from(IndexLog)) == 0
+        assert s.scalar(select(func.count()).select_from(CatalogueChange)) == 0
+    assert a.indexes.compact_log(retention_seconds=3600) == horizon  # nothing older: unchanged
+
+    c.catalogue.sync()  # behind the horizon: every part counts as changed, the replica comes from SQL
+    assert converged(c, a) and c.catalogue.version == a.catalogue.version
+    b.close()  # its last snapshot is older than the horizon: not replayed on the next start
+    b2 = start("b")
+    assert b2.index_status.startswith("rebuilt") and converged(b2, a)
+    a.ingestor.ingest(Upload(data=topic_doc("sqlite", 20, 4).encode(), source="after.md"))
+    wait_until(lambda: converged(b2, a))  # and the log goes on from the horizon

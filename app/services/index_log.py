@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import numpy as np
-from sqlalchemy import select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session
 
-from app.models import Chunk, IndexLog, stack
+from app.models import CatalogueChange, CatalogueVersion, Chunk, IndexLog, stack
 from index import ClusteredIndex
 
 
@@ -75,3 +76,24 @@ def apply_log(index: ClusteredIndex, changes: LogSlice) -> None:
     """Idempotent: a chunk entering again moves, one leaving again is a no-op."""
     index.remove(changes.touched)  # leaving, and moving (absent ids are ignored)
     index.add(changes.x, changes.ids, changes.clusters)
+
+
+def horizon(s: Session) -> int:
+    """The newest version whose log was compacted away (0: none)."""
+    return int(s.scalar(select(CatalogueVersion.log_horizon).where(CatalogueVersion.id == 1)) or 0)
+
+
+def compact(s: Session, covered: int, retention_seconds: float) -> int:
+    """Drop the index log and catalogue changes up to the newest version that is both covered by a
+    snapshot (`covered`) and older than the retention: a live follower is never that far behind,
+    and one that is (or a snapshot that old) rebuilds from SQL. Returns the horizon now."""
+    cutoff = datetime.now(UTC) - timedelta(seconds=retention_seconds)
+    old = s.scalar(select(func.max(CatalogueChange.version)).where(CatalogueChange.created_at < cutoff)) or 0
+    target = min(int(old), covered)
+    current = horizon(s)
+    if target <= current:
+        return current
+    s.execute(update(CatalogueVersion).where(CatalogueVersion.id == 1).values(log_horizon=target))
+    s.execute(delete(IndexLog).where(IndexLog.version <= target))
+    s.execute(delete(CatalogueChange).where(CatalogueChange.version <= target))
+    return target

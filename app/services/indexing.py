@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.catalogue import read_version, stage_index_changes
 from app.models import Chunk, Cluster, IndexState, stack
-from app.services.index_log import apply_log, read_log, remove_stale_snapshots, snapshot_path, snapshots
+from app.services import index_log as log_files
 from app.settings import Settings
 from engine.errors import IndexMoved
 from engine.keywords import cluster_keywords
@@ -65,10 +65,10 @@ class IndexManager:
         self.snapshot_writer: Callable[[], bool] = lambda: True
 
     def path_for(self, version: str, position: int) -> Path:
-        return snapshot_path(self.settings.index_dir, version, position)
+        return log_files.snapshot_path(self.settings.index_dir, version, position)
 
     def snapshots(self, version: str) -> list[tuple[int, Path]]:
-        return snapshots(self.settings.index_dir, version)
+        return log_files.snapshots(self.settings.index_dir, version)
 
     # ---- start-up -----------------------------------------------------------------------------
 
@@ -107,6 +107,9 @@ class IndexManager:
                 if not snapshots:
                     raise IndexCorrupt(f"no index snapshot for version {version}")
                 position, path = snapshots[-1]
+                with self.sessions() as s:
+                    if position < log_files.horizon(s):
+                        raise IndexCorrupt(f"the snapshot at {position} is older than the compacted index log")
                 loaded = ClusteredIndex.load(path, version)
                 if loaded.nlist != nlist or loaded.dim != self.dim:
                     raise IndexCorrupt(
@@ -129,13 +132,8 @@ class IndexManager:
                 self.rebuild()
                 return f"rebuilt: {exc}"
         self._remove_stale_files()
-        log.info(
-            "index %s loaded at catalogue version %d: %d vectors in %d clusters",
-            version,
-            self.position,
-            self.index.ntotal,
-            self.index.nlist,
-        )
+        idx = self.index
+        log.info("index %s loaded at version %d: %d vectors, %d lists", version, self.position, idx.ntotal, idx.nlist)
         return "loaded"
 
     def rebuild(self, progress: Progress | None = None) -> ClusteredIndex:
@@ -192,8 +190,16 @@ class IndexManager:
         self._remove_stale_files()
         return True
 
+    def compact_log(self, retention_seconds: float) -> int:
+        """After this process wrote a snapshot: drop the log it covers (and older than retention)."""
+        newest = self.snapshots(self.index.version)[-1:]
+        if not newest:
+            return 0
+        with self.sessions.begin() as s:
+            return log_files.compact(s, newest[0][0], retention_seconds)
+
     def _remove_stale_files(self) -> None:
-        remove_stale_snapshots(self.settings.index_dir, self.index.version)
+        log_files.remove_stale_snapshots(self.settings.index_dir, self.index.version)
 
     def follow(self, version: int, parts: object = None) -> None:
         """Bring the replica to catalogue `version` (a catalogue subscriber): apply the index log
@@ -206,10 +212,10 @@ class IndexManager:
                 state = s.get(IndexState, 1)
                 if state is None:
                     return
-                moved = state.version != self.index.version
-                changes = None if moved else read_log(s, self.position, version, self.dim)
+                moved = state.version != self.index.version or self.position < log_files.horizon(s)  # log gone: SQL
+                changes = None if moved else log_files.read_log(s, self.position, version, self.dim)
             if changes is not None:
-                apply_log(self.index, changes)
+                log_files.apply_log(self.index, changes)
                 self.position, self._dirty = version, self._dirty or bool(changes.touched)
                 return
             staged, self._staged = self._staged, None

@@ -21,9 +21,10 @@ def upgrade() -> None:
         "catalogue_version",
         sa.Column("id", sa.Integer(), autoincrement=False, nullable=False),
         sa.Column("version", sa.BigInteger(), nullable=False),
+        sa.Column("log_horizon", sa.BigInteger(), nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_catalogue_version")),
     )
-    op.bulk_insert(version, [{"id": 1, "version": 0}])
+    op.bulk_insert(version, [{"id": 1, "version": 0, "log_horizon": 0}])
     op.create_table(
         "catalogue_change",
         sa.Column("version", sa.BigInteger(), autoincrement=False, nullable=False),
