@@ -96,7 +96,7 @@ def test_another_process_follows_within_a_bound(db_url: str) -> None:
         with writer_sessions.begin() as s:
             s.add(Expert(name=f"e{i}"))
         lags.append(wait_for(lambda i=i: names and f"e{i}" in names[-1]))
-    assert reader.version == 5
+    wait_for(lambda: reader.version == 5)  # set after its subscribers ran
     # SQLite polls every 0.05 s here; PostgreSQL is woken by NOTIFY.
     assert max(lags) < 1.0, lags
     reader.close()
