@@ -39,8 +39,9 @@ from engine.embedder import Embedder
 from engine.errors import InvalidSetting
 from engine.expert_matrix import ExpertMatrix
 from engine.generators import ExtractiveGenerator, Generator, GeneratorError, OpenAIGenerator
-from engine.pipeline import AskPipeline, PipelineConfig
+from engine.pipeline import AskPipeline, ExpertProfile, PipelineConfig
 from engine.question_encoder import QuestionEncoder
+from engine.router import Router
 
 log = logging.getLogger(__name__)
 _SNAPSHOT_LEASE = 0x6D6F6572  # "moer": the advisory lock key of the snapshot writer
@@ -82,6 +83,7 @@ class Runtime:
         self.question_model = "eager"
         self._matrix: tuple[int, ExpertMatrix] | None = None  # (catalogue version it was built at, matrix)
         self._matrix_lock = threading.Lock()
+        self._serving: tuple[dict[int, ExpertProfile], Router | None] = ({}, None)  # swapped whole
         self.catalogue = Catalogue(self.sessions, settings.catalogue_poll_seconds)  # before anything writes
         self.snapshot_lease = SqlLease(self.engine, _SNAPSHOT_LEASE)  # one process writes index snapshots
         self.lexical = LexicalManager(self.sessions, settings.lexical_rebuild_share)
@@ -157,6 +159,12 @@ class Runtime:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         return ExpertMatrix(ids, x, experts, sorted(self.experts.profiles()), device=device)
 
+    def _serving_changed(self, version: int, parts: frozenset[str]) -> None:
+        """Expert profiles and the active router, reloaded as needed and swapped as one pair."""
+        profiles = self.experts.reload() if parts & {"experts", "clusters"} else self.experts.profiles()
+        router = self.routers.reload() if "router" in parts else self.routers.current()
+        self._serving = (profiles, router)
+
     def generator(self, name: str) -> Generator:
         """'extractive' (default), or 'openai' / 'openai:MODEL' on the configured server."""
         if name in ("", "extractive"):
@@ -226,8 +234,7 @@ class Runtime:
             self._ingestor = Ingestor(self.sessions, emb, self._indexes, chunking, self.catalogue.sync)
             self.lexical.refresh(force=True)
             self._routers = RouterManager(s, self.sessions, emb, lambda: self.indexes.index)
-            self._routers.reload()
-            self.experts.reload()
+            self._serving = (self.experts.reload(), self._routers.reload())
             self._pipeline = AskPipeline(
                 embedder=emb,
                 index=lambda: self.indexes.index,
@@ -246,6 +253,7 @@ class Runtime:
                 matrix=self.expert_matrix,
                 encode_question=questions.encode,
                 catalogue_version=lambda: self.catalogue.version,
+                serving=lambda: self._serving,
             )
             self.answers = AnswerCache(
                 s.answer_cache, lambda: (self.catalogue.version, self.indexes.position, self.lexical.builds)
@@ -263,8 +271,7 @@ class Runtime:
             )
             self.catalogue.subscribe(["documents", "index"], self._indexes.follow)  # first: the others read it
             self.catalogue.subscribe(["documents"], self.lexical.mark_dirty)
-            self.catalogue.subscribe(["experts", "clusters"], self.experts.reload)
-            self.catalogue.subscribe(["router"], self._routers.reload)
+            self.catalogue.subscribe(["experts", "clusters", "router"], self._serving_changed)
             self.catalogue.follow()
             if not s.worker_of:  # a sibling worker may be spooling an upload right now
                 self._clean_spool()

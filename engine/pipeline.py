@@ -136,6 +136,7 @@ class AskPipeline:
         matrix: Callable[[], ExpertMatrix | None] | None = None,
         encode_question: Callable[[str], np.ndarray] | None = None,
         catalogue_version: Callable[[], int] | None = None,
+        serving: Callable[[], tuple[dict[int, ExpertProfile], Router | None]] | None = None,
     ) -> None:
         self.embedder, self.index, self.lexical, self.router = embedder, index, lexical, router
         # question -> [1, D]; the server passes a QuestionEncoder's (cache + dynamic batching)
@@ -143,6 +144,9 @@ class AskPipeline:
         self.matrix = matrix or (lambda: None)
         self.catalogue_version = catalogue_version or (lambda: 0)  # read before any state: a lower bound
         self.experts, self.store, self.generator = experts, store, generator
+        # (expert profiles, router) read as one reference per question, so a question never pairs
+        # a router with profiles from another moment; the server swaps both together.
+        self.serving = serving or (lambda: (self.experts(), self.router()))
         self.config = config or PipelineConfig()
         # Per BM25 index (weakly held: a rebuilt one starts afresh), scope masks by index state.
         self._masks: weakref.WeakKeyDictionary[LexicalIndex, dict[tuple[str, int, tuple[int, ...]], np.ndarray]]
@@ -214,8 +218,7 @@ class AskPipeline:
 
     def _route(self, q: np.ndarray, req: AskRequest) -> Route:
         cfg = self.config
-        experts = self.experts()
-        router = self.router()
+        experts, router = self.serving()
         neighbours, probed = None, 0
         if router is not None and req.mode != "fallback":  # the gate's vote: one small IVF probe
             neighbours, probed = router.probe(self.index(), q)
