@@ -138,9 +138,9 @@ class Catalogue:
 
     def subscribe(self, parts: Collection[str], fn: Subscriber) -> None:
         """Call fn(version, parts changed) after a change to any of `parts` is committed anywhere."""
-        unknown = set(parts) - set(PARTS.values())
+        unknown = set(parts) - ALL_PARTS
         if unknown:
-            raise ValueError(f"unknown catalogue parts {sorted(unknown)}; known: {sorted(set(PARTS.values()))}")
+            raise ValueError(f"unknown catalogue parts {sorted(unknown)}; known: {sorted(ALL_PARTS)}")
         self._subscribers.append((frozenset(parts), fn))
 
     def sync(self) -> int:

@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -25,24 +26,6 @@ PG_URL = os.environ.get("MOERAG_TEST_PG_URL")
 pytestmark = pytest.mark.skipif(not PG_URL, reason="MOERAG_TEST_PG_URL not set")
 WORKERS = 2
 BULK = 150
-
-
-def replicas(client: httpx.Client, want: int, seconds: float = 30.0) -> dict[int, dict[str, int]]:
-    """{pid: {"vectors", "catalogue"}} once every worker has answered /readyz with `want` vectors."""
-    seen: dict[int, dict[str, int]] = {}
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            r = client.get("/readyz", headers={"Connection": "close"})  # a new connection: any worker
-        except httpx.TransportError:  # a worker just killed
-            continue
-        if r.status_code == 200:
-            body = r.json()
-            seen[body["pid"]] = {"vectors": body["index"]["vectors"], "catalogue": body["catalogue_version"]}
-            if len(seen) >= WORKERS and all(v["vectors"] == want for v in seen.values()):
-                return seen
-        time.sleep(0.01)
-    raise AssertionError(f"replicas did not converge on {want} vectors: {seen}")
 
 
 def get(client: httpx.Client, path: str, seconds: float = 60.0) -> dict:  # type: ignore[type-arg]
@@ -60,17 +43,22 @@ def get(client: httpx.Client, path: str, seconds: float = 60.0) -> dict:  # type
         time.sleep(0.1)
 
 
-def routers_seen(client: httpx.Client, want: int, seconds: float = 30.0) -> dict[int, int]:
-    """{pid: active router version} once every worker reports `want`."""
-    seen: dict[int, int] = {}
+def every_worker(client: httpx.Client, read: Callable[[dict], object], want: object, seconds: float = 30.0) -> dict:  # type: ignore[type-arg]
+    """{pid: read(/readyz)} once every worker has said `want` (fresh connections reach any worker)."""
+    seen: dict[int, object] = {}
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         body = get(client, "/readyz")
-        seen[body["pid"]] = body["router"]["router_version"]
-        if len(seen) >= WORKERS and set(seen.values()) == {want}:
+        seen[body["pid"]] = read(body)
+        if len(seen) >= WORKERS and all(v == want for v in seen.values()):
             return seen
         time.sleep(0.01)
-    raise AssertionError(f"not every worker switched to router {want}: {seen}")
+    raise AssertionError(f"not every worker says {want}: {seen}")
+
+
+def replicas(client: httpx.Client, want: int, seconds: float = 30.0) -> dict:  # type: ignore[type-arg]
+    """Every worker's replica holds `want` vectors."""
+    return every_worker(client, lambda body: body["index"]["vectors"], want, seconds)
 
 
 def all_documents(client: httpx.Client) -> list[dict]:  # type: ignore[type-arg]
@@ -161,8 +149,7 @@ def test_workers_share_one_catalogue_and_survive_a_killed_worker(tmp_path: Path)
             versions.append(get(client, f"/jobs/{job}")["result"]["version"])
         for version in (versions[1], versions[0]):  # the newest, then a roll-back
             assert client.post(f"/admin/api/router/versions/{version}/activate").status_code == 200
-            routers = routers_seen(client, version)
-            assert set(routers.values()) == {version}, routers
+            every_worker(client, lambda body: body["router"]["router_version"], version)
 
         doomed = client.get("/documents").json()["items"][0]["id"]
         assert client.delete(f"/documents/{doomed}").status_code == 200
