@@ -182,7 +182,7 @@ def cmd_ask(args: argparse.Namespace) -> None:
     from app.cli_remote import Remote, print_answer
 
     settings = _settings(args)
-    body = {"question": args.question, "top_k": args.k, "mode": args.mode, "expert": args.expert}
+    body = {"query": args.question, "k": args.k, "mode": args.mode, "expert": args.expert}
     body = {k: v for k, v in body.items() if v is not None}
     if server := _server(args, settings):
         with Remote(server, _token(args, settings, admin=False)) as api:

@@ -11,7 +11,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from app.auth import SESSION_COOKIE, csrf_token, token_matches
 from app.errors import ApiError
 from app.runtime import Runtime
-from app.schemas import INT64_MAX
+from app.schemas import INT64_MAX, PAGE_LIMIT
 
 
 def get_runtime(request: Request) -> Runtime:
@@ -24,7 +24,8 @@ def get_runtime(request: Request) -> Runtime:
 
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 IdPath = Annotated[int, Path(ge=0, le=INT64_MAX)]  # an id in a URL: beyond int64 it is a 422, not a 500
-Offset = Annotated[int, Query(ge=0, le=INT64_MAX)]
+Offset = Annotated[int, Query(ge=0, le=INT64_MAX, description="Items to skip (every list pages the same way).")]
+Limit = Annotated[int, Query(ge=1, le=PAGE_LIMIT, description="Items on one page.")]
 
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 # Declares the bearer scheme in the OpenAPI spec; the checks below decide (a console session may stand in).

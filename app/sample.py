@@ -127,12 +127,9 @@ def ensure_sample(settings: Settings) -> None:
         rt.indexes.recluster()
         # Experts proposed from the clusters and a trained router, so the first question can
         # already take the expert path.
-        from app.services.experts import assign_clusters, create_expert, propose
+        from app.services.experts import propose_and_apply
 
-        with rt.sessions.begin() as s:
-            for p in propose(s, 5, rt.embedder.dim):
-                expert = create_expert(s, {"name": p["name"], "description": ", ".join(p["keywords"])})
-                assign_clusters(s, p["cluster_ids"], expert.id)
+        propose_and_apply(rt.sessions, 5, rt.embedder.dim, apply=True)
         rt.indexes.realign()  # each document's chunks into its expert's lists
         log.warning("training the router on the sample corpus")
         rt.routers.train()

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic_core.core_schema import ValidatorFunctionWrapHandler
 
 INT64_MAX = 2**63 - 1  # the largest id, offset or cluster a request may name (SQL BIGINT, FAISS ids)
+PAGE_LIMIT = 500  # the most items one page of any list returns
+PAGE_DEFAULT = 50
+T = TypeVar("T")
 
 
 def _number_not_text(value: Any) -> Any:
@@ -92,11 +96,20 @@ class DocumentDetail(DocumentOut):
     chunk_list: list[ChunkSummary] = Field(default_factory=list)
 
 
-class DocumentPage(BaseModel):
-    items: list[DocumentOut]
+class Page(BaseModel, Generic[T]):
+    """Every list the API returns: one page of items, how many match in all, and where it starts."""
+
+    items: list[T]
     total: int
     offset: int
     limit: int
+
+
+DocumentPage = Page[DocumentOut]
+
+
+class ChunkNeighbour(ChunkSummary):
+    text: str
 
 
 class ChunkOut(ChunkSummary):
@@ -104,6 +117,9 @@ class ChunkOut(ChunkSummary):
     source: str
     title: str
     text: str
+    expert_id: int | None = Field(None, description="The expert its cluster maps to (None: unmapped).")
+    previous: ChunkNeighbour | None = Field(None, description="The chunk just before it in its document.")
+    next: ChunkNeighbour | None = Field(None, description="The chunk just after it in its document.")
 
 
 class DeletedOut(BaseModel):
@@ -172,11 +188,45 @@ class StatsOut(BaseModel):
     index_vectors: int
 
 
-class AskIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Renamed(BaseModel):
+    """A request body whose fields had other names before: the old names are still accepted, for one
+    release, as deprecated aliases (documented as such; `deprecated_names` says which were sent).
+    Sending a field under both names is a 422."""
 
-    question: str = Field(min_length=1)
-    top_k: Int | None = Field(None, ge=1)
+    RENAMED: ClassVar[dict[str, str]] = {}  # old name -> new name
+    _deprecated: list[str] = PrivateAttr(default_factory=list)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _old_names(cls, data: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        used = [old for old in cls.RENAMED if isinstance(data, dict) and old in data]
+        if used:
+            clash = [old for old in used if cls.RENAMED[old] in data]
+            if clash:
+                raise ValueError(f"send {cls.RENAMED[clash[0]]!r} only: {clash[0]!r} is its deprecated name")
+            data = {cls.RENAMED.get(k, k): v for k, v in data.items()}
+        model = handler(data)
+        model._deprecated = used
+        return model
+
+    @property
+    def deprecated_names(self) -> list[str]:
+        return list(self._deprecated)
+
+
+def _document_old_names(schema: dict[str, Any], model: type[BaseModel]) -> None:
+    for old, new in getattr(model, "RENAMED", {}).items():
+        props = schema.setdefault("properties", {})
+        props[old] = {**props.get(new, {}), "deprecated": True,
+            "description": f"Deprecated name of {new!r} (accepted for one release)."}  # fmt: skip
+
+
+class AskIn(Renamed):
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_document_old_names)
+    RENAMED: ClassVar[dict[str, str]] = {"question": "query", "top_k": "k"}
+
+    query: str = Field(min_length=1, description="The question.")
+    k: Int | None = Field(None, ge=1, description="Passages to cite (default: the expert's top-k, or 5).")
     mode: Literal["auto", "expert", "fallback"] = "auto"
     expert: Id | None = Field(None, description="Expert id for mode=expert (default: the router's top expert).")
     generate: bool = True
@@ -271,6 +321,14 @@ class ProposeIn(BaseModel):
 
     n: Int = Field(6, ge=1, le=500)
     apply: bool = Field(False, description="Create the proposed experts and map their clusters.")
+    keep_mapped: bool = Field(
+        True,
+        description="Clusters an expert already owns stay with it; only unmapped clusters are grouped. "
+        "False regroups every cluster (the diff lists what moves and which experts are left empty).",
+    )
+    names: list[Annotated[str, Field(max_length=200)]] | None = Field(
+        None, description="With apply: the experts' names, in the order the proposal listed them (edited names)."
+    )
 
 
 class ExampleIn(BaseModel):
@@ -323,7 +381,8 @@ class LabelIn(BaseModel):
     expert_id: Id
 
 
-class ExampleTry(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ExampleTry(Renamed):
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_document_old_names)
+    RENAMED: ClassVar[dict[str, str]] = {"question": "query"}
 
-    question: str = Field(min_length=1, max_length=2000)
+    query: str = Field(min_length=1, max_length=2000)

@@ -192,7 +192,7 @@ def test_bulk_job_reports_progress_and_recluster_maps_clusters(client: TestClien
     rt.settings.clusters = 4  # the corpus is small; force a few lists
     job = wait_job(client, client.post("/admin/api/recluster", headers=AUTH).json()["id"])
     assert job["status"] == "done", job
-    clusters = client.get("/admin/api/clusters", headers=AUTH).json()
+    clusters = client.get("/admin/api/clusters", headers=AUTH).json()["items"]
     assert len(clusters) == 4 and sum(c["size"] for c in clusters) == stats(client)["chunks"]
     assert all(c["keywords"] for c in clusters if c["size"])
     # A scoped search only returns chunks of the chosen cluster.

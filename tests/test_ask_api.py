@@ -2,55 +2,15 @@
 
 import re
 import time
-from collections import Counter
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from app.models import Chunk, Document
+from app.models import Chunk
 from tests.conftest import AUTH
-from tests.helpers import TOPICS, topic_doc, wait_job
-
-
-@pytest.fixture
-def routed(client: TestClient) -> dict[str, Any]:
-    """4 topics ingested, 4 clusters, experts for git/sqlite/debian (python left unmapped), router trained."""
-    rt = client.app.state.runtime  # type: ignore[attr-defined]
-    rt.settings.clusters = 4
-    rt.settings.router_samples = 300
-    files = [
-        ("files", (f"{t}-{i}.md", topic_doc(t, i, paragraphs=4).encode(), "text/markdown"))
-        for i in range(8)
-        for t in TOPICS
-    ]
-    assert wait_job(client, client.post("/documents/bulk", files=files, headers=AUTH).json()["id"])["status"] == "done"
-    assert wait_job(client, client.post("/admin/api/recluster", headers=AUTH).json()["id"])["status"] == "done"
-    with rt.sessions() as s:
-        rows = s.execute(select(Chunk.cluster_id, Document.source).join(Document)).all()
-    votes: dict[int, Counter[str]] = {}
-    for cluster, source in rows:
-        votes.setdefault(cluster, Counter())[source.split("-")[0]] += 1
-    topic_of = {c: v.most_common(1)[0][0] for c, v in votes.items()}
-    experts = {}
-    for topic in ("git", "sqlite", "debian"):
-        r = client.post("/admin/api/experts", json={"name": topic, "system_prompt": f"You know {topic}."}, headers=AUTH)
-        assert r.status_code == 201
-        experts[topic] = r.json()["id"]
-        owned = [c for c, t in topic_of.items() if t == topic]
-        assigned = client.post(
-            "/admin/api/clusters/assign", json={"cluster_ids": owned, "expert_id": experts[topic]}, headers=AUTH
-        ).json()
-        assert assigned["assigned"] == len(owned)
-        # Remapping re-places documents so each stays inside one expert's lists.
-        assert wait_job(client, assigned["realign_job"])["status"] == "done"
-    leak = client.get("/admin/api/scope-leakage", headers=AUTH).json()
-    assert leak["chunks_outside"] == 0 and leak["share"] == 0.0, leak
-    assert all(c["outside"] == 0 for c in client.get("/admin/api/clusters", headers=AUTH).json())
-    job = wait_job(client, client.post("/admin/api/router/train", headers=AUTH).json()["id"])
-    assert job["status"] == "done", job
-    return {"experts": experts, "topic_of": topic_of, "job": job}
+from tests.helpers import topic_doc, wait_job
 
 
 def ask(client: TestClient, **body: Any) -> dict[str, Any]:
@@ -126,7 +86,7 @@ def test_bad_questions_are_clear_4xx(client: TestClient, routed: dict[str, Any])
 
 
 def test_versions_switch_atomically_and_roll_back(client: TestClient, routed: dict[str, Any]) -> None:
-    first = client.get("/admin/api/router/versions", headers=AUTH).json()
+    first = client.get("/admin/api/router/versions", headers=AUTH).json()["items"]
     assert len(first) == 1 and first[0]["active"]
     m = first[0]["metrics"]
     assert m["ece_after"] <= m["ece_before"] + 1e-9 and 0 <= m["coverage_at_threshold"] <= 1
@@ -136,7 +96,7 @@ def test_versions_switch_atomically_and_roll_back(client: TestClient, routed: di
         headers=AUTH,
     )
     job = wait_job(client, client.post("/admin/api/router/train", json={"activate": False}, headers=AUTH).json()["id"])
-    versions = client.get("/admin/api/router/versions", headers=AUTH).json()
+    versions = client.get("/admin/api/router/versions", headers=AUTH).json()["items"]
     assert [v["active"] for v in versions] == [False, True]  # newest first; the new one is not active yet
     assert versions[0]["metrics"]["examples"] == 1 and job["result"]["version"] == versions[0]["id"]
     new, old = versions[0]["id"], versions[1]["id"]
@@ -149,9 +109,9 @@ def test_versions_switch_atomically_and_roll_back(client: TestClient, routed: di
     route = ask(client, question="git rebase")["route"]
     assert route["router_version"] == old
     assert client.get("/readyz").json()["catalogue_version"] == route["catalogue_version"]
-    logged = client.get("/admin/api/questions?limit=1", headers=AUTH).json()[0]
+    logged = client.get("/admin/api/questions?limit=1", headers=AUTH).json()["items"][0]
     assert (logged["router_version_id"], logged["catalogue_version"]) == (old, route["catalogue_version"])
-    actives = [v["active"] for v in client.get("/admin/api/router/versions", headers=AUTH).json()]
+    actives = [v["active"] for v in client.get("/admin/api/router/versions", headers=AUTH).json()["items"]]
     assert actives.count(True) == 1
     assert client.post("/admin/api/router/versions/999/activate", headers=AUTH).status_code == 404
 
@@ -162,14 +122,17 @@ def test_query_log_metrics_labels_and_streaming(client: TestClient, routed: dict
         assert r.headers["content-type"].startswith("text/event-stream")
         events = [line.split(": ", 1)[1] for line in r.iter_lines() if line.startswith("event: ")]
     assert events[0] == "route" and events[-1] == "done" and "token" in events
-    log = client.get("/admin/api/questions", headers=AUTH).json()
+    log = client.get("/admin/api/questions", headers=AUTH).json()["items"]
     assert len(log) == 2 and log[1]["id"] == res["query_id"] and log[1]["path"] == res["route"]["path"]
     assert set(log[1]["timings"]) >= {"embed", "route", "retrieve", "total"}
     r = client.post(
         f"/admin/api/questions/{res['query_id']}/label", json={"expert_id": routed["experts"]["git"]}, headers=AUTH
     )
     assert r.status_code == 200
-    assert client.get("/admin/api/questions", headers=AUTH).json()[1]["feedback_expert_id"] == routed["experts"]["git"]
+    assert (
+        client.get("/admin/api/questions", headers=AUTH).json()["items"][1]["feedback_expert_id"]
+        == routed["experts"]["git"]
+    )
     text = client.get("/metrics").text
     for name in (
         "moerag_ask_requests_total",
@@ -202,9 +165,11 @@ def test_expert_admin_crud_and_proposals(client: TestClient, routed: dict[str, A
         ).status_code
         == 404
     )
-    proposals = client.post("/admin/api/experts/propose", json={"n": 2}, headers=AUTH).json()["proposals"]
+    proposals = client.post("/admin/api/experts/propose", json={"n": 2, "keep_mapped": False}, headers=AUTH).json()[
+        "proposals"
+    ]
     assert sorted(c for p in proposals for c in p["cluster_ids"]) == sorted(routed["topic_of"])
-    assert all(p["name"] and p["keywords"] for p in proposals)
+    assert all(p["name"] and p["keywords"] and p["titles"] for p in proposals)
 
 
 def test_training_without_experts_is_refused(client: TestClient) -> None:
@@ -277,7 +242,9 @@ def test_remapping_re_places_a_stray_chunk_in_sql_and_in_the_index(client: TestC
         rt.indexes.index.add(vector, np.array([cid]), np.array([sqlite_list]))
     leak = client.get("/admin/api/scope-leakage", headers=AUTH).json()
     assert leak["chunks_outside"] == 1 and leak["per_cluster"] == {str(sqlite_list): 1}
-    assert {c["id"]: c["outside"] for c in client.get("/admin/api/clusters", headers=AUTH).json()}[sqlite_list] == 1
+    assert {c["id"]: c["outside"] for c in client.get("/admin/api/clusters", headers=AUTH).json()["items"]}[
+        sqlite_list
+    ] == 1
 
     assigned = client.post(
         "/admin/api/clusters/assign", json={"cluster_ids": git_lists, "expert_id": git}, headers=AUTH
@@ -329,7 +296,7 @@ def test_a_worse_router_is_trained_but_not_activated(
         result["held_back"]["delta"]["accuracy"] < 0
         and "worse than the active version" in result["held_back"]["reason"]
     )
-    versions = client.get("/admin/api/router/versions", headers=AUTH).json()
+    versions = client.get("/admin/api/router/versions", headers=AUTH).json()["items"]
     assert [v["id"] for v in versions if v["active"]] == [active]
     job = wait_job(client, client.post("/admin/api/router/train", json={"force": True}, headers=AUTH).json()["id"])
     assert job["result"]["active"] is True and "held_back" not in job["result"]

@@ -103,7 +103,7 @@ def test_console_end_to_end_in_chromium(tmp_path: Path) -> None:
         assert wait_job(api, api.post("/admin/api/recluster").json()["id"], AUTH)["status"] == "done"  # type: ignore[arg-type]
         git_clusters = [
             c["id"]
-            for c in api.get("/admin/api/clusters").json()
+            for c in api.get("/admin/api/clusters").json()["items"]
             if any("git-" in s["source"] for s in api.get(f"/admin/api/clusters/{c['id']}").json()["samples"])
         ]
         assert git_clusters
@@ -157,7 +157,7 @@ def test_console_end_to_end_in_chromium(tmp_path: Path) -> None:
             page.screenshot(path=str(ARTIFACTS / "4-router.png"), full_page=True)
             page.click("#activate-1")  # roll back to the first version
             expect(page.locator("#rt-rows tr[data-id='1']")).to_contain_text("(active)")
-            versions = api.get("/admin/api/router/versions").json()
+            versions = api.get("/admin/api/router/versions").json()["items"]
             assert [v["id"] for v in versions if v["active"]] == [1]
 
             # Issue 13: the mapping moves on, the active router does not: a banner says so, retrain clears it.

@@ -12,12 +12,12 @@ def test_unknown_generators_are_refused_at_write_time(client: TestClient) -> Non
     # openai:* needs a configured server (MOERAG_OPENAI_BASE_URL is unset in tests).
     r = client.post("/admin/api/experts", json={"name": "a", "generator": "openai:x"}, headers=AUTH)
     assert r.status_code == 422 and "MOERAG_OPENAI_BASE_URL" in r.json()["error"]["message"]
-    assert client.get("/admin/api/experts", headers=AUTH).json() == []  # nothing half-created
+    assert client.get("/admin/api/experts", headers=AUTH).json()["items"] == []  # nothing half-created
     ok = client.post("/admin/api/experts", json={"name": "a"}, headers=AUTH)
     assert ok.status_code == 201
     r = client.patch(f"/admin/api/experts/{ok.json()['id']}", json={"generator": "gpt-nowhere"}, headers=AUTH)
     assert r.status_code == 422
-    assert client.get("/admin/api/experts", headers=AUTH).json()[0]["generator"] == "extractive"
+    assert client.get("/admin/api/experts", headers=AUTH).json()["items"][0]["generator"] == "extractive"
     # With a server configured the same name is accepted.
     client.app.state.runtime.settings.openai_base_url = "http://127.0.0.1:9/v1"  # type: ignore[attr-defined]
     r = client.patch(f"/admin/api/experts/{ok.json()['id']}", json={"generator": "openai:x"}, headers=AUTH)

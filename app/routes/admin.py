@@ -7,9 +7,11 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 from starlette.concurrency import run_in_threadpool
 
-from app.deps import AdminDep, IdPath, Offset, RuntimeDep
+from app.deps import AdminDep, IdPath, Limit, Offset, RuntimeDep
 from app.models import Expert
 from app.schemas import (
+    PAGE_DEFAULT,
+    PAGE_LIMIT,
     AssignIn,
     ClusterDetail,
     ClusterOut,
@@ -22,6 +24,7 @@ from app.schemas import (
     ExpertPatch,
     JobOut,
     LabelIn,
+    Page,
     ProposeIn,
     QuestionOut,
     RouterVersionOut,
@@ -45,12 +48,17 @@ def recluster(rt: RuntimeDep) -> JobOut:
     return JobOut.model_validate(rt.jobs.submit("recluster", {}, total=4))
 
 
-@router.get("/clusters", response_model=list[ClusterOut])
-def clusters(rt: RuntimeDep) -> list[ClusterOut]:
+@router.get("/clusters", response_model=Page[ClusterOut])
+def clusters(rt: RuntimeDep, offset: Offset = 0, limit: Limit = PAGE_LIMIT) -> Page[ClusterOut]:
+    total, rows = cluster_service.list_clusters(rt.sessions, offset, limit)
+    return Page(items=_clusters_out(rt, rows), total=total, offset=offset, limit=limit)
+
+
+def _clusters_out(rt: RuntimeDep, rows: list[cluster_service.ClusterRow]) -> list[ClusterOut]:
     outside = rt.indexes.scope_leakage()["per_cluster"]
     return [
         ClusterOut(id=c.id, size=c.size, keywords=c.keywords, expert_id=c.expert_id, outside=outside.get(c.id, 0))
-        for c in cluster_service.list_clusters(rt.sessions)
+        for c in rows
     ]
 
 
@@ -80,7 +88,7 @@ def cluster_detail(
 def put_cluster(cluster_id: IdPath, body: ClusterPut, rt: RuntimeDep) -> ClusterOut:
     expert_service.assign(rt.sessions, [cluster_id], body.expert_id)
     rt.mapping_changed()
-    return next(c for c in clusters(rt) if c.id == cluster_id)
+    return _clusters_out(rt, cluster_service.list_clusters(rt.sessions, ids=[cluster_id])[1])[0]
 
 
 @router.post("/clusters/assign")
@@ -102,10 +110,11 @@ def _owned(rt: RuntimeDep) -> dict[int, list[int]]:
     return {e: list(p.clusters) for e, p in rt.experts.profiles().items()}
 
 
-@router.get("/experts", response_model=list[ExpertOut])
-def list_experts(rt: RuntimeDep) -> list[ExpertOut]:
+@router.get("/experts", response_model=Page[ExpertOut])
+def list_experts(rt: RuntimeDep, offset: Offset = 0, limit: Limit = PAGE_LIMIT) -> Page[ExpertOut]:
     owned = _owned(rt)
-    return [_expert_out(e, owned) for e in expert_service.list_all(rt.sessions)]
+    total, rows = expert_service.list_page(rt.sessions, offset, limit)
+    return Page(items=[_expert_out(e, owned) for e in rows], total=total, offset=offset, limit=limit)
 
 
 @router.post("/experts", response_model=ExpertOut, status_code=201)
@@ -131,11 +140,14 @@ def delete_expert(expert_id: IdPath, rt: RuntimeDep) -> Response:
 
 @router.post("/experts/propose")
 def propose(body: ProposeIn, rt: RuntimeDep) -> dict[str, object]:
-    """Group clusters into N experts by centroid; `apply` creates them and maps their clusters."""
-    proposals = expert_service.propose_and_apply(rt.sessions, body.n, rt.embedder.dim, body.apply)
+    """Group clusters into N experts by centroid, named from their documents' titles and headings,
+    with the diff against today's mapping; `apply` creates them and maps their clusters."""
+    result = expert_service.propose_and_apply(
+        rt.sessions, body.n, rt.embedder.dim, apply=body.apply, keep_mapped=body.keep_mapped, names=body.names
+    )
     if body.apply:
         rt.mapping_changed()
-    return {"proposals": proposals, "applied": body.apply}
+    return {**result, "applied": body.apply}
 
 
 # ---- router -------------------------------------------------------------------------------------------
@@ -147,9 +159,11 @@ def train_router(rt: RuntimeDep, body: TrainIn | None = None) -> JobOut:
     return JobOut.model_validate(rt.jobs.submit("train", params, total=100))
 
 
-@router.get("/router/versions", response_model=list[RouterVersionOut])
-def router_versions(rt: RuntimeDep) -> list[RouterVersionOut]:
-    return [RouterVersionOut.model_validate(v) for v in rt.routers.versions()]
+@router.get("/router/versions", response_model=Page[RouterVersionOut])
+def router_versions(rt: RuntimeDep, offset: Offset = 0, limit: Limit = PAGE_DEFAULT) -> Page[RouterVersionOut]:
+    """Stored versions, newest first."""
+    total, rows = rt.routers.versions(offset, limit)
+    return Page(items=[RouterVersionOut.model_validate(v) for v in rows], total=total, offset=offset, limit=limit)
 
 
 @router.get("/router/staleness")
@@ -176,13 +190,11 @@ def add_examples(body: list[ExampleIn], rt: RuntimeDep) -> dict[str, int]:
 # ---- questions ----------------------------------------------------------------------------------------
 
 
-@router.get("/questions", response_model=list[QuestionOut])
-def questions(
-    rt: RuntimeDep,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Offset = 0,
-) -> list[QuestionOut]:
-    return [QuestionOut.model_validate(q) for q in question_service.recent(rt.sessions, limit, offset)]
+@router.get("/questions", response_model=Page[QuestionOut])
+def questions(rt: RuntimeDep, offset: Offset = 0, limit: Limit = PAGE_DEFAULT) -> Page[QuestionOut]:
+    """Questions asked, newest first."""
+    total, rows = question_service.recent(rt.sessions, offset, limit)
+    return Page(items=[QuestionOut.model_validate(q) for q in rows], total=total, offset=offset, limit=limit)
 
 
 @router.post("/questions/{query_id}/label")
@@ -213,5 +225,5 @@ async def try_question(body: ExampleTry, rt: RuntimeDep) -> dict[str, object]:
     from app.services.ask import route_json
     from engine.pipeline import AskRequest
 
-    prepared = await run_in_threadpool(rt.pipeline.prepare, AskRequest(body.question))
+    prepared = await run_in_threadpool(rt.pipeline.prepare, AskRequest(body.query))
     return {"route": route_json(prepared.route), "citations": len(prepared.citations)}

@@ -55,19 +55,17 @@ def _citations(p: Prepared, answer: str | None = None) -> list[CitationOut]:
 
 def _prepare(rt: Runtime, body: AskIn) -> Prepared:
     s = rt.settings
-    if len(body.question) > s.max_question_chars:
+    if len(body.query) > s.max_question_chars:
         raise ApiError("question_too_long", f"questions are limited to {s.max_question_chars} characters")
-    if body.top_k is not None and body.top_k > s.max_top_k:
-        raise ApiError("top_k_too_large", f"top_k is limited to {s.max_top_k}")
+    if body.k is not None and body.k > s.max_top_k:
+        raise ApiError("top_k_too_large", f"k is limited to {s.max_top_k}")
     if body.mode != "expert" and body.expert is not None:
         raise ApiError("invalid_request", "'expert' is only meaningful with mode='expert'")
     if body.expert is not None and body.expert not in rt.experts.profiles():
         raise ApiError("expert_not_found", f"no expert {body.expert}")
     try:
-        request = AskRequest(body.question, body.top_k, body.mode, body.expert)
-        return rt.answers.prepare(
-            (body.question, body.top_k, body.mode, body.expert), lambda: rt.pipeline.prepare(request)
-        )
+        request = AskRequest(body.query, body.k, body.mode, body.expert)
+        return rt.answers.prepare((body.query, body.k, body.mode, body.expert), lambda: rt.pipeline.prepare(request))
     except GeneratorError as exc:
         raise ApiError("generator_unavailable", str(exc)) from None
 
@@ -92,12 +90,19 @@ async def ask(body: AskIn, request: Request, rt: RuntimeDep) -> Response:
             headers={"Retry-After": str(math.ceil(wait))},
         )  # fmt: skip
     slots = _answer_slots(request, rt)
+    # Old field names still work for one release; the response says they are deprecated.
+    headers = (
+        {"Deprecation": "true", "X-Deprecated-Fields": ", ".join(body.deprecated_names)}
+        if body.deprecated_names
+        else None
+    )
     if body.stream:
         prepared = await anyio.to_thread.run_sync(_prepare, rt, body, limiter=slots)
-        return StreamingResponse(_sse(rt, prepared, body.generate), media_type="text/event-stream")
+        return StreamingResponse(_sse(rt, prepared, body.generate), media_type="text/event-stream", headers=headers)
     # One hop to a worker thread for the whole answer, and the body serialised once (returning
     # the model would have FastAPI validate it again): each cost ~0.2 ms of the GIL a question.
-    return Response(await anyio.to_thread.run_sync(answer_json, rt, body, limiter=slots), media_type="application/json")
+    body_json = await anyio.to_thread.run_sync(answer_json, rt, body, limiter=slots)
+    return Response(body_json, media_type="application/json", headers=headers)
 
 
 def _answer_slots(request: Request, rt: Runtime) -> anyio.CapacityLimiter:

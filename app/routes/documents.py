@@ -7,11 +7,13 @@ from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from app.deps import AdminDep, IdPath, Offset, ReaderDep, RuntimeDep
+from app.deps import AdminDep, IdPath, Limit, Offset, ReaderDep, RuntimeDep
 from app.errors import ApiError
 from app.models import Document
 from app.routes.uploads import read_upload_file, upload_from_request
 from app.schemas import (
+    PAGE_DEFAULT,
+    ChunkNeighbour,
     ChunkOut,
     ChunkSummary,
     DeletedOut,
@@ -116,9 +118,12 @@ async def bulk_ingest(request: Request, rt: RuntimeDep) -> JobOut:
 def list_documents(
     rt: RuntimeDep,
     offset: Offset = 0,
-    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    limit: Limit = PAGE_DEFAULT,
+    q: Annotated[
+        str | None, Query(max_length=200, description="Only documents whose title, source or text contains this.")
+    ] = None,
 ) -> DocumentPage:
-    total, rows = library.document_page(rt.sessions, offset, limit)
+    total, rows = library.document_page(rt.sessions, offset, limit, q)
     items = [_out(doc, n) for doc, n in rows]
     return DocumentPage(items=items, total=total, offset=offset, limit=limit)
 
@@ -146,11 +151,16 @@ def delete_document(document_id: IdPath, rt: RuntimeDep) -> DeletedOut:
 
 @router.get("/chunks/{chunk_id}", response_model=ChunkOut, dependencies=[ReaderDep])
 def get_chunk(chunk_id: IdPath, rt: RuntimeDep) -> ChunkOut:
-    c = library.chunk(rt.sessions, chunk_id)
+    """One chunk in full, where it sits (document, heading path, expert) and its neighbours."""
+    c, neighbours, expert_id = library.chunk(rt.sessions, chunk_id)
+    around = {n.ordinal - c.ordinal: ChunkNeighbour.model_validate(n) for n in neighbours}
     return ChunkOut(
         **ChunkSummary.model_validate(c).model_dump(),
         document_id=c.document_id,
         source=c.document.source,
         title=c.document.title,
         text=c.text,
+        expert_id=expert_id,
+        previous=around.get(-1),
+        next=around.get(1),
     )

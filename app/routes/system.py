@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from app.deps import IdPath, ReaderDep, RuntimeDep
+from app.deps import IdPath, Limit, Offset, ReaderDep, RuntimeDep
 from app.runtime import Runtime
-from app.schemas import JobOut, SearchHit, SearchIn, SearchOut, StatsOut
+from app.schemas import PAGE_DEFAULT, JobOut, Page, SearchHit, SearchIn, SearchOut, StatsOut
 from app.services.search import search
 
 router = APIRouter()
@@ -56,9 +55,11 @@ def stats(rt: RuntimeDep) -> StatsOut:
     return StatsOut(**rt.stats())
 
 
-@router.get("/jobs", response_model=list[JobOut], tags=["jobs"], dependencies=[ReaderDep])
-def list_jobs(rt: RuntimeDep, limit: Annotated[int, Query(ge=1, le=200)] = 20) -> list[JobOut]:
-    return [JobOut.model_validate(j) for j in rt.jobs.recent(limit)]
+@router.get("/jobs", response_model=Page[JobOut], tags=["jobs"], dependencies=[ReaderDep])
+def list_jobs(rt: RuntimeDep, offset: Offset = 0, limit: Limit = PAGE_DEFAULT) -> Page[JobOut]:
+    """Jobs, newest first."""
+    total, rows = rt.jobs.recent(offset, limit)
+    return Page(items=[JobOut.model_validate(j) for j in rows], total=total, offset=offset, limit=limit)
 
 
 @router.get("/jobs/{job_id}", response_model=JobOut, tags=["jobs"], dependencies=[ReaderDep])

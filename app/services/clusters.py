@@ -10,6 +10,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.models import Chunk, Cluster, Document, stack
+from app.services.paging import scalar_page
 from engine.errors import NotFound
 
 
@@ -36,13 +37,17 @@ def sizes(sessions: sessionmaker[Session]) -> dict[int, int]:
         return {cluster: n for cluster, n in counts}
 
 
-def list_clusters(sessions: sessionmaker[Session]) -> list[ClusterRow]:
+def list_clusters(
+    sessions: sessionmaker[Session], offset: int = 0, limit: int | None = None, ids: list[int] | None = None
+) -> tuple[int, list[ClusterRow]]:
+    """(clusters in all, one page of them in id order); `ids`: only these."""
     size = sizes(sessions)
+    stmt = select(Cluster).order_by(Cluster.id)
+    if ids is not None:
+        stmt = stmt.where(Cluster.id.in_(ids))
     with sessions() as s:
-        return [
-            ClusterRow(c.id, size.get(c.id, 0), list(c.keywords or []), c.expert_id)
-            for c in s.scalars(select(Cluster).order_by(Cluster.id))
-        ]
+        total, rows = scalar_page(s, stmt, offset, limit if limit is not None else 2**62)
+        return total, [ClusterRow(c.id, size.get(c.id, 0), list(c.keywords or []), c.expert_id) for c in rows]
 
 
 def cluster_detail(

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import threading
-from collections import Counter
 from typing import Any
 
-import numpy as np
 from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.models import Cluster, Expert, stack
+from app.models import Cluster, Expert
+from app.services import proposals
+from app.services.paging import scalar_page
 from engine.errors import Conflict, NotFound
 from engine.pipeline import ExpertProfile
-from index import kmeans
 
 EXPERT_FIELDS = ("name", "description", "system_prompt", "generator", "top_k", "threshold")
 
@@ -63,39 +62,12 @@ def assign_clusters(s: Session, cluster_ids: list[int], expert_id: int | None) -
     return len(known)
 
 
-def propose(s: Session, n: int, dim: int) -> list[dict[str, Any]]:
-    """Group the clusters into n proposed experts by their centroids, named by distinctive keywords."""
-    clusters = s.scalars(select(Cluster).order_by(Cluster.id)).all()
-    if not clusters:
-        return []
-    n = max(1, min(n, len(clusters)))
-    centroids = stack((c.centroid for c in clusters), dim)
-    groups = kmeans(centroids, n, niter=50)  # [n, D]
-    assign = np.argmax(centroids @ groups.T, axis=1)  # [C]
-    counts: list[Counter[str]] = [Counter() for _ in range(n)]
-    for c, g in zip(clusters, assign, strict=True):
-        counts[g].update(c.keywords or [])
-    document_freq = Counter(k for cnt in counts for k in cnt)
-    proposals = []
-    for g in range(n):
-        members = [c.id for c, a in zip(clusters, assign, strict=True) if a == g]
-        if not members:
-            continue
-        # Distinctive: frequent in this group, rare in the others.
-        ranked = sorted(counts[g], key=lambda k: (-counts[g][k] / document_freq[k], -counts[g][k], k))
-        keywords = ranked[:5]
-        proposals.append(
-            {"name": " / ".join(keywords[:3]) or f"group {g}", "keywords": keywords, "cluster_ids": members}
-        )
-    return proposals
-
-
 # ---- the API's use cases: one transaction each ------------------------------------------------------
 
 
-def list_all(sessions: sessionmaker[Session]) -> list[Expert]:
+def list_page(sessions: sessionmaker[Session], offset: int, limit: int) -> tuple[int, list[Expert]]:
     with sessions() as s:
-        return list(s.scalars(select(Expert).order_by(Expert.id)))
+        return scalar_page(s, select(Expert).order_by(Expert.id), offset, limit)
 
 
 def create(sessions: sessionmaker[Session], fields: dict[str, Any]) -> Expert:
@@ -118,21 +90,39 @@ def assign(sessions: sessionmaker[Session], cluster_ids: list[int], expert_id: i
         return assign_clusters(s, cluster_ids, expert_id)
 
 
-def propose_and_apply(sessions: sessionmaker[Session], n: int, dim: int, apply: bool) -> list[dict[str, Any]]:
-    """`propose`; with `apply`, each proposal becomes an expert (a unique name) owning its clusters."""
+def propose_and_apply(
+    sessions: sessionmaker[Session],
+    n: int,
+    dim: int,
+    *,
+    apply: bool,
+    keep_mapped: bool = True,
+    names: list[str] | None = None,
+) -> dict[str, Any]:
+    """`proposals.propose`; with `apply`, each proposal becomes an expert (under the operator's
+    `names` where given, made unique) owning its clusters, in one transaction."""
     with sessions.begin() as s:
-        proposals = propose(s, n, dim)
+        result = proposals.propose(s, n, dim, keep_mapped)
+        if names is not None and len(names) != len(result["proposals"]):
+            raise Conflict(
+                f"the proposal now has {len(result['proposals'])} experts and {len(names)} names were given:"
+                " the store changed since it was shown; propose again"
+            )
+        for p, name in zip(result["proposals"], names or [p["name"] for p in result["proposals"]], strict=True):
+            p["name"] = name.strip() or p["name"]
         if apply:
             taken = set(s.scalars(select(Expert.name)))
-            for p in proposals:
+            for p in result["proposals"]:
                 name, i = p["name"], 2
                 while name in taken:
                     name, i = f"{p['name']} ({i})", i + 1
                 taken.add(name)
-                e = create_expert(s, {"name": name, "description": ", ".join(p["keywords"])})
+                p["name"] = name
+                description = "Covers: " + "; ".join(p["titles"][:3])
+                e = create_expert(s, {"name": name, "description": description[:1000]})
                 assign_clusters(s, p["cluster_ids"], e.id)
                 p["expert_id"] = e.id
-    return proposals
+    return result
 
 
 class ExpertDirectory:

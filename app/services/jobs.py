@@ -23,6 +23,7 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.models import Job
+from app.services.paging import scalar_page
 from engine.errors import NotFound
 
 log = logging.getLogger(__name__)
@@ -106,9 +107,10 @@ class JobRunner:
         self._wake.set()
         return job
 
-    def recent(self, limit: int) -> list[Job]:
+    def recent(self, offset: int, limit: int) -> tuple[int, list[Job]]:
+        """(jobs in all, one page of them, newest first)."""
         with self.sessions() as s:
-            return list(s.scalars(select(Job).order_by(Job.id.desc()).limit(limit)))
+            return scalar_page(s, select(Job).order_by(Job.id.desc()), offset, limit)
 
     def get(self, job_id: int) -> Job:
         with self.sessions() as s:

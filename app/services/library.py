@@ -2,25 +2,39 @@
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, selectinload, sessionmaker
 
-from app.models import Chunk, Document
+from app.models import Chunk, Cluster, Document
+from app.services.paging import page
 from engine.errors import NotFound
 
 
-def document_page(sessions: sessionmaker[Session], offset: int, limit: int) -> tuple[int, list[tuple[Document, int]]]:
-    """(total documents, [(document, its chunk count)]) in id order from `offset`."""
+def document_page(
+    sessions: sessionmaker[Session], offset: int, limit: int, text: str | None = None
+) -> tuple[int, list[tuple[Document, int]]]:
+    """(documents matching, [(document, its chunk count)]) in id order from `offset`.
+
+    `text`: only documents whose title or source contains it, or one of whose chunks does
+    (case-insensitive substring; `%` and `_` are plain characters).
+    """
+    counts = select(Chunk.document_id, func.count(Chunk.id).label("n")).group_by(Chunk.document_id).subquery()
+    stmt = (
+        select(Document, func.coalesce(counts.c.n, 0))
+        .outerjoin(counts, counts.c.document_id == Document.id)
+        .order_by(Document.id)
+    )
+    if text:
+        in_chunks = select(Chunk.document_id).where(Chunk.text.icontains(text, autoescape=True))
+        stmt = stmt.where(
+            or_(
+                Document.title.icontains(text, autoescape=True),
+                Document.source.icontains(text, autoescape=True),
+                Document.id.in_(in_chunks),
+            )
+        )
     with sessions() as s:
-        total = s.scalar(select(func.count(Document.id))) or 0
-        counts = select(Chunk.document_id, func.count(Chunk.id).label("n")).group_by(Chunk.document_id).subquery()
-        rows = s.execute(
-            select(Document, func.coalesce(counts.c.n, 0))
-            .outerjoin(counts, counts.c.document_id == Document.id)
-            .order_by(Document.id)
-            .offset(offset)
-            .limit(limit)
-        ).all()
+        total, rows = page(s, stmt, offset, limit)
     return total, [(doc, int(n)) for doc, n in rows]
 
 
@@ -35,10 +49,19 @@ def document(sessions: sessionmaker[Session], document_id: int) -> Document:
     return doc
 
 
-def chunk(sessions: sessionmaker[Session], chunk_id: int) -> Chunk:
-    """The chunk with its document loaded."""
+def chunk(sessions: sessionmaker[Session], chunk_id: int) -> tuple[Chunk, list[Chunk], int | None]:
+    """The chunk with its document loaded, its neighbours in the document (the chunks just
+    before and after it, in order) and the expert its cluster maps to."""
     with sessions() as s:
         c = s.scalars(select(Chunk).options(selectinload(Chunk.document)).where(Chunk.id == chunk_id)).first()
-    if c is None:
-        raise NotFound(f"chunk {chunk_id} not found")
-    return c
+        if c is None:
+            raise NotFound(f"chunk {chunk_id} not found")
+        neighbours = list(
+            s.scalars(
+                select(Chunk)
+                .where(Chunk.document_id == c.document_id, Chunk.ordinal.in_((c.ordinal - 1, c.ordinal + 1)))
+                .order_by(Chunk.ordinal)
+            )
+        )
+        expert = s.scalar(select(Cluster.expert_id).where(Cluster.id == c.cluster_id))
+    return c, neighbours, expert

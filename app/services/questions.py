@@ -9,12 +9,14 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.models import Expert, QueryLog, RouterExample, RouterVersion
+from app.services.paging import scalar_page
 from engine.errors import NotFound, UnknownExperts
 
 
-def recent(sessions: sessionmaker[Session], limit: int, offset: int) -> list[QueryLog]:
+def recent(sessions: sessionmaker[Session], offset: int, limit: int) -> tuple[int, list[QueryLog]]:
+    """(questions logged, one page of them, newest first)."""
     with sessions() as s:
-        return list(s.scalars(select(QueryLog).order_by(QueryLog.id.desc()).offset(offset).limit(limit)))
+        return scalar_page(s, select(QueryLog).order_by(QueryLog.id.desc()), offset, limit)
 
 
 def label(sessions: sessionmaker[Session], query_id: int, expert_id: int) -> None:

@@ -14,6 +14,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.models import Chunk, Cluster, Expert, RouterExample, RouterVersion, stack
+from app.services.paging import scalar_page
 from app.settings import Settings
 from engine.embedder import Embedder
 from engine.errors import NotTrainable
@@ -104,10 +105,10 @@ class RouterManager:
         log.info("router version %s active", router.version_id if router else None)
         return router
 
-    def versions(self) -> list[RouterVersion]:
-        """Every stored version, newest first."""
+    def versions(self, offset: int = 0, limit: int = 2**62) -> tuple[int, list[RouterVersion]]:
+        """(versions stored, one page of them, newest first)."""
         with self.sessions() as s:
-            return list(s.scalars(select(RouterVersion).order_by(RouterVersion.id.desc())))
+            return scalar_page(s, select(RouterVersion).order_by(RouterVersion.id.desc()), offset, limit)
 
     def activate(self, version_id: int) -> None:
         """Exactly one version is active after this transaction; every process follows the catalogue to it."""
@@ -252,6 +253,9 @@ class RouterManager:
         net, temperature, metrics = train(data, cfg, lambda d, t: report(50 + d * 50 // t, 100))
         metrics.update(info)
         router = Router(net, temperature, expert_ids)
+        held_back = None if force or not activate else self.worse_than_active(metrics)
+        if held_back is not None:
+            metrics["held_back"] = held_back  # the console shows why it waits, beside its figures
         with self.sessions.begin() as s:
             version = RouterVersion(
                 weights=router.state_bytes(),
@@ -265,7 +269,6 @@ class RouterManager:
             s.add(version)
             s.flush()
             version_id = version.id
-        held_back = None if force or not activate else self.worse_than_active(metrics)
         activate = activate and held_back is None
         if activate:
             self.activate(version_id)
