@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -121,6 +123,13 @@ def test_console_end_to_end_in_chromium(tmp_path: Path) -> None:
                 ],
             )
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            dialogs: dict[str, Any] = {"accept": True, "seen": []}
+
+            def answer(dialog: Any) -> None:  # every confirm() the console asks
+                dialogs["seen"].append(dialog.message)
+                dialog.accept() if dialogs["accept"] else dialog.dismiss()
+
+            page.on("dialog", answer)
             page.goto(f"{server.url}/admin")
             expect(page).to_have_url(re.compile(r"/admin/login$"))
             page.fill("#token", TOKEN)
@@ -141,6 +150,7 @@ def test_console_end_to_end_in_chromium(tmp_path: Path) -> None:
             page.select_option("#cl-target", label="git")
             page.click("#cl-assign")
             expect(page.locator("#status")).to_have_text(f"{len(git_clusters)} clusters assigned")
+            assert dialogs["seen"][-1].startswith(f"Map {len(git_clusters)} clusters to “git”?")
             page.screenshot(path=str(ARTIFACTS / "3-clusters.png"), full_page=True)
 
             page.click("#tab-router")
@@ -155,8 +165,9 @@ def test_console_end_to_end_in_chromium(tmp_path: Path) -> None:
             expect(page.locator("#try-path")).to_have_class("path-expert")
             expect(page.locator("#try-path")).to_contain_text("git")
             page.screenshot(path=str(ARTIFACTS / "4-router.png"), full_page=True)
-            page.click("#activate-1")  # roll back to the first version
+            page.click("#activate-1")  # roll back to the first version (the console asks first)
             expect(page.locator("#rt-rows tr[data-id='1']")).to_contain_text("(active)")
+            assert dialogs["seen"][-1].startswith("Activate router version 1?")
             versions = api.get("/admin/api/router/versions").json()["items"]
             assert [v["id"] for v in versions if v["active"]] == [1]
 
@@ -173,10 +184,13 @@ def test_console_end_to_end_in_chromium(tmp_path: Path) -> None:
             page.click("#stale-retrain")
             expect(page.locator("#status")).to_have_text("router version 3 trained", timeout=120_000)
             expect(page.locator("#stale-banner")).to_be_hidden()
+            walk_held_back_version(page, api, dialogs, tmp_path / "data" / "moerag.db")
+            walk_playground_and_chunk_viewer(page)
+            walk_proposal_diff(page, api, git_clusters)
 
             api.post("/ask", json={"question": "What does SQLite's write-ahead log do?"})
             page.click("#tab-questions")
-            expect(page.locator("#q-rows tr")).to_have_count(1)
+            expect(page.locator("#q-rows tr")).to_have_count(2)  # the playground's and this one
             page.screenshot(path=str(ARTIFACTS / "5-questions.png"), full_page=True)
             page.click("#tab-documents")
             expect(page.locator("#doc-rows tr")).to_have_count(24)
@@ -186,10 +200,118 @@ def test_console_end_to_end_in_chromium(tmp_path: Path) -> None:
             page.click("#doc-go")
             expect(page.locator("#status")).to_have_text("ingested: 1 new, 0 already there, 0 failed", timeout=60_000)
             expect(page.locator("#doc-rows tr")).to_have_count(25)
-            page.screenshot(path=str(ARTIFACTS / "6-documents.png"), full_page=True)
+            walk_document_search_and_neighbours(page, api)
             page.click("#tab-overview")
             expect(page.locator("#ov-share svg")).to_have_count(1)
             page.screenshot(path=str(ARTIFACTS / "7-overview-after.png"), full_page=True)
             browser.close()
     finally:
         server.stop()
+
+
+def walk_held_back_version(page: Any, api: Any, dialogs: dict[str, Any], db: Path) -> None:
+    """A version worse than the active one is trained, held back, and the console refuses to
+    activate it without a confirmation that shows why (dismissed here: it stays inactive)."""
+    from playwright.sync_api import expect
+
+    active = next(v for v in api.get("/admin/api/router/versions").json()["items"] if v["active"])
+    # The active version's recorded accuracy raised past anything reachable (these four topics are
+    # easy: a new version scores 1.0), so the next version is worse by at least a point.
+    with sqlite3.connect(db) as c:
+        c.execute("UPDATE router_version SET metrics = json_set(metrics, '$.accuracy', 1.01) WHERE active")
+    page.click("#tab-router")
+    page.click("#rt-train")
+    new = active["id"] + 1
+    expect(page.locator("#status")).to_have_text(
+        f"router version {new} trained but not activated: worse than the active version", timeout=120_000
+    )
+    expect(page.locator("#status-reasons li").first).to_contain_text("accuracy −")
+    expect(page.locator(f"#rt-rows tr[data-id='{new}'] .badge")).to_have_text("held back")
+    expect(page.locator(f"#rt-rows tr[data-id='{active['id']}']")).to_contain_text("(active)")
+    page.screenshot(path=str(ARTIFACTS / "4c-held-back.png"), full_page=True)
+    dialogs["accept"] = False
+    page.click(f"#activate-{new}")
+    expect(page.locator("#status")).to_have_text(f"version {new} not activated")
+    dialogs["accept"] = True
+    assert dialogs["seen"][-1].startswith(f"Version {new} was held back: worse than the active version")
+    assert [v["id"] for v in api.get("/admin/api/router/versions").json()["items"] if v["active"]] == [active["id"]]
+
+
+def walk_playground_and_chunk_viewer(page: Any) -> None:
+    """Ask in the playground: the answer, its citations marked in their passages, the route and
+    timings; then a cited chunk in the viewer and a step to its neighbour."""
+    from playwright.sync_api import expect
+
+    page.click("#tab-ask")
+    page.fill("#pg-q", "How does a git rebase replay commits onto another branch?")
+    page.click("#pg-go")
+    expect(page.locator("#pg-path")).to_have_class("path-expert")
+    expect(page.locator("#pg-path")).to_contain_text("git")
+    expect(page.locator("#pg-answer a.cite-ref").first).to_be_visible()
+    expect(page.locator("#pg-cites li.used mark").first).to_be_visible()  # the quoted sentence, highlighted
+    expect(page.locator("#pg-probs svg")).to_have_count(1)
+    expect(page.locator("#pg-timings tr", has_text="total")).to_have_count(1)
+    page.screenshot(path=str(ARTIFACTS / "8-playground.png"), full_page=True)
+    page.emulate_media(color_scheme="dark")  # the console follows the OS
+    background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+    assert background == "rgb(16, 24, 40)", background
+    page.screenshot(path=str(ARTIFACTS / "8b-playground-dark.png"))
+    page.emulate_media(color_scheme="light")
+    page.locator("#pg-cites li.used .open-chunk").first.click()
+    expect(page.locator("#chunk-viewer")).to_be_visible()
+    expect(page.locator("#cv-meta")).to_contain_text("expert: git")
+    expect(page.locator("#cv-heading span").first).to_contain_text("git note")
+    expect(page.locator("#cv-next")).to_be_disabled()  # these notes are one chunk each
+    page.click("#cv-close")
+    expect(page.locator("#chunk-viewer")).to_be_hidden()
+
+
+def walk_document_search_and_neighbours(page: Any, api: Any) -> None:
+    """Documents: search by text, open a document's chunks and step to the next one."""
+    from playwright.sync_api import expect
+
+    sections = "\n\n".join(f"## Step {i}\n\n" + TOPICS["git"].replace("Git", f"Step {i}: git") for i in range(3))
+    guide = {"text": f"# Git guide\n\n{sections}", "source": "git-guide.md", "format": "md"}
+    assert api.post("/documents", json=guide).status_code == 201
+    page.fill("#doc-q", "write-ahead")  # the sqlite notes say it in their text, nothing else does
+    page.click("#doc-find")
+    expect(page.locator("#doc-rows tr")).to_have_count(6)
+    expect(page.locator("#doc-page")).to_contain_text("of 6 matching “write-ahead”")
+    page.screenshot(path=str(ARTIFACTS / "6-documents.png"), full_page=True)
+    page.fill("#doc-q", "git guide")
+    page.click("#doc-find")
+    expect(page.locator("#doc-rows tr")).to_have_count(1)
+    page.click("#doc-rows .doc-chunks")
+    expect(page.locator("#chunk-viewer")).to_be_visible()
+    expect(page.locator("#cv-heading")).to_contain_text("Step 0")
+    expect(page.locator("#cv-prev")).to_be_disabled()
+    page.click("#cv-next")
+    expect(page.locator("#cv-heading")).to_contain_text("Step 1")
+    expect(page.locator("#cv-title")).to_have_text("Git guide")  # a neighbour in the same document
+    page.screenshot(path=str(ARTIFACTS / "9-chunk-viewer.png"))
+    page.click("#cv-close")
+
+
+def walk_proposal_diff(page: Any, api: Any, git_clusters: list[int]) -> None:
+    """Propose experts: the diff says what stays and what moves; accepting keeps the operator's
+    mapping (git keeps its clusters) and takes the edited name."""
+    from playwright.sync_api import expect
+
+    page.click("#tab-clusters")
+    page.uncheck("#pr-keep")
+    page.fill("#pr-n", "2")
+    page.click("#pr-run")
+    expect(page.locator("#pr-summary")).to_contain_text("1 cluster taken from existing experts")
+    expect(page.locator("#pr-summary")).to_contain_text("with no clusters")
+    page.check("#pr-keep")
+    page.fill("#pr-n", "1")
+    page.click("#pr-run")
+    expect(page.locator("#pr-summary")).to_contain_text("experts already own.")
+    expect(page.locator(".pr-name")).to_have_count(1)
+    page.fill(".pr-name", "Everything else")
+    page.screenshot(path=str(ARTIFACTS / "3b-proposal.png"), full_page=True)
+    page.click("#pr-accept")
+    expect(page.locator("#status")).to_have_text("1 expert created: Everything else")
+    experts = {e["name"]: e["clusters"] for e in api.get("/admin/api/experts").json()["items"]}
+    assert git_clusters[0] in experts["git, moved"] and set(git_clusters[1:]) <= set(experts["git"])
+    assert experts["Everything else"] and not set(experts["Everything else"]) & set(git_clusters)

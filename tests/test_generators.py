@@ -151,6 +151,7 @@ def test_ask_streams_an_expert_answer_from_the_llama_cpp_server(llama_server: st
     assert events[0] == "route" and events[-1] == "done" and events.count("token") > 1, events
     # Without a configured server the same expert is a clear 503, not a crash.
     rt.settings.openai_base_url = None
+    rt.answers.size = 0  # a setting changed behind the catalogue's back (a restart in production)
     r = client.post("/ask", json={**body, "stream": False})
     assert r.status_code == 503 and r.json()["error"]["code"] == "generator_unavailable"
 

@@ -71,10 +71,12 @@ def cluster_detail(
 
 
 def cluster_map(sessions: sessionmaker[Session]) -> list[dict[str, Any]]:
-    """A 2-D projection (PCA) of the cluster centroids: id, x, y, size, expert_id per cluster."""
+    """A 2-D projection (PCA) of the cluster centroids: id, x, y, size, expert_id, keywords per cluster."""
     size = sizes(sessions)
     with sessions() as s:
-        rows = s.execute(select(Cluster.id, Cluster.centroid, Cluster.expert_id).order_by(Cluster.id)).all()
+        rows = s.execute(
+            select(Cluster.id, Cluster.centroid, Cluster.expert_id, Cluster.keywords).order_by(Cluster.id)
+        ).all()
     if not rows:
         return []
     c = stack((r[1] for r in rows), len(rows[0][1]))  # [C, D]
@@ -87,6 +89,13 @@ def cluster_map(sessions: sessionmaker[Session]) -> list[dict[str, Any]]:
     if xy.shape[1] < 2:
         xy = np.pad(xy, ((0, 0), (0, 2 - xy.shape[1])))  # [C, 2]
     return [
-        {"id": r[0], "x": float(p[0]), "y": float(p[1]), "size": size.get(r[0], 0), "expert_id": r[2]}
+        {
+            "id": r[0],
+            "x": float(p[0]),
+            "y": float(p[1]),
+            "size": size.get(r[0], 0),
+            "expert_id": r[2],
+            "keywords": list(r[3] or [])[:5],
+        }
         for r, p in zip(rows, xy, strict=True)
     ]

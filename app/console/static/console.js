@@ -1,93 +1,19 @@
-// moerag admin console: fetches the admin JSON API with the session cookie + CSRF header and
-// draws its plots as inline SVG (no libraries, nothing from outside the machine).
-"use strict";
-const CSRF = document.querySelector('meta[name="csrf"]').content;
-const $ = (id) => document.getElementById(id);
-const state = { experts: [], clusters: [], clusterPage: 0, docPage: 0, proposal: null };
+// moerag admin console: one page per tab, each drawn from the admin JSON API (see api.js).
+import { $, all, api, esc, status, waitJob } from "./api.js";
+import { bars, colorOf, lineChart, scatter } from "./plots.js";
+import { ask, openChunk } from "./viewer.js";
+
+const state = { experts: [], clusters: [], clusterPage: 0, docPage: 0, docQuery: "", proposal: null };
 const PAGE = 50;
-const PALETTE = ["#3559c7", "#e8590c", "#2f9e44", "#c2255c", "#7048e8", "#1098ad", "#f08c00", "#5c940d",
-  "#d6336c", "#4263eb", "#0ca678", "#ae3ec9"];
-const colorOf = (expertId) => expertId == null ? "#adb5bd" : PALETTE[expertId % PALETTE.length];
-const esc = (s) => String(s ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
 
-async function api(method, path, body) {
-  const opts = { method, headers: { "X-CSRF-Token": CSRF }, credentials: "same-origin" };
-  if (body instanceof FormData) opts.body = body;
-  else if (body !== undefined) { opts.body = JSON.stringify(body); opts.headers["Content-Type"] = "application/json"; }
-  const r = await fetch(path, opts);
-  if (r.status === 401) { location.href = "/admin/login"; throw new Error("signed out"); }
-  if (r.status === 204) return null;
-  const data = await r.json();
-  if (!r.ok) { status(data.error ? data.error.message : r.statusText, true); throw new Error(r.statusText); }
-  return data;
-}
-function status(text, error = false) { const s = $("status"); s.textContent = text; s.className = error ? "error" : "muted"; }
-
-async function waitJob(id, bar, label) {
-  bar.hidden = false;
-  for (;;) {
-    const job = await api("GET", `/jobs/${id}`);
-    bar.value = job.total ? (100 * job.done) / job.total : 0;
-    label.textContent = `job ${id}: ${job.status} ${job.done}/${job.total}`;
-    if (job.status === "done" || job.status === "failed") { bar.hidden = true; return job; }
-    await new Promise((r) => setTimeout(r, 400));
-  }
-}
-
-// ---- SVG plots -------------------------------------------------------------------------------------
-function svg(w, h, inner) { return `<svg width="${w}" height="${h}" viewBox="0 0 ${w} ${h}" role="img">${inner}</svg>`; }
-function scale(values, lo, hi) {
-  const min = Math.min(...values), max = Math.max(...values), span = max - min || 1;
-  return (v) => lo + ((v - min) / span) * (hi - lo);
-}
-function scatter(points, w = 420, h = 340) {
-  if (!points.length) return '<p class="muted">no clusters yet</p>';
-  const sx = scale(points.map((p) => p.x), 20, w - 20), sy = scale(points.map((p) => p.y), h - 20, 20);
-  const maxSize = Math.max(...points.map((p) => p.size), 1);
-  const dots = points.map((p) => `<circle class="cluster-dot" data-id="${p.id}" cx="${sx(p.x).toFixed(1)}" cy="${sy(p.y).toFixed(1)}"
-    r="${(3 + 9 * Math.sqrt(p.size / maxSize)).toFixed(1)}" fill="${colorOf(p.expert_id)}" fill-opacity=".75"><title>cluster ${p.id} (${p.size})</title></circle>`);
-  return svg(w, h, dots.join(""));
-}
-function lineChart(series, { w = 420, h = 280, xLabel = "", yLabel = "", vline = null, diagonal = false } = {}) {
-  const pad = 36, X = (v) => pad + v * (w - pad - 10), Y = (v) => h - pad - v * (h - pad - 10);
-  let inner = `<line x1="${pad}" y1="${h - pad}" x2="${w - 10}" y2="${h - pad}" stroke="#98a2b3"/><line x1="${pad}" y1="10" x2="${pad}" y2="${h - pad}" stroke="#98a2b3"/>`;
-  inner += `<text x="${w / 2}" y="${h - 6}" font-size="11" text-anchor="middle">${xLabel}</text><text x="10" y="${h / 2}" font-size="11" transform="rotate(-90 10 ${h / 2})" text-anchor="middle">${yLabel}</text>`;
-  for (const t of [0, 0.5, 1]) inner += `<text x="${X(t)}" y="${h - pad + 14}" font-size="10" text-anchor="middle">${t}</text><text x="${pad - 4}" y="${Y(t) + 3}" font-size="10" text-anchor="end">${t}</text>`;
-  if (diagonal) inner += `<line x1="${X(0)}" y1="${Y(0)}" x2="${X(1)}" y2="${Y(1)}" stroke="#d0d5dd" stroke-dasharray="4 3"/>`;
-  if (vline != null) inner += `<line class="threshold" x1="${X(vline)}" y1="10" x2="${X(vline)}" y2="${h - pad}" stroke="#b42318" stroke-dasharray="5 3"/><text x="${X(vline) + 4}" y="20" font-size="10" fill="#b42318">threshold ${vline}</text>`;
-  series.forEach((s, i) => {
-    const pts = s.points.map(([x, y]) => `${X(x).toFixed(1)},${Y(y).toFixed(1)}`).join(" ");
-    inner += `<polyline fill="none" stroke="${PALETTE[i]}" stroke-width="2" points="${pts}"/>`;
-    s.points.forEach(([x, y]) => { inner += `<circle cx="${X(x).toFixed(1)}" cy="${Y(y).toFixed(1)}" r="2.5" fill="${PALETTE[i]}"/>`; });
-    inner += `<text x="${w - 12}" y="${24 + 14 * i}" font-size="11" text-anchor="end" fill="${PALETTE[i]}">${esc(s.name)}</text>`;
-  });
-  return svg(w, h, inner);
-}
-function bars(items, { w = 520, h = 220, stacked = null } = {}) {
-  if (!items.length) return '<p class="muted">no questions yet</p>';
-  const pad = 30, bw = (w - pad - 10) / items.length;
-  const max = Math.max(...items.map((it) => stacked ? stacked.reduce((a, k) => a + it[k], 0) : it.value), 1);
-  let inner = "";
-  items.forEach((it, i) => {
-    let y = h - pad;
-    const parts = stacked ? stacked.map((k, j) => [it[k], PALETTE[j]]) : [[it.value, PALETTE[0]]];
-    for (const [v, c] of parts) {
-      const bh = (v / max) * (h - pad - 10);
-      inner += `<rect x="${(pad + i * bw + 1).toFixed(1)}" y="${(y - bh).toFixed(1)}" width="${Math.max(bw - 2, 1).toFixed(1)}" height="${bh.toFixed(1)}" fill="${c}"><title>${esc(it.label)}: ${v}</title></rect>`;
-      y -= bh;
-    }
-    if (!stacked) inner += `<text x="${(pad + i * bw + bw / 2).toFixed(1)}" y="${h - pad + 14}" font-size="10" text-anchor="middle">${esc(it.label)}</text>`;
-  });
-  if (stacked) stacked.forEach((k, j) => { inner += `<text x="${w - 12}" y="${16 + 14 * j}" font-size="11" text-anchor="end" fill="${PALETTE[j]}">${k}</text>`; });
-  return svg(w, h, inner);
-}
-
-// ---- pages -----------------------------------------------------------------------------------------
-async function loadExperts() { state.experts = await api("GET", "/admin/api/experts"); return state.experts; }
-const expertName = (id) => (state.experts.find((e) => e.id === id) || {}).name || "—";
+async function loadExperts() { state.experts = await all("/admin/api/experts"); return state.experts; }
+const expertName = (id) => id == null ? "unmapped" : (state.experts.find((e) => e.id === id) || {}).name || `expert ${id}`;
 const expertOptions = (selected, withNone = true) =>
   (withNone ? `<option value="">— none —</option>` : "") +
   state.experts.map((e) => `<option value="${e.id}" ${e.id === selected ? "selected" : ""}>${esc(e.name)}</option>`).join("");
+const plural = (n, one, many = `${one}s`) => `${n} ${n === 1 ? one : many}`;
+const pct = (v) => v == null ? "—" : `${(100 * v).toFixed(1)}%`;
+const signed = (v, scale = 100, unit = " pts") => `${v >= 0 ? "+" : "−"}${Math.abs(v * scale).toFixed(1)}${unit}`;
 
 const pages = {
   async overview() {
@@ -98,21 +24,28 @@ const pages = {
       .map(([k, v]) => `<div class="card"><span class="muted">${k}</span><b id="ov-${k}">${v}</b></div>`).join("");
     const m = ov.router && ov.router.metrics;
     $("ov-router").innerHTML = ov.router ? `version <b>${ov.router.id}</b> — accuracy ${m.accuracy?.toFixed(3)}, ECE ${m.ece_before?.toFixed(3)} → ${m.ece_after?.toFixed(3)},
-      coverage at ${m.threshold} ${(100 * m.coverage_at_threshold).toFixed(1)}% (accuracy ${(100 * m.accuracy_at_threshold).toFixed(1)}%)` : '<span class="muted">no router trained yet</span>';
-    $("ov-share").innerHTML = bars(ov.share.map((b) => ({ label: new Date(b.start * 1000).toLocaleTimeString(), expert: b.expert, fallback: b.fallback })), { stacked: ["expert", "fallback"] });
-    $("ov-load").innerHTML = bars(ov.load.map((l) => ({ label: l.expert, value: l.hits })));
+      coverage at ${m.threshold} ${pct(m.coverage_at_threshold)} (accuracy ${pct(m.accuracy_at_threshold)})` : '<span class="muted">no router trained yet</span>';
+    const span = ov.share.length > 1 ? ov.share[1].start - ov.share[0].start : 0;
+    const when = (t) => new Date(t * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", ...(span < 120 ? { second: "2-digit" } : {}) });
+    const width = span < 120 ? `${Math.max(1, Math.round(span))} s` : span < 7200 ? `${Math.round(span / 60)} min` : `${(span / 3600).toFixed(1)} h`;
+    $("ov-share").innerHTML = bars(ov.share.map((b) => ({ label: when(b.start), expert: b.expert, fallback: b.fallback })),
+      { stacked: ["expert", "fallback"], xLabel: `time (local), one bar per ${width}`, yLabel: "questions", empty: "no questions yet", counts: true });
+    $("ov-load").innerHTML = bars(ov.load.map((l) => ({ label: l.expert, value: l.hits })),
+      { xLabel: "expert", yLabel: "questions answered", empty: "no questions on the expert path yet", counts: true });
+  },
+  async ask() {
+    $("pg-expert").innerHTML = expertOptions(null, false);
   },
   async clusters() {
-    const [clusters, map] = await Promise.all([api("GET", "/admin/api/clusters"), api("GET", "/admin/api/clusters-map")]);
+    const [clusters, map] = await Promise.all([all("/admin/api/clusters"), api("GET", "/admin/api/clusters-map")]);
     state.clusters = clusters;
     const outside = clusters.reduce((n, c) => n + c.outside, 0), total = clusters.reduce((n, c) => n + c.size, 0);
     $("cl-leak").textContent = `Scope leakage: ${outside} chunks (${(100 * outside / Math.max(total, 1)).toFixed(2)}%) sit outside the expert that holds most of their document` +
       (outside ? " — remapping re-places them (a realign job)." : ".");
-    $("cl-map").innerHTML = scatter(map);
+    $("cl-map").innerHTML = scatter(map, expertName);
     document.querySelectorAll(".cluster-dot").forEach((d) => d.addEventListener("click", () => showCluster(+d.dataset.id)));
     $("cl-target").innerHTML = expertOptions(null);
-    const filter = $("cl-filter");
-    const current = filter.value;
+    const filter = $("cl-filter"), current = filter.value;
     filter.innerHTML = `<option value="all">all</option><option value="none">unmapped</option>` +
       state.experts.map((e) => `<option value="${e.id}">${esc(e.name)}</option>`).join("");
     filter.value = [...filter.options].some((o) => o.value === current) ? current : "all";
@@ -124,7 +57,7 @@ const pages = {
       <td><input data-f="system_prompt" value="${esc(e.system_prompt)}"></td><td><input data-f="generator" value="${esc(e.generator)}"></td>
       <td><input data-f="top_k" type="number" min="1" max="50" value="${e.top_k}"></td>
       <td><input data-f="threshold" type="number" step="0.01" min="0" max="1" value="${e.threshold ?? ""}"></td>
-      <td>${e.clusters.length}</td><td><button class="ex-save">Save</button> <button class="ex-delete">Delete</button></td></tr>`);
+      <td>${e.clusters.length}</td><td><button class="ex-save">Save</button> <button class="ex-delete danger">Delete</button></td></tr>`);
     $("ex-rows").innerHTML = rows.join("") || '<tr><td colspan="9" class="muted">no experts yet</td></tr>';
     document.querySelectorAll(".ex-save").forEach((b) => b.addEventListener("click", async () => {
       const tr = b.closest("tr"), body = {};
@@ -132,35 +65,35 @@ const pages = {
       await api("PATCH", `/admin/api/experts/${tr.dataset.id}`, body); status("saved"); await refresh("experts");
     }));
     document.querySelectorAll(".ex-delete").forEach((b) => b.addEventListener("click", async () => {
-      if (!confirm("Delete this expert? Its clusters become unmapped.")) return;
-      await api("DELETE", `/admin/api/experts/${b.closest("tr").dataset.id}`); status("deleted"); await refresh("experts");
+      const e = state.experts.find((x) => x.id === +b.closest("tr").dataset.id);
+      if (!confirm(`Delete expert "${e.name}"? Its ${e.clusters.length} clusters become unmapped and the router must be retrained.`)) return;
+      await api("DELETE", `/admin/api/experts/${e.id}`); status("deleted"); await refresh("experts");
     }));
   },
   async router() {
-    const versions = await api("GET", "/admin/api/router/versions");
+    const versions = await all("/admin/api/router/versions");
+    const active = versions.find((v) => v.active);
     $("rt-rows").innerHTML = versions.map((v) => {
-      const m = v.metrics;
-      return `<tr data-id="${v.id}"><td>${v.id}${v.active ? " <b>(active)</b>" : ""}</td><td>${new Date(v.created_at).toLocaleString()}</td>
+      const m = v.metrics, held = m.held_back;
+      const note = v.active ? " <b>(active)</b>" : held ? ` <span class="badge warn" title="${esc(held.reason)}">held back</span>` : "";
+      return `<tr data-id="${v.id}"><td>${v.id}${note}</td><td>${new Date(v.created_at).toLocaleString()}</td>
         <td>${m.accuracy?.toFixed(3)}</td><td>${m.ece_before?.toFixed(3)} → ${m.ece_after?.toFixed(3)}</td>
-        <td>${(100 * m.coverage_at_threshold).toFixed(1)}%</td><td>${(100 * m.accuracy_at_threshold).toFixed(1)}%</td>
+        <td>${pct(m.coverage_at_threshold)}</td><td>${pct(m.accuracy_at_threshold)}</td>
         <td>${v.active ? "" : `<button class="rt-activate" id="activate-${v.id}">Activate</button>`}</td></tr>`;
     }).join("") || '<tr><td colspan="7" class="muted">no versions yet</td></tr>';
-    document.querySelectorAll(".rt-activate").forEach((b) => b.addEventListener("click", async () => {
-      await api("POST", `/admin/api/router/versions/${b.closest("tr").dataset.id}/activate`); status("activated"); await refresh("router");
-    }));
-    const active = versions.find((v) => v.active);
+    document.querySelectorAll(".rt-activate").forEach((b) => b.addEventListener("click", () => activate(+b.closest("tr").dataset.id, versions)));
     if (active) {
       const rel = active.metrics.reliability.filter((b) => b.count);
-      $("rt-reliability").innerHTML = lineChart([{ name: "held-out samples", points: rel.map((b) => [b.confidence, b.accuracy]) }],
-        { xLabel: "confidence", yLabel: "accuracy", diagonal: true });
+      $("rt-reliability").innerHTML = lineChart([{ name: "held-out documents", points: rel.map((b) => [b.confidence, b.accuracy]) }],
+        { xLabel: "confidence (calibrated)", yLabel: "accuracy", diagonal: true });
       const cov = active.metrics.coverage_curve;
-      $("rt-coverage").innerHTML = lineChart([{ name: "coverage", points: cov.map((c) => [c.threshold, c.coverage]) },
-        { name: "accuracy", points: cov.filter((c) => c.coverage > 0).map((c) => [c.threshold, c.accuracy]) }],
-        { xLabel: "threshold", yLabel: "share", vline: active.metrics.threshold });
+      $("rt-coverage").innerHTML = lineChart([{ name: "share on the expert path", points: cov.map((c) => [c.threshold, c.coverage]) },
+        { name: "accuracy there", points: cov.filter((c) => c.coverage > 0).map((c) => [c.threshold, c.accuracy]) }],
+        { xLabel: "confidence threshold", yLabel: "share of questions", vline: active.metrics.threshold });
     } else { $("rt-reliability").innerHTML = $("rt-coverage").innerHTML = '<p class="muted">train a router first</p>'; }
   },
   async questions() {
-    const qs = await api("GET", "/admin/api/questions?limit=100");
+    const qs = (await api("GET", "/admin/api/questions?limit=100")).items;
     $("q-rows").innerHTML = qs.map((q) => `<tr data-id="${q.id}"><td>${new Date(q.created_at).toLocaleTimeString()}</td><td>${esc(q.question)}</td>
       <td class="path-${q.path}">${q.path}${q.expert_id ? " · " + esc(expertName(q.expert_id)) : ""}</td><td>${esc(q.reason)}</td>
       <td>${q.confidence == null ? "—" : q.confidence.toFixed(2)}</td><td>${(q.timings.total ?? 0).toFixed(0)}</td>
@@ -172,23 +105,43 @@ const pages = {
     }));
   },
   async documents() {
-    const page = await api("GET", `/documents?offset=${state.docPage * PAGE}&limit=${PAGE}`);
-    $("doc-page").textContent = `${page.total ? page.offset + 1 : 0}–${page.offset + page.items.length} of ${page.total}`;
+    const q = state.docQuery ? `&q=${encodeURIComponent(state.docQuery)}` : "";
+    const page = await api("GET", `/documents?offset=${state.docPage * PAGE}&limit=${PAGE}${q}`);
+    $("doc-page").textContent = `${page.total ? page.offset + 1 : 0}–${page.offset + page.items.length} of ${page.total}` + (state.docQuery ? ` matching “${state.docQuery}”` : "");
     $("doc-rows").innerHTML = page.items.map((d) => `<tr data-id="${d.id}"><td>${d.id}</td><td>${esc(d.source)}</td><td>${esc(d.title)}</td>
-      <td>${esc(d.mime)}</td><td>${d.chunks}</td><td><button class="doc-delete">Delete</button></td></tr>`).join("");
+      <td>${esc(d.mime)}</td><td>${d.chunks}</td><td><button class="doc-chunks">Chunks</button> <button class="doc-delete danger">Delete</button></td></tr>`).join("") ||
+      `<tr><td colspan="6" class="muted">${state.docQuery ? "no document matches" : "no documents yet"}</td></tr>`;
     document.querySelectorAll(".doc-delete").forEach((b) => b.addEventListener("click", async () => {
-      if (!confirm("Delete this document and its chunks?")) return;
-      await api("DELETE", `/documents/${b.closest("tr").dataset.id}`); status("deleted"); await refresh("documents");
+      const tr = b.closest("tr");
+      if (!confirm(`Delete document ${tr.dataset.id} (${tr.children[1].textContent}) and its ${tr.children[4].textContent} chunks?`)) return;
+      await api("DELETE", `/documents/${tr.dataset.id}`); status("deleted"); await refresh("documents");
+    }));
+    document.querySelectorAll(".doc-chunks").forEach((b) => b.addEventListener("click", async () => {
+      const doc = await api("GET", `/documents/${b.closest("tr").dataset.id}`);
+      if (doc.chunk_list.length) await openChunk(doc.chunk_list[0].id, state);
+      else status("this document has no chunks", true);
     }));
   },
 };
 
+async function activate(id, versions) {
+  const v = versions.find((x) => x.id === id), active = versions.find((x) => x.active);
+  const held = v.metrics.held_back;
+  let question = `Activate router version ${id}? Every worker routes with it at once.`;
+  if (held) question = `Version ${id} was held back: ${held.reason}.\n\nActivate it anyway?`;
+  else if (active && v.metrics.accuracy < active.metrics.accuracy) {
+    question += `\n\nIt is less accurate than the active version ${active.id} (${signed(v.metrics.accuracy - active.metrics.accuracy)}).`;
+  }
+  if (!confirm(question)) { status(`version ${id} not activated`); return; }
+  await api("POST", `/admin/api/router/versions/${id}/activate`); status(`router version ${id} activated`); await refresh("router");
+}
+
 function renderClusters() {
   const f = $("cl-filter").value;
   const rows = state.clusters.filter((c) => f === "all" || (f === "none" ? c.expert_id == null : c.expert_id === +f));
-  const pages = Math.max(1, Math.ceil(rows.length / PAGE));
-  state.clusterPage = Math.min(state.clusterPage, pages - 1);
-  $("cl-page").textContent = `page ${state.clusterPage + 1} / ${pages} (${rows.length} clusters)`;
+  const count = Math.max(1, Math.ceil(rows.length / PAGE));
+  state.clusterPage = Math.min(state.clusterPage, count - 1);
+  $("cl-page").textContent = `page ${state.clusterPage + 1} / ${count} (${rows.length} clusters)`;
   $("cl-rows").innerHTML = rows.slice(state.clusterPage * PAGE, (state.clusterPage + 1) * PAGE).map((c) => `<tr data-id="${c.id}">
     <td><input type="checkbox" class="cl-check" value="${c.id}"></td><td><a href="#" class="cl-open">${c.id}</a></td><td>${c.size}</td><td>${c.outside || ""}</td>
     <td>${c.keywords.map((k) => `<span class="pill">${esc(k)}</span>`).join("")}</td>
@@ -200,9 +153,25 @@ function renderClusters() {
   document.querySelectorAll(".cl-open").forEach((a) => a.addEventListener("click", (e) => { e.preventDefault(); showCluster(+a.closest("tr").dataset.id); }));
 }
 async function showCluster(id) {
-  const c = await api("GET", `/admin/api/clusters/${id}?samples=3`);
+  const c = await api("GET", `/admin/api/clusters/${id}?samples=5`);
   $("cl-detail").innerHTML = `<h2>Cluster ${c.id} — ${c.size} chunks — ${esc(expertName(c.expert_id))}</h2>` +
-    c.samples.map((s) => `<p><b>${esc(s.source)}</b>: ${esc(s.text.slice(0, 300))}…</p>`).join("");
+    c.samples.map((s) => `<p><b>${esc(s.source)}</b>: ${esc(s.text.slice(0, 300))}… <button class="open-chunk link" data-chunk="${s.chunk_id}">open</button></p>`).join("");
+  $("cl-detail").querySelectorAll(".open-chunk").forEach((b) => b.addEventListener("click", () => openChunk(+b.dataset.chunk, state)));
+  $("cl-detail").scrollIntoView({ behavior: "smooth", block: "start" });
+}
+
+function showProposal(r) {
+  state.proposal = r;
+  const d = r.diff, moves = d.moved.length;
+  $("pr-diff").innerHTML = `<p id="pr-summary">${plural(r.proposals.length, "new expert")} over ${plural(r.proposals.reduce((n, p) => n + p.cluster_ids.length, 0), "cluster")};
+    ${d.keep_mapped ? `keeps the ${plural(d.kept_clusters, "cluster")} experts already own.` : `${plural(moves, "cluster")} taken from existing experts` +
+      (d.emptied_experts.length ? `, leaving ${d.emptied_experts.map((e) => `“${esc(e.name)}”`).join(", ")} with no clusters.` : ".")}</p>`;
+  $("pr-rows").innerHTML = r.proposals.map((p, i) => `<tr><td><input class="pr-name" data-i="${i}" value="${esc(p.name)}" aria-label="name of proposed expert ${i + 1}"></td>
+    <td>${p.cluster_ids.length} <span class="muted small">(${p.chunks} chunks)</span></td>
+    <td class="small">${p.titles.slice(0, 3).map(esc).join("<br>")}</td>
+    <td class="small">${Object.entries(p.takes_from).map(([e, n]) => `${n} from “${esc(e)}”`).join("<br>") || '<span class="muted">unmapped only</span>'}</td></tr>`).join("") ||
+    '<tr><td colspan="4" class="muted">nothing to propose: every cluster is mapped (untick “keep” to regroup them all)</td></tr>';
+  $("pr-accept").disabled = !r.proposals.length;
 }
 
 async function refresh(tab) {
@@ -228,62 +197,78 @@ function show(tab) {
 }
 
 // ---- actions ---------------------------------------------------------------------------------------
+const on = (id, event, fn) => $(id).addEventListener(event, (e) => { Promise.resolve(fn(e)).catch((err) => console.error(err)); });
 document.querySelectorAll(".tab").forEach((t) => t.addEventListener("click", () => show(t.dataset.tab)));
-$("cl-filter").addEventListener("change", () => { state.clusterPage = 0; renderClusters(); });
-$("cl-prev").addEventListener("click", () => { state.clusterPage = Math.max(0, state.clusterPage - 1); renderClusters(); });
-$("cl-next").addEventListener("click", () => { state.clusterPage += 1; renderClusters(); });
-$("cl-all").addEventListener("change", (e) => document.querySelectorAll(".cl-check").forEach((c) => { c.checked = e.target.checked; }));
-$("cl-assign").addEventListener("click", async () => {
+on("cl-filter", "change", () => { state.clusterPage = 0; renderClusters(); });
+on("cl-prev", "click", () => { state.clusterPage = Math.max(0, state.clusterPage - 1); renderClusters(); });
+on("cl-next", "click", () => { state.clusterPage += 1; renderClusters(); });
+on("cl-all", "change", (e) => document.querySelectorAll(".cl-check").forEach((c) => { c.checked = e.target.checked; }));
+on("cl-assign", "click", async () => {
   const ids = [...document.querySelectorAll(".cl-check:checked")].map((c) => +c.value);
   if (!ids.length) return status("select clusters first", true);
   const target = $("cl-target").value;
+  if (!confirm(`Map ${ids.length} clusters to ${target ? `“${expertName(+target)}”` : "no expert"}? Their documents are re-placed and the router must be retrained.`)) return;
   const r = await api("POST", "/admin/api/clusters/assign", { cluster_ids: ids, expert_id: target ? +target : null });
   status(`${r.assigned} clusters assigned`); await refresh("clusters");
 });
-$("pr-run").addEventListener("click", async () => {
-  const r = await api("POST", "/admin/api/experts/propose", { n: +$("pr-n").value, apply: false });
-  state.proposal = r.proposals;
-  $("pr-list").innerHTML = r.proposals.map((p) => `<li><b>${esc(p.name)}</b>: ${p.cluster_ids.length} clusters</li>`).join("");
-  $("pr-accept").disabled = !r.proposals.length;
+on("pr-run", "click", async () => {
+  showProposal(await api("POST", "/admin/api/experts/propose", { n: +$("pr-n").value, keep_mapped: $("pr-keep").checked, apply: false }));
 });
-$("pr-accept").addEventListener("click", async () => {
-  const r = await api("POST", "/admin/api/experts/propose", { n: +$("pr-n").value, apply: true });
-  status(`${r.proposals.length} experts created`); $("pr-accept").disabled = true; await refresh("clusters");
+on("pr-accept", "click", async () => {
+  const p = state.proposal, names = [...document.querySelectorAll(".pr-name")].map((i) => i.value);
+  const lose = p.diff.emptied_experts.length ? `\n${p.diff.emptied_experts.length} experts lose every cluster.` : "";
+  if (!confirm(`Create ${names.length} experts (${names.join(", ")}) and map their clusters?${lose}\nThe router must be retrained afterwards.`)) return;
+  const r = await api("POST", "/admin/api/experts/propose", { n: +$("pr-n").value, keep_mapped: p.diff.keep_mapped, apply: true, names });
+  status(`${plural(r.proposals.length, "expert")} created: ${r.proposals.map((x) => x.name).join(", ")}`);
+  $("pr-accept").disabled = true; $("pr-rows").innerHTML = ""; $("pr-diff").innerHTML = "";
+  await refresh("clusters");
 });
-$("ex-new").addEventListener("submit", async (e) => {
+on("ex-new", "submit", async (e) => {
   e.preventDefault();
   const body = {};
   new FormData(e.target).forEach((v, k) => { body[k] = v; });
   body.top_k = +body.top_k; body.threshold = body.threshold === "" ? null : +body.threshold;
   await api("POST", "/admin/api/experts", body); e.target.reset(); status("expert created"); await refresh("experts");
 });
-$("stale-retrain").addEventListener("click", () => { show("router"); $("rt-train").click(); });
-$("rt-train").addEventListener("click", async () => {
+on("stale-retrain", "click", () => { show("router"); $("rt-train").click(); });
+on("rt-train", "click", async () => {
   status("training the router…");
   const job = await api("POST", "/admin/api/router/train", {});
   const done = await waitJob(job.id, $("rt-progress"), $("rt-job"));
   if (done.status !== "done") status(`training failed: ${done.error}`, true);
-  else if (done.result.held_back) status(`router version ${done.result.version} trained but not activated: ${done.result.held_back.reason}`, true);
-  else status(`router version ${done.result.version} trained`);
+  else if (done.result.held_back) {
+    const d = done.result.held_back.delta;
+    status(`router version ${done.result.version} trained but not activated: worse than the active version`, true,
+      [`accuracy ${signed(d.accuracy)}`, `share on the expert path ${signed(d.coverage_at_threshold)}`, `accuracy there ${signed(d.accuracy_at_threshold)}`]);
+  } else status(`router version ${done.result.version} trained`);
   await refresh("router");
 });
-$("try-form").addEventListener("submit", async (e) => {
+on("try-form", "submit", async (e) => {
   e.preventDefault();
-  const r = await api("POST", "/admin/api/router/try", { question: $("try-q").value });
-  const rt = r.route;
+  const rt = (await api("POST", "/admin/api/router/try", { query: $("try-q").value })).route;
   $("try-out").innerHTML = `<p id="try-path" class="path-${rt.path}">${rt.path}${rt.expert ? " → " + esc(rt.expert.name) : ""} (${esc(rt.detail)})</p>` +
-    bars(rt.top.map((t) => ({ label: t.expert ? t.expert.name : "none", value: +t.p.toFixed(3) })), { w: 360, h: 180 });
+    bars(rt.top.map((t) => ({ label: t.expert ? t.expert.name : "none", value: +t.p.toFixed(3) })), { w: 360, h: 200, xLabel: "expert", yLabel: "probability" });
 });
-$("doc-upload").addEventListener("submit", async (e) => {
+on("pg-form", "submit", (e) => { e.preventDefault(); return ask(state); });
+on("pg-mode", "change", () => { $("pg-expert").disabled = $("pg-mode").value !== "expert"; });
+on("cv-close", "click", () => $("chunk-viewer").close());
+on("doc-search", "submit", (e) => { e.preventDefault(); state.docQuery = $("doc-q").value.trim(); state.docPage = 0; return refresh("documents"); });
+on("doc-upload", "submit", async (e) => {
   e.preventDefault();
   const form = new FormData();
   [...$("doc-files").files].forEach((f) => form.append("files", f, f.name));
   const job = await api("POST", "/documents/bulk", form);
   const done = await waitJob(job.id, $("doc-progress"), $("doc-job"));
-  status(done.status === "done" ? `ingested: ${done.result.created} new, ${done.result.duplicate} already there, ${done.result.failed} failed` : done.error, done.status !== "done");
+  if (done.status !== "done") status(`upload failed: ${done.error}`, true);
+  else {
+    const r = done.result;
+    status(`ingested: ${r.created} new, ${r.duplicate} already there, ${r.failed} failed`, r.failed > 0,
+      (r.failures || []).map((f) => `${f.source}: ${f.error}`));
+  }
   await refresh("documents");
 });
-$("doc-prev").addEventListener("click", () => { state.docPage = Math.max(0, state.docPage - 1); refresh("documents"); });
-$("doc-next").addEventListener("click", () => { state.docPage += 1; refresh("documents"); });
+on("doc-prev", "click", () => { state.docPage = Math.max(0, state.docPage - 1); return refresh("documents"); });
+on("doc-next", "click", () => { state.docPage += 1; return refresh("documents"); });
 
-show((location.hash || "#overview").slice(1) in pages ? location.hash.slice(1) || "overview" : "overview");
+const first = (location.hash || "#overview").slice(1);
+show(first in pages ? first : "overview");
