@@ -251,6 +251,8 @@ def walk_playground_and_chunk_viewer(page: Any) -> None:
     expect(page.locator("#pg-cites li.used mark").first).to_be_visible()  # the quoted sentence, highlighted
     expect(page.locator("#pg-probs svg")).to_have_count(1)
     expect(page.locator("#pg-timings tr", has_text="total")).to_have_count(1)
+    if page.locator("#toast").is_visible():
+        page.click("#toast-close")
     page.screenshot(path=str(ARTIFACTS / "8-playground.png"), full_page=True)
     page.emulate_media(color_scheme="dark")  # the console follows the OS
     background = page.evaluate("getComputedStyle(document.body).backgroundColor")

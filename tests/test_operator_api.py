@@ -138,3 +138,12 @@ def test_names_come_from_distinctive_title_and_heading_labels() -> None:
     # Nothing distinctive: the most common titles.
     flat = [Counter({"Python docs": 10}), Counter({"Python docs": 10})]
     assert name_groups(flat, [10, 10], [Counter({"a": 6, "b": 4}), Counter({"c": 1})]) == ["a · b", "c"]
+
+
+def test_the_spec_declares_bearer_auth_and_the_real_error_shape(client: TestClient) -> None:
+    spec = client.get("/openapi.json").json()
+    assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+    assert "HTTPValidationError" not in spec["components"]["schemas"]  # FastAPI's {"detail"} shape
+    ask = spec["paths"]["/ask"]["post"]
+    assert ask["responses"]["4XX"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorOut")
+    assert {"HTTPBearer": []} in spec["paths"]["/documents"]["post"]["security"]

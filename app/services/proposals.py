@@ -21,11 +21,14 @@ _NUMBERING = re.compile(r"^(?:[\dA-Z]+\.)+\d*\s+|^\d+(?:\.\d+)*\s+")  # "8.5. ",
 MAX_NAME = 80
 
 
-def labels(title: str, heading: str) -> set[str]:
-    """The labels one chunk offers a name: its title's parts and its top heading (numbering dropped)."""
+def labels(title: str, heading: str, source: str = "") -> set[str]:
+    """The labels one chunk offers a name: its title's parts, its top heading (numbering dropped)
+    and the top folder of its source ("postgresql-doc-15/" for "postgresql-doc-15/html/x.html")."""
     parts = [p for p in _SEPARATORS.split(title) if p]
     top = heading.split(" > ")[0] if heading else ""
     found = {_NUMBERING.sub("", p).strip() for p in [*parts, top]}
+    if "/" in source.strip("/") and not source.startswith(("/", "\\")) and "://" not in source:
+        found.add(source.split("/")[0] + "/")
     return {p for p in found if 2 <= len(p) <= MAX_NAME}
 
 
@@ -34,7 +37,8 @@ def name_groups(groups: list[Counter[str]], chunks: list[int], titles: list[Coun
 
     groups[g]: chunks of group g per label; chunks[g]: its chunks; titles[g]: chunks per title.
     A label names a group when it covers at least a fifth of the group's chunks and 60%
-    of its own chunks lie in that group (coverage x purity ranks them); up to two labels are kept.
+    of its own chunks lie in that group (coverage x purity ranks them; a folder counts 0.9 of a
+    title or heading, which say more); up to two labels are kept.
     """
     everywhere: Counter[str] = Counter()
     for group in groups:
@@ -43,7 +47,7 @@ def name_groups(groups: list[Counter[str]], chunks: list[int], titles: list[Coun
     for g, counts in enumerate(groups):
         n = max(chunks[g], 1)
         scored = sorted(
-            ((cnt / n) * (cnt / everywhere[label]), label)
+            ((cnt / n) * (cnt / everywhere[label]) * (0.9 if label.endswith("/") else 1.0), label)
             for label, cnt in counts.items()
             if cnt / n >= 0.2 and cnt / everywhere[label] >= 0.6
         )[::-1]
@@ -65,12 +69,12 @@ def _labels_per_cluster(s: Session) -> tuple[dict[int, Counter[str]], dict[int, 
     per_title: dict[int, Counter[str]] = {}
     size: dict[int, int] = {}
     rows = s.execute(
-        select(Chunk.cluster_id, Document.title, Chunk.heading, func.count(Chunk.id))
+        select(Chunk.cluster_id, Document.title, Document.source, Chunk.heading, func.count(Chunk.id))
         .join(Document, Document.id == Chunk.document_id)
-        .group_by(Chunk.cluster_id, Document.title, Chunk.heading)
+        .group_by(Chunk.cluster_id, Document.title, Document.source, Chunk.heading)
     )
-    for cluster, title, heading, n in rows:
-        for label in labels(title or "", heading or ""):
+    for cluster, title, source, heading, n in rows:
+        for label in labels(title or "", heading or "", source or ""):
             per_label.setdefault(cluster, Counter())[label] += n
         per_title.setdefault(cluster, Counter())[title or ""] += n
         size[cluster] = size.get(cluster, 0) + n
