@@ -60,7 +60,7 @@ class TextDocumentIn(BaseModel):
 class IngestOut(BaseModel):
     id: int
     source: str
-    chunks: int
+    chunks: int = Field(description="The document's chunks (for a duplicate: those already stored).")
     status: Literal["created", "duplicate", "updated", "unchanged", "failed"]
 
 

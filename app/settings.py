@@ -15,6 +15,11 @@ class Settings(BaseSettings):
 
     data_dir: Path = Field(Path("data"), description="Database, index, spool and token live here.")
     database_url: str | None = Field(None, description="Any SQLAlchemy URL; default SQLite in data_dir.")
+    snapshot_url: str | None = Field(
+        None,
+        description="Where index snapshots live: any fsspec URL (s3://bucket/moerag with s3fs, "
+        "file:///shared/moerag) shared by machines on one database; default data_dir/index.",
+    )
     model_path: Path | None = Field(None, description="Local sentence-transformers model directory.")
     embed_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     embed_batch_size: int = Field(32, ge=1, le=1024)

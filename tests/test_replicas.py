@@ -186,3 +186,44 @@ def test_the_log_is_compacted_under_a_snapshot_and_whoever_is_behind_it_starts_f
     assert b2.index_status.startswith("rebuilt") and converged(b2, a)
     a.ingestor.ingest(Upload(data=topic_doc("sqlite", 20, 4).encode(), source="after.md"))
     wait_until(lambda: converged(b2, a))  # and the log goes on from the horizon
+
+
+def test_snapshots_at_a_url_are_shared_by_processes_on_other_machines(
+    db_url: str, tmp_path: Path, embedder: Embedder
+) -> None:
+    """MOERAG_SNAPSHOT_URL (any fsspec URL; a file:// folder of its own here, as a mounted bucket
+    would be): a process with an empty data directory boots from the writer's snapshot there."""
+    shared = (tmp_path / "bucket").as_uri()
+
+    def settings(name: str) -> Settings:
+        return Settings(
+            data_dir=tmp_path / name, database_url=db_url, admin_token="t", snapshot_url=shared,
+            catalogue_poll_seconds=0.05, checkpoint_seconds=0.2, clusters=4, router_samples=300,
+        )  # type: ignore[arg-type]  # fmt: skip
+
+    a = Runtime(settings("a"), embedder=embedder)
+    a.start(run_jobs=False)
+    b = None
+    try:
+        for t in TOPICS:
+            a.ingestor.ingest(Upload(data=topic_doc(t, 1, 4).encode(), source=f"{t}.md"))
+        a.indexes.checkpoint()
+        names = sorted(p.name for p in (tmp_path / "bucket").iterdir())
+        assert names == [f"ivf-{a.indexes.index.version}@{a.indexes.position}.faiss"]  # stale ones removed
+        assert not list((tmp_path / "a" / "index").glob("*.faiss"))  # nothing in the data directory
+        a.ingestor.ingest(Upload(data=topic_doc("git", 2, 4).encode(), source="late.md"))  # the log only
+        b = Runtime(settings("b"), embedder=embedder)  # another machine: an empty data directory
+        b.start(run_jobs=False)
+        assert b.index_status == "loaded" and converged(b, a)  # the snapshot, then the log after it
+        assert search_ids(b, "write-ahead log checkpoint") == search_ids(a, "write-ahead log checkpoint")
+    finally:
+        for rt in (b, a):
+            if rt is not None:
+                rt.close()
+
+
+def test_an_unusable_snapshot_url_is_a_clear_error(tmp_path: Path) -> None:
+    from app.services.snapshots import SnapshotStore
+
+    with pytest.raises(RuntimeError, match="MOERAG_SNAPSHOT_URL='nosuchproto://x' cannot be opened"):
+        SnapshotStore(tmp_path, "nosuchproto://x")

@@ -112,22 +112,22 @@ def test_a_full_disk_at_a_checkpoint_loses_nothing(
     """Issue 11: the checkpoint cleared its dirty flag before writing; a failed write was never retried."""
     import errno
 
-    from app.services import indexing
+    from app.services import snapshots
 
     path = fill(settings, embedder)
     rt = reopen(settings, embedder)
     try:
-        real_write = indexing.write_atomic
+        real_write = snapshots.write_atomic
 
         def disk_full(*_: object) -> None:
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(indexing, "write_atomic", disk_full)
+        monkeypatch.setattr(snapshots, "write_atomic", disk_full)
         outcome = rt.ingestor.ingest(Upload(data=topic_doc("git", 99).encode(), source="late.md", filename="late.md"))
         assert outcome.status == "created"  # acknowledged: SQL has it
         with pytest.raises(OSError):
             rt.indexes.checkpoint()
-        monkeypatch.setattr(indexing, "write_atomic", real_write)  # the disk has room again
+        monkeypatch.setattr(snapshots, "write_atomic", real_write)  # the disk has room again
         assert rt.indexes.checkpoint() is True  # written now, not skipped as clean
         assert_consistent(rt)
     finally:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -105,9 +105,14 @@ class Ingestor:
             for c, v, cl in zip(p.chunks, vectors, clusters, strict=True)
         ]
 
-    def _existing(self, content_hash: str) -> Document | None:
+    def _duplicate(self, content_hash: str) -> Outcome | None:
+        """The stored document with these bytes, as a `duplicate` outcome with its chunk count."""
         with self.sessions() as s:
-            return s.scalars(select(Document).where(Document.content_hash == content_hash)).first()
+            doc = s.scalars(select(Document).where(Document.content_hash == content_hash)).first()
+            if doc is None:
+                return None
+            n = s.scalar(select(func.count(Chunk.id)).where(Chunk.document_id == doc.id)) or 0
+            return Outcome("duplicate", doc.source, doc.id, n)
 
     # ---- create ---------------------------------------------------------------------------------
 
@@ -147,10 +152,10 @@ class Ingestor:
                     doc_id = doc.id
             except IntegrityError:
                 # The same bytes arrived concurrently (or twice in one batch): the first one wins.
-                existing = self._existing(p.content_hash)
+                existing = self._duplicate(p.content_hash)
                 if existing is None:
                     raise
-                return Outcome("duplicate", existing.source, existing.id, 0)
+                return existing
         return Outcome("created", up.source, doc_id, len(ids))
 
     def ingest(self, upload: Upload) -> Outcome:
@@ -184,9 +189,9 @@ class Ingestor:
             except InputError as exc:
                 queued.append(Outcome("failed", "", error=exc))
                 continue
-            existing = self._existing(upload.content_hash)
+            existing = self._duplicate(upload.content_hash)
             if existing is not None:
-                queued.append(Outcome("duplicate", existing.source, existing.id, 0))
+                queued.append(existing)
             else:
                 try:
                     prepared = self._prepare(upload)
@@ -211,9 +216,9 @@ class Ingestor:
             if doc.content_hash == upload.content_hash:
                 n = len(doc.chunks)
                 return Outcome("unchanged", doc.source, doc.id, n)
-        other = self._existing(upload.content_hash)
+        other = self._duplicate(upload.content_hash)
         if other is not None:
-            raise Conflict(f"document {other.id} already has exactly this content")
+            raise Conflict(f"document {other.document_id} already has exactly this content")
         prepared = self._prepare(upload)
         vectors = self._embed([prepared])[0]
         with self.indexes.write_lock:

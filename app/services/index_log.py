@@ -1,10 +1,9 @@
-"""Small free functions over the index log and the snapshot files (see IndexManager)."""
+"""Small free functions over the index log (see IndexManager; snapshots: app/services/snapshots.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import numpy as np
 from sqlalchemy import delete, func, select, update
@@ -12,33 +11,6 @@ from sqlalchemy.orm import Session
 
 from app.models import CatalogueChange, CatalogueVersion, Chunk, IndexLog, stack
 from index import ClusteredIndex
-
-
-def snapshot_path(folder: Path, clustering: str, position: int) -> Path:
-    """A snapshot is named by the clustering it belongs to and the catalogue version it holds."""
-    return folder / f"ivf-{clustering}@{position}.faiss"
-
-
-def snapshots(folder: Path, clustering: str) -> list[tuple[int, Path]]:
-    """(position, file) of a clustering's snapshots, newest last. A file of a version before the
-    index log (`ivf-<clustering>.faiss`) counts as position 0: start-up replays the whole log
-    after it and checks it against SQL, so an upgrade does not rebuild."""
-    prefix = f"ivf-{clustering}@"
-    legacy = folder / f"ivf-{clustering}.faiss"
-    found = [(0, legacy)] if legacy.exists() else []
-    for p in folder.glob(f"{prefix}*.faiss") if folder.exists() else ():
-        tail = p.name[len(prefix) : -len(".faiss")]
-        if tail.isdigit():
-            found.append((int(tail), p))
-    return sorted(found)
-
-
-def remove_stale_snapshots(folder: Path, clustering: str) -> None:
-    """Keep only the newest snapshot of the live clustering (and no file of an older one)."""
-    keep = {p.name for _, p in snapshots(folder, clustering)[-1:]}
-    for p in folder.glob("ivf-*.faiss") if folder.exists() else ():
-        if p.name not in keep:
-            p.unlink(missing_ok=True)
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,12 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.catalogue import read_version, stage_index_changes
 from app.models import Chunk, Cluster, IndexState, stack
 from app.services import index_log as log_files
+from app.services.snapshots import SnapshotStore
 from app.settings import Settings
 from engine.errors import IndexMoved
 from engine.keywords import cluster_keywords
 from index import ClusteredIndex, IndexCorrupt, auto_cluster_count, kmeans
 from index.placement import leakage, outside, place
-from index.store import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -61,14 +61,13 @@ class IndexManager:
         self._dirty = False  # the index changed since it was last written
         self._staged: ClusteredIndex | None = None  # a recluster's index, adopted when its commit is followed
         self._replica_lock = threading.RLock()
-        # Whether this process writes snapshot files (several workers on one data dir: one of them).
+        # Whether this process writes snapshot files (several processes on one database: one of them).
         self.snapshot_writer: Callable[[], bool] = lambda: True
+        self.store = SnapshotStore(settings.index_dir, settings.snapshot_url)  # where snapshots live
 
-    def path_for(self, version: str, position: int) -> Path:
-        return log_files.snapshot_path(self.settings.index_dir, version, position)
-
-    def snapshots(self, version: str) -> list[tuple[int, Path]]:
-        return log_files.snapshots(self.settings.index_dir, version)
+    def snapshots(self, version: str) -> list[tuple[int, Path | str]]:
+        """(position, location) of the clustering's snapshots in the snapshot store, newest last."""
+        return self.store.list(version)
 
     # ---- start-up -----------------------------------------------------------------------------
 
@@ -99,18 +98,22 @@ class IndexManager:
                 state = self._ensure_state(s)
                 version, nlist = state.version, state.nlist
                 empty = (s.scalar(select(func.count(Chunk.id))) or 0) == 0
-            snapshots = self.snapshots(version) if self.settings.index_dir.exists() else []
+            snapshots = self.snapshots(version)
             if not snapshots and empty:
                 self.rebuild()  # a new store: nothing to distrust
                 return "created"
             try:
                 if not snapshots:
                     raise IndexCorrupt(f"no index snapshot for version {version}")
-                position, path = snapshots[-1]
+                position, where = snapshots[-1]
                 with self.sessions() as s:
                     if position < log_files.horizon(s):
                         raise IndexCorrupt(f"the snapshot at {position} is older than the compacted index log")
-                loaded = ClusteredIndex.load(path, version)
+                try:
+                    data = self.store.read(where)
+                except OSError as exc:
+                    raise IndexCorrupt(f"cannot read {where}: {exc}") from exc
+                loaded = ClusteredIndex.from_bytes(data, version)
                 if loaded.nlist != nlist or loaded.dim != self.dim:
                     raise IndexCorrupt(
                         f"index has {loaded.nlist} lists of dim {loaded.dim}, expected {nlist}/{self.dim}"
@@ -145,7 +148,7 @@ class IndexManager:
                 fresh, position = self._build_from_sql(progress)
                 self.index, self.position, self._dirty = fresh, position, False
             if self.snapshot_writer():
-                fresh.save(self.path_for(fresh.version, position))
+                self.store.write(fresh.version, position, fresh.to_bytes())
                 self._remove_stale_files()
         log.info("index %s rebuilt: %d vectors in %d clusters", fresh.version, fresh.ntotal, fresh.nlist)
         return fresh
@@ -182,7 +185,7 @@ class IndexManager:
             data, version, position = self.index.to_bytes(), self.index.version, self.position
             self._dirty = False
         try:
-            write_atomic(self.path_for(version, position), data)
+            self.store.write(version, position, data)
         except OSError:  # a full disk: SQL holds everything; the next checkpoint writes again
             with self._replica_lock:
                 self._dirty = True
@@ -199,7 +202,7 @@ class IndexManager:
             return log_files.compact(s, newest[0][0], retention_seconds)
 
     def _remove_stale_files(self) -> None:
-        log_files.remove_stale_snapshots(self.settings.index_dir, self.index.version)
+        self.store.remove_stale(self.index.version)
 
     def follow(self, version: int, parts: object = None) -> None:
         """Bring the replica to catalogue `version` (a catalogue subscriber): apply the index log
