@@ -7,6 +7,7 @@ import os
 import shutil
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -65,20 +66,32 @@ def use_serving_threads(settings: Settings) -> int:
     return n
 
 
+@dataclass(frozen=True)
+class Services:
+    """What a started runtime serves with: built once, together, by `Runtime.start` (the composition
+    root) and never replaced. Freshness is the catalogue's job: each service follows it."""
+
+    embedder: Embedder
+    questions: QuestionEncoder
+    indexes: IndexManager
+    ingestor: Ingestor
+    routers: RouterManager
+    pipeline: AskPipeline
+    answers: AnswerCache
+    jobs: JobRunner
+
+
 class Runtime:
+    """The composition root and life cycle: settings, database, catalogue and the process-wide parts
+    exist from construction; `start` builds the frozen `Services` and follows the catalogue."""
+
     def __init__(self, settings: Settings, *, embedder: Embedder | None = None) -> None:
         self.settings = settings
         self.engine = make_engine(settings.db_url)
         self.sessions: sessionmaker[Session] = make_sessionmaker(self.engine)
         self._lock = DataDirLock(settings.resolved_data_dir)
-        self._embedder = embedder
-        self._indexes: IndexManager | None = None
-        self._ingestor: Ingestor | None = None
-        self._jobs: JobRunner | None = None
-        self._routers: RouterManager | None = None
-        self._pipeline: AskPipeline | None = None
-        self.questions: QuestionEncoder | None = None
-        self.answers = AnswerCache(0, lambda: ())  # the real one once started
+        self._embedder = embedder  # a model already loaded (tests share one), else loaded at start
+        self._services: Services | None = None
         self.announce_url: str | None = None  # set by `moerag serve`: its address, for the CLI
         self.question_model = "eager"
         self._matrix: tuple[int, ExpertMatrix] | None = None  # (catalogue version it was built at, matrix)
@@ -103,34 +116,41 @@ class Runtime:
     # ---- parts, available once started ----------------------------------------------------------
 
     @property
+    def services(self) -> Services:
+        assert self._services is not None, "runtime not started"
+        return self._services
+
+    @property
     def embedder(self) -> Embedder:
-        assert self._embedder is not None, "runtime not started"
-        return self._embedder
+        return self.services.embedder
+
+    @property
+    def questions(self) -> QuestionEncoder:
+        return self.services.questions
 
     @property
     def indexes(self) -> IndexManager:
-        assert self._indexes is not None, "runtime not started"
-        return self._indexes
+        return self.services.indexes
 
     @property
     def ingestor(self) -> Ingestor:
-        assert self._ingestor is not None, "runtime not started"
-        return self._ingestor
+        return self.services.ingestor
 
     @property
     def jobs(self) -> JobRunner:
-        assert self._jobs is not None, "runtime not started"
-        return self._jobs
+        return self.services.jobs
 
     @property
     def routers(self) -> RouterManager:
-        assert self._routers is not None, "runtime not started"
-        return self._routers
+        return self.services.routers
 
     @property
     def pipeline(self) -> AskPipeline:
-        assert self._pipeline is not None, "runtime not started"
-        return self._pipeline
+        return self.services.pipeline
+
+    @property
+    def answers(self) -> AnswerCache:
+        return self.services.answers
 
     @property
     def kernel_search(self) -> bool:
@@ -205,21 +225,19 @@ class Runtime:
             self.admin_token = load_or_create_token(
                 s.admin_token.get_secret_value() if s.admin_token else None, s.token_file
             )
-            if self._embedder is None:
-                self._embedder = Embedder(s.model_path, dtype=s.embed_dtype, batch_size=s.embed_batch_size)
-            emb = self._embedder
+            emb = self._embedder or Embedder(s.model_path, dtype=s.embed_dtype, batch_size=s.embed_batch_size)
             if s.trace_questions and run_jobs:  # serving: the model call without the GIL (one-shots skip it)
                 self.question_model = emb.trace_questions()
-            questions = self.questions = QuestionEncoder(
+            questions = QuestionEncoder(
                 emb.encode_questions,
                 max_batch=s.question_batch,
                 max_wait_ms=s.question_batch_wait_ms,
                 cache_size=s.question_cache,
                 workers=s.question_workers or os.cpu_count() or 1,
             )
-            self._indexes = IndexManager(s, self.sessions, emb.dim, emb.name)
-            self._indexes.snapshot_writer = self.snapshot_lease.held
-            self.index_status = self._indexes.open()
+            indexes = IndexManager(s, self.sessions, emb.dim, emb.name)
+            indexes.snapshot_writer = self.snapshot_lease.held
+            self.index_status = indexes.open()
             max_tokens = emb.max_tokens
             target = min(s.chunk_target_tokens, max_tokens)
             chunking = ChunkingConfig(
@@ -231,15 +249,15 @@ class Runtime:
                 heading_prefix=s.chunk_heading_prefix,
                 max_chunks=s.max_chunks_per_document,
             )
-            self._ingestor = Ingestor(self.sessions, emb, self._indexes, chunking, self.catalogue.sync)
+            ingestor = Ingestor(self.sessions, emb, indexes, chunking, self.catalogue.sync)
             self.lexical.refresh(force=True)
-            self._routers = RouterManager(s, self.sessions, emb, lambda: self.indexes.index)
-            self._serving = (self.experts.reload(), self._routers.reload())
-            self._pipeline = AskPipeline(
+            routers = RouterManager(s, self.sessions, emb, lambda: indexes.index)
+            self._serving = (self.experts.reload(), routers.reload())
+            pipeline = AskPipeline(
                 embedder=emb,
-                index=lambda: self.indexes.index,
+                index=lambda: indexes.index,
                 lexical=self.lexical.current,
-                router=self._routers.current,
+                router=routers.current,
                 experts=self.experts.profiles,
                 store=SqlChunkStore(self.sessions),
                 generator=self.generator,
@@ -255,13 +273,13 @@ class Runtime:
                 catalogue_version=lambda: self.catalogue.version,
                 serving=lambda: self._serving,
             )
-            self.answers = AnswerCache(
-                s.answer_cache, lambda: (self.catalogue.version, self.indexes.position, self.lexical.builds)
+            answers = AnswerCache(
+                s.answer_cache, lambda: (self.catalogue.version, indexes.position, self.lexical.builds)
             )
-            self._jobs = JobRunner(
+            jobs = JobRunner(
                 self.sessions,
                 {
-                    "ingest": bulk_handler(self._ingestor),
+                    "ingest": bulk_handler(ingestor),
                     "recluster": self._recluster_job,
                     "realign": self._realign_job,
                     "train": self._train_job,
@@ -269,14 +287,15 @@ class Runtime:
                 exclusive=self.engine.dialect.name == "sqlite",  # else other processes may run jobs too
                 lease_seconds=s.job_lease_seconds,
             )
-            self.catalogue.subscribe(["documents", "index"], self._indexes.follow)  # first: the others read it
+            self._services = Services(emb, questions, indexes, ingestor, routers, pipeline, answers, jobs)
+            self.catalogue.subscribe(["documents", "index"], indexes.follow)  # first: the others read it
             self.catalogue.subscribe(["documents"], self.lexical.mark_dirty)
             self.catalogue.subscribe(["experts", "clusters", "router"], self._serving_changed)
             self.catalogue.follow()
             if not s.worker_of:  # a sibling worker may be spooling an upload right now
                 self._clean_spool()
             if run_jobs:
-                self._jobs.start()
+                jobs.start()
             self._checkpointer = threading.Thread(target=self._checkpoint_loop, name="moerag-checkpoint", daemon=True)
             self._checkpointer.start()
             self.ready = True
@@ -288,16 +307,17 @@ class Runtime:
 
     def close(self) -> None:
         self._stop.set()
-        if self._jobs is not None:
-            self._jobs.stop()
+        svc = self._services
+        if svc is not None:
+            svc.jobs.stop()
         self.catalogue.close()
-        if self.questions is not None:
-            self.questions.close()
+        if svc is not None:
+            svc.questions.close()
         if self._checkpointer is not None:
             self._checkpointer.join(10)
-        if self._indexes is not None and self.ready:
+        if svc is not None and self.ready:
             try:
-                self._indexes.checkpoint()
+                svc.indexes.checkpoint()
             except OSError:  # a full disk: SQL holds everything; the next start verifies and rebuilds
                 log.exception("final index checkpoint failed")
         self.ready = False
