@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hmac
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Header, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -65,7 +65,26 @@ def require_admin(
 AdminDep = Depends(require_admin)
 
 
-def require_reader(request: Request, rt: RuntimeDep, credentials: Bearer) -> None:
+# Reads declare their own scheme, so the spec can say the token is optional there (see openapi_spec).
+read_bearer = HTTPBearer(
+    auto_error=False,
+    scheme_name="ReadToken",
+    description="Reads are open by default; where MOERAG_READ_TOKEN is set, that token or the admin token.",
+)
+ReadBearer = Annotated[HTTPAuthorizationCredentials | None, Depends(read_bearer)]
+
+
+def optional_read_security(spec: dict[str, Any]) -> dict[str, Any]:
+    """The OpenAPI spec with the read token optional on reads (`security: [{}, {"ReadToken": []}]`):
+    they answer without it unless MOERAG_READ_TOKEN is set, and the spec must not claim otherwise."""
+    for operations in spec.get("paths", {}).values():
+        for op in operations.values():
+            if isinstance(op, dict) and op.get("security") == [{"ReadToken": []}]:
+                op["security"] = [{}, {"ReadToken": []}]
+    return spec
+
+
+def require_reader(request: Request, rt: RuntimeDep, credentials: ReadBearer) -> None:
     """Reads are open unless MOERAG_READ_TOKEN is set; then its token, the admin token or a console session."""
     configured = rt.settings.read_token
     if configured is None:

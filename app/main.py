@@ -6,6 +6,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
@@ -15,6 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import errors
 from app.body_limit import BodyLimit, limit_for
+from app.deps import optional_read_security
 from app.routes import admin, ask, console, documents, system
 from app.runtime import Runtime, use_serving_threads
 from app.schemas import ERROR_RESPONSES
@@ -66,6 +68,14 @@ def create_app(
         static_url="/docs-static",
     )
     app.state.runtime = rt
+    build_spec = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = optional_read_security(build_spec())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     errors.install(app)
     app.add_middleware(SecurityHeaders)
     app.add_middleware(BodyLimit, limit=limit_for(rt.settings))

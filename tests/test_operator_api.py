@@ -146,4 +146,6 @@ def test_the_spec_declares_bearer_auth_and_the_real_error_shape(client: TestClie
     assert "HTTPValidationError" not in spec["components"]["schemas"]  # FastAPI's {"detail"} shape
     ask = spec["paths"]["/ask"]["post"]
     assert ask["responses"]["4XX"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorOut")
-    assert {"HTTPBearer": []} in spec["paths"]["/documents"]["post"]["security"]
+    assert spec["paths"]["/documents"]["post"]["security"] == [{"HTTPBearer": []}]  # writes: the admin token
+    for path, method in (("/ask", "post"), ("/search", "post"), ("/documents", "get"), ("/jobs", "get")):
+        assert spec["paths"][path][method]["security"] == [{}, {"ReadToken": []}], path  # reads: optional
