@@ -149,3 +149,9 @@ def test_the_spec_declares_bearer_auth_and_the_real_error_shape(client: TestClie
     assert spec["paths"]["/documents"]["post"]["security"] == [{"HTTPBearer": []}]  # writes: the admin token
     for path, method in (("/ask", "post"), ("/search", "post"), ("/documents", "get"), ("/jobs", "get")):
         assert spec["paths"][path][method]["security"] == [{}, {"ReadToken": []}], path  # reads: optional
+
+
+def test_method_not_allowed_names_every_method_of_the_path(client: TestClient) -> None:
+    r = client.request("OPTIONS", "/admin/api/experts/1", headers=AUTH)
+    assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+    assert r.headers["allow"] == "DELETE, PATCH"  # two routes share the path: both named
