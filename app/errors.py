@@ -93,10 +93,14 @@ def install(app: FastAPI) -> None:
 
 
 def allowed_methods(request: Request) -> list[str]:
-    """Every method the spec documents at this request's path (a path may have several routes)."""
+    """The methods the spec documents at this request's path (several routes may share it). A
+    literal path (`/documents/bulk`) is its own resource, not an instance of `/documents/{id}`."""
+    paths: dict[str, dict[str, Any]] = request.app.openapi().get("paths", {})
+    path = request.url.path
+    if path in paths:
+        return sorted(m.upper() for m in paths[path])
     methods: set[str] = set()
-    for template, operations in request.app.openapi().get("paths", {}).items():
-        pattern = re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(template))
-        if re.fullmatch(pattern, request.url.path):
+    for template, operations in paths.items():
+        if re.fullmatch(re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(template)), path):
             methods |= {m.upper() for m in operations}
     return sorted(methods)

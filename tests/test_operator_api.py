@@ -155,3 +155,5 @@ def test_method_not_allowed_names_every_method_of_the_path(client: TestClient) -
     r = client.request("OPTIONS", "/admin/api/experts/1", headers=AUTH)
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
     assert r.headers["allow"] == "DELETE, PATCH"  # two routes share the path: both named
+    r = client.request("OPTIONS", "/documents/bulk", headers=AUTH)
+    assert r.status_code == 405 and r.headers["allow"] == "POST"  # a literal path is its own resource
