@@ -96,7 +96,7 @@ def ingest_files(rt: Runtime, files: list[Path], progress: bool = True, root: Pa
     bar = tqdm(total=len(files), unit="doc", disable=not progress, desc="ingest")
     for f, outcome in zip(files, rt.ingestor.ingest_many(thunks()), strict=True):
         counts[outcome.status] += 1
-        counts["chunks"] += outcome.chunks if outcome.status != "duplicate" else 0  # chunks added
+        counts["chunks"] += outcome.added
         if outcome.error is not None:
             tqdm.write(f"skipped {f}: {outcome.error.message}", file=sys.stderr)
         bar.update(1)

@@ -65,7 +65,7 @@ def require_admin(
 AdminDep = Depends(require_admin)
 
 
-# Reads declare their own scheme, so the spec can say the token is optional there (see openapi_spec).
+# Reads declare their own scheme, so the spec can say the token is optional there (see optional_read_security).
 read_bearer = HTTPBearer(
     auto_error=False,
     scheme_name="ReadToken",

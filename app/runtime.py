@@ -257,8 +257,7 @@ class Runtime:
                 embedder=emb,
                 index=lambda: indexes.index,
                 lexical=self.lexical.current,
-                router=routers.current,
-                experts=self.experts.profiles,
+                serving=lambda: self._serving,
                 store=SqlChunkStore(self.sessions),
                 generator=self.generator,
                 config=PipelineConfig(
@@ -271,7 +270,6 @@ class Runtime:
                 matrix=self.expert_matrix,
                 encode_question=questions.encode,
                 catalogue_version=lambda: self.catalogue.version,
-                serving=lambda: self._serving,
             )
             answers = AnswerCache(
                 s.answer_cache, lambda: (self.catalogue.version, indexes.position, self.lexical.builds)

@@ -188,11 +188,19 @@ class StatsOut(BaseModel):
     index_vectors: int
 
 
+def _document_old_names(schema: dict[str, Any], model: type[BaseModel]) -> None:
+    for old, new in getattr(model, "RENAMED", {}).items():
+        props = schema.setdefault("properties", {})
+        props[old] = {**props.get(new, {}), "deprecated": True,
+            "description": f"Deprecated name of {new!r} (accepted for one release)."}  # fmt: skip
+
+
 class Renamed(BaseModel):
     """A request body whose fields had other names before: the old names are still accepted, for one
     release, as deprecated aliases (documented as such; `deprecated_names` says which were sent).
     Sending a field under both names is a 422."""
 
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_document_old_names)
     RENAMED: ClassVar[dict[str, str]] = {}  # old name -> new name
     _deprecated: list[str] = PrivateAttr(default_factory=list)
 
@@ -214,15 +222,7 @@ class Renamed(BaseModel):
         return list(self._deprecated)
 
 
-def _document_old_names(schema: dict[str, Any], model: type[BaseModel]) -> None:
-    for old, new in getattr(model, "RENAMED", {}).items():
-        props = schema.setdefault("properties", {})
-        props[old] = {**props.get(new, {}), "deprecated": True,
-            "description": f"Deprecated name of {new!r} (accepted for one release)."}  # fmt: skip
-
-
 class AskIn(Renamed):
-    model_config = ConfigDict(extra="forbid", json_schema_extra=_document_old_names)
     RENAMED: ClassVar[dict[str, str]] = {"question": "query", "top_k": "k"}
 
     query: str = Field(min_length=1, description="The question.")
@@ -382,7 +382,6 @@ class LabelIn(BaseModel):
 
 
 class ExampleTry(Renamed):
-    model_config = ConfigDict(extra="forbid", json_schema_extra=_document_old_names)
     RENAMED: ClassVar[dict[str, str]] = {"question": "query"}
 
     query: str = Field(min_length=1, max_length=2000)

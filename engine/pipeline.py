@@ -128,25 +128,23 @@ class AskPipeline:
         embedder: Embedder,
         index: Callable[[], ClusteredIndex],
         lexical: Callable[[], LexicalIndex | None],
-        router: Callable[[], Router | None],
-        experts: Callable[[], dict[int, ExpertProfile]],
+        serving: Callable[[], tuple[dict[int, ExpertProfile], Router | None]],
         store: ChunkStore,
         generator: Callable[[str], Generator],
         config: PipelineConfig | None = None,
         matrix: Callable[[], ExpertMatrix | None] | None = None,
         encode_question: Callable[[str], np.ndarray] | None = None,
         catalogue_version: Callable[[], int] | None = None,
-        serving: Callable[[], tuple[dict[int, ExpertProfile], Router | None]] | None = None,
     ) -> None:
-        self.embedder, self.index, self.lexical, self.router = embedder, index, lexical, router
+        self.embedder, self.index, self.lexical = embedder, index, lexical
         # question -> [1, D]; the server passes a QuestionEncoder's (cache + dynamic batching)
         self.encode_question = encode_question or (lambda text: embedder.encode([text]))
         self.matrix = matrix or (lambda: None)
         self.catalogue_version = catalogue_version or (lambda: 0)  # read before any state: a lower bound
-        self.experts, self.store, self.generator = experts, store, generator
+        self.store, self.generator = store, generator
         # (expert profiles, router) read as one reference per question, so a question never pairs
         # a router with profiles from another moment; the server swaps both together.
-        self.serving = serving or (lambda: (self.experts(), self.router()))
+        self.serving = serving
         self.config = config or PipelineConfig()
         # Per BM25 index (weakly held: a rebuilt one starts afresh), scope masks by index state.
         self._masks: weakref.WeakKeyDictionary[LexicalIndex, dict[tuple[str, int, tuple[int, ...]], np.ndarray]]

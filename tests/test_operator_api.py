@@ -3,6 +3,7 @@ consistent names with deprecated aliases, and proposals that keep the operator's
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from fastapi.testclient import TestClient
@@ -130,8 +131,6 @@ def test_names_come_from_distinctive_title_and_heading_labels() -> None:
         {"Python docs": 10, "json": 6, "csv": 4},
         {"Python docs": 10, "sqlite3": 9, "json": 1},
     ]
-    from collections import Counter
-
     counters = [Counter(g) for g in groups]
     titles = [Counter({"json — Python docs": 6}), Counter({"sqlite3 — Python docs": 9})]
     assert name_groups(counters, [10, 10], titles) == ["json · csv", "sqlite3"]

@@ -30,8 +30,7 @@ def pipeline(router: Router | None, experts: dict[int, ExpertProfile]) -> AskPip
         embedder=_Embed(),  # type: ignore[arg-type]
         index=lambda: None,  # type: ignore[arg-type,return-value]
         lexical=lambda: None,
-        router=lambda: router,
-        experts=lambda: experts,
+        serving=lambda: (experts, router),
         store=None,  # type: ignore[arg-type]
         generator=lambda name: None,  # type: ignore[arg-type,return-value]
     )

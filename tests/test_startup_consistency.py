@@ -25,7 +25,8 @@ def fill(settings: Settings, embedder: Embedder) -> Path:
         rt.ingestor.ingest(Upload(data=topic_doc(t, i).encode(), source=f"{t}-{i}.md", filename=f"{t}-{i}.md"))
     indexes, version = rt.indexes, rt.indexes.index.version
     rt.close()  # checkpoints: a snapshot named by clustering version and catalogue position
-    [(position, path)] = indexes.snapshots(version)
+    [(position, where)] = indexes.snapshots(version)
+    path = Path(where)
     assert path.exists() and position == indexes.position > 0
     return path
 
@@ -137,7 +138,7 @@ def test_a_full_disk_at_a_checkpoint_loses_nothing(
         assert rt.index_status == "loaded"  # the file on disk already held the late document
         assert_consistent(rt)
         [(_, newest)] = rt.indexes.snapshots(rt.indexes.index.version)  # the old one replaced
-        assert newest != path and not path.exists() and rt.stats()["documents"] == 9
+        assert Path(newest) != path and not path.exists() and rt.stats()["documents"] == 9
     finally:
         rt.close()
 

@@ -54,8 +54,7 @@ def bulk_handler(ingestor: Ingestor) -> Callable[[JobContext], dict[str, Any]]:
         ctx.progress(start, total, force=True, state=state(start))
         for done, outcome in enumerate(ingestor.ingest_many(thunks()), start=start + 1):
             counts[outcome.status] = counts.get(outcome.status, 0) + 1
-            if outcome.status != "duplicate":  # chunks this job added
-                counts["chunks"] += outcome.chunks
+            counts["chunks"] += outcome.added
             if outcome.error is not None:
                 failures.append({"source": files[done - 1]["source"], "error": outcome.error.message})
             ctx.progress(done, total, state=state(done))

@@ -46,7 +46,7 @@ def list_clusters(
     if ids is not None:
         stmt = stmt.where(Cluster.id.in_(ids))
     with sessions() as s:
-        total, rows = scalar_page(s, stmt, offset, limit if limit is not None else 2**62)
+        total, rows = scalar_page(s, stmt, offset, limit)
         return total, [ClusterRow(c.id, size.get(c.id, 0), list(c.keywords or []), c.expert_id) for c in rows]
 
 

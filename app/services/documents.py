@@ -53,8 +53,13 @@ class Outcome:
     status: Status
     source: str
     document_id: int | None = None
-    chunks: int = 0
+    chunks: int = 0  # the document's chunks (a duplicate's: those already stored)
     error: InputError | None = None
+
+    @property
+    def added(self) -> int:
+        """Chunks this upload added to the store (none for a duplicate)."""
+        return 0 if self.status == "duplicate" else self.chunks
 
 
 @dataclass

@@ -108,7 +108,7 @@ def propose_and_apply(
                 f"the proposal now has {len(result['proposals'])} experts and {len(names)} names were given:"
                 " the store changed since it was shown; propose again"
             )
-        for p, name in zip(result["proposals"], names or [p["name"] for p in result["proposals"]], strict=True):
+        for p, name in zip(result["proposals"], names or [], strict=False):  # the operator's edits
             p["name"] = name.strip() or p["name"]
         if apply:
             taken = set(s.scalars(select(Expert.name)))

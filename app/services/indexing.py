@@ -7,7 +7,6 @@ import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -64,8 +63,9 @@ class IndexManager:
         # Whether this process writes snapshot files (several processes on one database: one of them).
         self.snapshot_writer: Callable[[], bool] = lambda: True
         self.store = SnapshotStore(settings.index_dir, settings.snapshot_url)  # where snapshots live
+        self.written: int | None = None  # the position of the newest snapshot this process wrote
 
-    def snapshots(self, version: str) -> list[tuple[int, Path | str]]:
+    def snapshots(self, version: str) -> list[tuple[int, str]]:
         """(position, location) of the clustering's snapshots in the snapshot store, newest last."""
         return self.store.list(version)
 
@@ -149,6 +149,7 @@ class IndexManager:
                 self.index, self.position, self._dirty = fresh, position, False
             if self.snapshot_writer():
                 self.store.write(fresh.version, position, fresh.to_bytes())
+                self.written = position
                 self._remove_stale_files()
         log.info("index %s rebuilt: %d vectors in %d clusters", fresh.version, fresh.ntotal, fresh.nlist)
         return fresh
@@ -186,6 +187,7 @@ class IndexManager:
             self._dirty = False
         try:
             self.store.write(version, position, data)
+            self.written = position
         except OSError:  # a full disk: SQL holds everything; the next checkpoint writes again
             with self._replica_lock:
                 self._dirty = True
@@ -195,11 +197,10 @@ class IndexManager:
 
     def compact_log(self, retention_seconds: float) -> int:
         """After this process wrote a snapshot: drop the log it covers (and older than retention)."""
-        newest = self.snapshots(self.index.version)[-1:]
-        if not newest:
+        if self.written is None:
             return 0
         with self.sessions.begin() as s:
-            return log_files.compact(s, newest[0][0], retention_seconds)
+            return log_files.compact(s, self.written, retention_seconds)
 
     def _remove_stale_files(self) -> None:
         self.store.remove_stale(self.index.version)

@@ -63,14 +63,17 @@ def name_groups(groups: list[Counter[str]], chunks: list[int], titles: list[Coun
     return names
 
 
-def _labels_per_cluster(s: Session) -> tuple[dict[int, Counter[str]], dict[int, Counter[str]], dict[int, int]]:
-    """Per cluster: chunks per label, chunks per document title, chunks."""
+def _labels_per_cluster(
+    s: Session, clusters: list[int]
+) -> tuple[dict[int, Counter[str]], dict[int, Counter[str]], dict[int, int]]:
+    """Per cluster (of these): chunks per label, chunks per document title, chunks."""
     per_label: dict[int, Counter[str]] = {}
     per_title: dict[int, Counter[str]] = {}
     size: dict[int, int] = {}
     rows = s.execute(
         select(Chunk.cluster_id, Document.title, Document.source, Chunk.heading, func.count(Chunk.id))
         .join(Document, Document.id == Chunk.document_id)
+        .where(Chunk.cluster_id.in_(clusters))
         .group_by(Chunk.cluster_id, Document.title, Document.source, Chunk.heading)
     )
     for cluster, title, source, heading, n in rows:
@@ -86,6 +89,12 @@ def _merged(counters: Iterable[Counter[str] | None]) -> Counter[str]:
     for c in counters:
         total.update(c or {})
     return total
+
+
+def distinctive(groups: list[Counter[str]], k: int = 5) -> list[list[str]]:
+    """Each group's k keywords most frequent in it and rarest in the others."""
+    spread = Counter(word for g in groups for word in g)
+    return [sorted(g, key=lambda w: (-g[w] / spread[w], -g[w], w))[:k] for g in groups]
 
 
 def propose(s: Session, n: int, dim: int, keep_mapped: bool = True) -> dict[str, Any]:
@@ -105,13 +114,14 @@ def propose(s: Session, n: int, dim: int, keep_mapped: bool = True) -> dict[str,
     centroids = stack((c.centroid for c in movable), dim)  # [C, D]
     groups = kmeans(centroids, n, niter=50)  # [n, D]
     assign = np.argmax(centroids @ groups.T, axis=1)  # [C]
-    per_label, per_title, size = _labels_per_cluster(s)
+    per_label, per_title, size = _labels_per_cluster(s, [c.id for c in movable])
     members: list[list[Cluster]] = [[c for c, a in zip(movable, assign, strict=True) if a == g] for g in range(n)]
     members = [m for m in members if m]
     group_labels = [_merged(per_label.get(c.id) for c in m) for m in members]
     group_titles = [_merged(per_title.get(c.id) for c in m) for m in members]
     chunks = [sum(size.get(c.id, 0) for c in m) for m in members]
     names = name_groups(group_labels, chunks, group_titles)
+    keywords = distinctive([Counter(k for c in m for k in (c.keywords or [])) for m in members])
     proposals = []
     for g, m in enumerate(members):
         moved = Counter(experts[c.expert_id] for c in m if c.expert_id is not None)
@@ -120,18 +130,17 @@ def propose(s: Session, n: int, dim: int, keep_mapped: bool = True) -> dict[str,
             for c in m
             if c.expert_id is not None
         ]
-        keywords = Counter(k for c in m for k in (c.keywords or []))
         proposals.append(
             {
                 "name": names[g],
-                "keywords": [k for k, _ in keywords.most_common(5)],
+                "keywords": keywords[g],
                 "titles": [t for t, _ in group_titles[g].most_common(5)],
                 "cluster_ids": [c.id for c in m],
                 "chunks": chunks[g],
                 "takes_from": dict(moved),
             }
         )
-    owners_after = {c.expert_id for c in clusters if keep_mapped and c.expert_id is not None}
-    owners_before = {c.expert_id for c in clusters if c.expert_id is not None}
-    diff["emptied_experts"] = [{"id": e, "name": experts[e]} for e in sorted(owners_before - owners_after)]
+    # Kept mappings leave every expert its clusters; a regroup takes all of them.
+    owners = set() if keep_mapped else {c.expert_id for c in clusters if c.expert_id is not None}
+    diff["emptied_experts"] = [{"id": e, "name": experts[e]} for e in sorted(owners)]
     return {"proposals": proposals, "diff": diff}

@@ -105,7 +105,7 @@ class RouterManager:
         log.info("router version %s active", router.version_id if router else None)
         return router
 
-    def versions(self, offset: int = 0, limit: int = 2**62) -> tuple[int, list[RouterVersion]]:
+    def versions(self, offset: int = 0, limit: int | None = None) -> tuple[int, list[RouterVersion]]:
         """(versions stored, one page of them, newest first)."""
         with self.sessions() as s:
             return scalar_page(s, select(RouterVersion).order_by(RouterVersion.id.desc()), offset, limit)

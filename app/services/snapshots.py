@@ -14,7 +14,9 @@ from __future__ import annotations
 import logging
 import uuid
 from pathlib import Path
-from typing import Any
+
+from fsspec.core import url_to_fs
+from fsspec.implementations.local import LocalFileSystem
 
 from index.store import write_atomic
 
@@ -39,60 +41,37 @@ def position_of(name: str, clustering: str) -> int | None:
     return None
 
 
-def _filesystem(url: str) -> tuple[Any, str]:
-    try:
-        from fsspec.core import url_to_fs
-    except ImportError:  # pragma: no cover - fsspec comes with huggingface-hub
-        raise RuntimeError(
-            "MOERAG_SNAPSHOT_URL needs fsspec: pip install 'moerag[snapshots]' (plus s3fs or gcsfs for a bucket)"
-        ) from None
-    try:
-        return url_to_fs(url)
-    except (ImportError, ValueError) as exc:  # e.g. s3:// without s3fs installed
-        raise RuntimeError(f"MOERAG_SNAPSHOT_URL={url!r} cannot be opened: {exc}") from None
-
-
 class SnapshotStore:
-    """Snapshots of the index in one place: a local folder, or a folder at an fsspec URL."""
+    """Snapshots of the index in one folder, local or at an fsspec URL, through one filesystem API."""
 
     def __init__(self, folder: Path, url: str | None = None) -> None:
-        self.folder = folder
-        self.url = url.rstrip("/") if url else None
-        self._fs: Any = None
-        self._root = ""
-        if self.url:
-            self._fs, self._root = _filesystem(self.url)
+        where = url.rstrip("/") if url else str(folder)
+        try:
+            self._fs, self._root = url_to_fs(where)
             self._fs.makedirs(self._root, exist_ok=True)
-
-    def __str__(self) -> str:
-        return self.url or str(self.folder)
+        except (ImportError, ValueError) as exc:  # e.g. s3:// without s3fs installed, an unknown protocol
+            raise RuntimeError(f"MOERAG_SNAPSHOT_URL={url!r} cannot be opened: {exc}") from None
+        # On a local disk (the default, or file://) a write is fsync'd and renamed into place.
+        self._local = isinstance(self._fs, LocalFileSystem)
 
     def _names(self) -> list[str]:
-        if self._fs is None:
-            return [p.name for p in self.folder.glob(f"ivf-*{SUFFIX}")] if self.folder.exists() else []
         self._fs.invalidate_cache(self._root)
         return [str(p).rsplit("/", 1)[-1] for p in self._fs.ls(self._root, detail=False)]
 
-    def _where(self, name: str) -> Path | str:
-        return self.folder / name if self._fs is None else f"{self._root}/{name}"
-
-    def list(self, clustering: str) -> list[tuple[int, Path | str]]:
+    def list(self, clustering: str) -> list[tuple[int, str]]:
         """(position, location) of a clustering's snapshots, newest last."""
-        found = [(pos, self._where(n)) for n in self._names() if (pos := position_of(n, clustering)) is not None]
+        found = [(pos, f"{self._root}/{n}") for n in self._names() if (pos := position_of(n, clustering)) is not None]
         return sorted(found, key=lambda f: f[0])
 
-    def read(self, location: Path | str) -> bytes:
+    def read(self, location: str) -> bytes:
         """The snapshot's bytes; OSError when it cannot be read (the caller rebuilds from SQL)."""
-        if self._fs is None:
-            return Path(location).read_bytes()
-        with self._fs.open(str(location), "rb") as f:
-            data: bytes = f.read()
-            return data
+        data: bytes = self._fs.cat_file(location)
+        return data
 
     def write(self, clustering: str, position: int, data: bytes) -> None:
         name = snapshot_name(clustering, position)
-        if self._fs is None:
-            write_atomic(self.folder / name, data)
+        if self._local:
+            write_atomic(Path(self._root) / name, data)
             return
         partial = f"{self._root}/.{name}.{uuid.uuid4().hex}.partial"
         with self._fs.open(partial, "wb") as f:
@@ -101,14 +80,11 @@ class SnapshotStore:
 
     def remove_stale(self, clustering: str) -> None:
         """Keep only the newest snapshot of the live clustering (and no file of an older one)."""
-        keep = {str(loc) for _, loc in self.list(clustering)[-1:]}
+        keep = {loc for _, loc in self.list(clustering)[-1:]}
         for name in self._names():
-            where = self._where(name)
-            if name.startswith("ivf-") and name.endswith(SUFFIX) and str(where) not in keep:
+            where = f"{self._root}/{name}"
+            if name.startswith("ivf-") and name.endswith(SUFFIX) and where not in keep:
                 try:
-                    if self._fs is None:
-                        Path(where).unlink(missing_ok=True)
-                    else:
-                        self._fs.rm(str(where))
-                except (OSError, FileNotFoundError) as exc:  # another writer removed it first
+                    self._fs.rm_file(where)
+                except OSError as exc:  # another writer removed it first
                     log.debug("snapshot %s already gone: %s", where, exc)
