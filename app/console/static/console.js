@@ -1,7 +1,7 @@
 // moerag admin console: one page per tab, each drawn from the admin JSON API (see api.js).
 import { $, all, api, esc, status, waitJob } from "./api.js";
 import { bars, colorOf, lineChart, scatter } from "./plots.js";
-import { ask, openChunk } from "./viewer.js";
+import { ask, openChunk, routeProbabilities } from "./viewer.js";
 
 const state = { experts: [], clusters: [], clusterPage: 0, docPage: 0, docQuery: "", proposal: null };
 const PAGE = 50;
@@ -247,7 +247,7 @@ on("try-form", "submit", async (e) => {
   e.preventDefault();
   const rt = (await api("POST", "/admin/api/router/try", { query: $("try-q").value })).route;
   $("try-out").innerHTML = `<p id="try-path" class="path-${rt.path}">${rt.path}${rt.expert ? " → " + esc(rt.expert.name) : ""} (${esc(rt.detail)})</p>` +
-    bars(rt.top.map((t) => ({ label: t.expert ? t.expert.name : "none", value: +t.p.toFixed(3) })), { w: 360, h: 200, xLabel: "expert", yLabel: "probability" });
+    routeProbabilities(rt.top);
 });
 on("pg-form", "submit", (e) => { e.preventDefault(); return ask(state); });
 on("pg-mode", "change", () => { $("pg-expert").disabled = $("pg-mode").value !== "expert"; });

@@ -41,6 +41,11 @@ export function highlight(passage, quotes) {
   return html + esc(passage.slice(at));
 }
 
+// The router's probabilities over the experts it scored: a route's `top`.
+export const routeProbabilities = (top) =>
+  bars((top || []).map((t) => ({ label: t.expert ? t.expert.name : "none", value: +t.p.toFixed(3) })),
+    { w: 360, h: 200, xLabel: "expert", yLabel: "router probability", empty: "no router: nothing to score" });
+
 const answerHtml = (answer) => esc(answer).replace(/\[(\d+)\]/g, (_, n) => `<a href="#cite-${n}" class="cite-ref" data-n="${n}">[${n}]</a>`);
 
 export async function ask(state) {
@@ -62,8 +67,7 @@ export async function ask(state) {
   $("pg-route").innerHTML = `<span id="pg-path" class="path-${rt.path}">${rt.path}${rt.expert ? " → " + esc(rt.expert.name) : ""}</span>${conf}
     <br><span class="muted">${esc(rt.reason)}: ${esc(rt.detail)}</span>
     <br><span class="muted small">scanned ${rt.clusters_scanned} clusters, ${rt.vectors_scanned} vectors · router v${rt.router_version ?? "—"} · catalogue v${rt.catalogue_version ?? "—"}</span>`;
-  $("pg-probs").innerHTML = bars((rt.top || []).map((t) => ({ label: t.expert ? t.expert.name : "none", value: +t.p.toFixed(3) })),
-    { w: 360, h: 200, xLabel: "expert", yLabel: "router probability", empty: "no router: nothing to score" });
+  $("pg-probs").innerHTML = routeProbabilities(rt.top);
   $("pg-timings").innerHTML = Object.entries(r.timings_ms).map(([k, v]) => `<tr><td>${esc(k)}</td><td class="num">${v.toFixed(1)} ms</td></tr>`).join("");
   document.querySelectorAll("#pg-answer .cite-ref").forEach((a) => a.addEventListener("click", (e) => {
     e.preventDefault();
