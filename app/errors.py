@@ -26,6 +26,7 @@ STATUS: dict[str, int] = {
     "not_found": 404,
     "conflict": 409,
     "not_trainable": 409,
+    "not_configured": 409,
     "unknown_expert": 422,
     "index_moved": 503,
     # requests

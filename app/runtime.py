@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import threading
 import time
@@ -37,9 +38,9 @@ from app.services.routing import RouterManager
 from app.settings import Settings
 from engine.chunking import ChunkingConfig
 from engine.embedder import Embedder
-from engine.errors import InvalidSetting
+from engine.errors import InvalidSetting, NotConfigured
 from engine.expert_matrix import ExpertMatrix
-from engine.generators import ExtractiveGenerator, Generator, GeneratorError, OpenAIGenerator
+from engine.generators import GENERATOR_NAME, ExtractiveGenerator, Generator, GeneratorError, OpenAIGenerator
 from engine.pipeline import AskPipeline, ExpertProfile, PipelineConfig
 from engine.question_encoder import QuestionEncoder
 from engine.router import Router
@@ -199,10 +200,13 @@ class Runtime:
         raise GeneratorError(f"unknown generator {name!r}; use extractive, openai or openai:MODEL")
 
     def check_generator(self, name: str) -> None:
-        """A generator name an expert may be given: it resolves here, or InvalidSetting (422)."""
+        """A generator name an expert may be given: it resolves here, or InvalidSetting (422);
+        an openai name on a server without MOERAG_OPENAI_BASE_URL is NotConfigured (409)."""
         try:
             self.generator(name)
         except GeneratorError as exc:
+            if re.fullmatch(GENERATOR_NAME, name):
+                raise NotConfigured(f"{exc}, which this server lacks") from None
             raise InvalidSetting(str(exc)) from None
 
     # ---- life cycle ----------------------------------------------------------------------------------

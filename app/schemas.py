@@ -5,8 +5,19 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StrictBool,
+    model_validator,
+)
 from pydantic_core.core_schema import ValidatorFunctionWrapHandler
+
+from engine.generators import GENERATOR_NAME
 
 INT64_MAX = 2**63 - 1  # the largest id, offset or cluster a request may name (SQL BIGINT, FAISS ids)
 PAGE_LIMIT = 500  # the most items one page of any list returns
@@ -15,15 +26,21 @@ T = TypeVar("T")
 
 
 def _number_not_text(value: Any) -> Any:
-    """JSON integers only: "5" and true are refused; 5.0 is the integer 5 (as JSON Schema counts it)."""
+    """JSON numbers only: "5" and true are refused; for an integer, 5.0 is 5 (as JSON Schema counts it)."""
     if isinstance(value, bool | str | bytes):
-        raise ValueError("must be a JSON integer")
+        raise ValueError("must be a JSON number")
     return value
 
 
-# Integers in request bodies: numbers, never strings or booleans.
+# Numbers in request bodies are JSON numbers, never strings or booleans; booleans are StrictBool
+# (JSON true/false: a lax bool would take 0, 1 and "yes"). A bounded one names its bounds
+# before the validator, in one Annotated: bounds put on an alias of `Int` (or on `Int | None`)
+# reach the spec as "ge"/"le", which JSON Schema does not know, so clients and fuzzers ignore them.
 Int = Annotated[int, BeforeValidator(_number_not_text)]
-Id = Annotated[Int, Field(ge=0, le=INT64_MAX)]
+Id = Annotated[int, Field(ge=0, le=INT64_MAX), BeforeValidator(_number_not_text)]
+Positive = Annotated[int, Field(ge=1), BeforeValidator(_number_not_text)]
+TopK = Annotated[int, Field(ge=1, le=50), BeforeValidator(_number_not_text)]  # an expert's passages
+Share = Annotated[float, Field(ge=0, le=1), BeforeValidator(_number_not_text)]  # a threshold: "0.5" is refused
 # Stored times are UTC; SQLite returns them without a zone, which a date-time must carry.
 Utc = Annotated[datetime, AfterValidator(lambda d: d if d.tzinfo else d.replace(tzinfo=UTC))]
 
@@ -47,12 +64,20 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-class TextDocumentIn(BaseModel):
+NAME_MAX = 1024  # a document's title or source, in characters (the SQL columns' width)
+
+
+class UploadFields(BaseModel):
+    """The text fields a multipart upload may carry beside its `file`: nothing else."""
+
     model_config = ConfigDict(extra="forbid")
 
+    title: str | None = Field(None, max_length=NAME_MAX)
+    source: str | None = Field(None, max_length=NAME_MAX)
+
+
+class TextDocumentIn(UploadFields):
     text: str = Field(min_length=1)
-    title: str | None = Field(None, max_length=1024)
-    source: str | None = Field(None, max_length=1024)
     format: Literal["txt", "md", "html"] = "txt"
     metadata: dict[str, Any] = Field(default_factory=dict)
 
@@ -189,10 +214,22 @@ class StatsOut(BaseModel):
 
 
 def _document_old_names(schema: dict[str, Any], model: type[BaseModel]) -> None:
+    """Each old name as a deprecated property, and the rule: one name per field. A required field
+    becomes "exactly one of its two names" (oneOf), an optional one "not both" (not)."""
+    props, required = schema.setdefault("properties", {}), schema.get("required", [])
+    rules: list[dict[str, Any]] = []
     for old, new in getattr(model, "RENAMED", {}).items():
-        props = schema.setdefault("properties", {})
         props[old] = {**props.get(new, {}), "deprecated": True,
             "description": f"Deprecated name of {new!r} (accepted for one release)."}  # fmt: skip
+        if new in required:
+            required.remove(new)
+            rules.append({"oneOf": [{"required": [new]}, {"required": [old]}]})
+        else:
+            rules.append({"not": {"required": [new, old]}})
+    if not required:
+        schema.pop("required", None)
+    if rules:
+        schema["allOf"] = rules
 
 
 class Renamed(BaseModel):
@@ -226,11 +263,11 @@ class AskIn(Renamed):
     RENAMED: ClassVar[dict[str, str]] = {"question": "query", "top_k": "k"}
 
     query: str = Field(min_length=1, description="The question.")
-    k: Int | None = Field(None, ge=1, description="Passages to cite (default: the expert's top-k, or 5).")
+    k: Positive | None = Field(None, description="Passages to cite (default: the expert's top-k, or 5).")
     mode: Literal["auto", "expert", "fallback"] = "auto"
     expert: Id | None = Field(None, description="Expert id for mode=expert (default: the router's top expert).")
-    generate: bool = True
-    stream: bool = False
+    generate: StrictBool = True
+    stream: StrictBool = False
 
 
 class CitationOut(BaseModel):
@@ -263,9 +300,9 @@ class ExpertIn(BaseModel):
     name: str = Field(min_length=1, max_length=200)
     description: str = ""
     system_prompt: str = ""
-    generator: str = "extractive"
-    top_k: Int = Field(5, ge=1, le=50)
-    threshold: float | None = Field(None, ge=0, le=1)
+    generator: str = Field("extractive", pattern=GENERATOR_NAME)
+    top_k: TopK = 5
+    threshold: Share | None = None
 
 
 class ExpertPatch(BaseModel):
@@ -274,9 +311,9 @@ class ExpertPatch(BaseModel):
     name: str | None = Field(None, min_length=1, max_length=200)
     description: str | None = None
     system_prompt: str | None = None
-    generator: str | None = None
-    top_k: Int | None = Field(None, ge=1, le=50)
-    threshold: float | None = Field(None, ge=0, le=1)
+    generator: str | None = Field(None, pattern=GENERATOR_NAME)
+    top_k: TopK | None = None
+    threshold: Share | None = None
 
 
 class ExpertOut(BaseModel):
@@ -320,8 +357,8 @@ class ProposeIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     n: Int = Field(6, ge=1, le=500)
-    apply: bool = Field(False, description="Create the proposed experts and map their clusters.")
-    keep_mapped: bool = Field(
+    apply: StrictBool = Field(False, description="Create the proposed experts and map their clusters.")
+    keep_mapped: StrictBool = Field(
         True,
         description="Clusters an expert already owns stay with it; only unmapped clusters are grouped. "
         "False regroups every cluster (the diff lists what moves and which experts are left empty).",
@@ -341,10 +378,10 @@ class ExampleIn(BaseModel):
 class TrainIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    activate: bool = Field(
+    activate: StrictBool = Field(
         True, description="Activate the new version unless it is worse than the active one on held-out metrics."
     )
-    force: bool = Field(False, description="Activate even when it is worse (the result's held_back says how).")
+    force: StrictBool = Field(False, description="Activate even when it is worse (the result's held_back says how).")
 
 
 class RouterVersionOut(BaseModel):

@@ -57,6 +57,13 @@ class Conflict(MoeragError):
     code = "conflict"
 
 
+class NotConfigured(MoeragError):
+    """A well-formed setting whose backend this server is not configured for (openai without
+    MOERAG_OPENAI_BASE_URL): the request is right, the server's state refuses it."""
+
+    code = "not_configured"
+
+
 class NotTrainable(MoeragError, ValueError):
     """The router cannot be trained yet (no expert owns a cluster)."""
 

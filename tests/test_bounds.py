@@ -1,4 +1,5 @@
-"""Issue 11: requests that name numbers beyond int64, or numbers that are not numbers, get a JSON 422."""
+"""Issue 11: requests that name numbers beyond int64, or numbers that are not numbers, get a JSON 422,
+and the spec states every bound the server enforces (schemathesis's positive and negative checks)."""
 
 import pytest
 from fastapi.testclient import TestClient
@@ -39,6 +40,11 @@ def test_ids_beyond_int64_are_422(client: TestClient, method: str, path: str) ->
         ("/ask", {"question": "x", "expert": BIG}),
         ("/admin/api/clusters/assign", {"cluster_ids": [BIG], "expert_id": None}),
         ("/admin/api/clusters/assign", {"cluster_ids": [0], "expert_id": "1"}),
+        # Booleans are JSON true/false: schemathesis found 0 taken for false (ST201).
+        ("/ask", {"query": "x", "stream": 0}),
+        ("/admin/api/router/train", {"force": 0}),
+        ("/admin/api/experts/propose", {"keep_mapped": "yes"}),
+        ("/admin/api/experts", {"name": "a", "threshold": "0.5"}),
     ],
 )
 def test_bodies_with_out_of_range_or_lax_numbers_are_422(client: TestClient, path: str, body: dict) -> None:  # type: ignore[type-arg]
@@ -112,3 +118,54 @@ def test_ask_over_the_limit_is_429_with_retry_after(client: TestClient) -> None:
         assert int(r.headers["retry-after"]) >= 1
     finally:
         rt.ask_limiter = None
+
+
+def _keys(node: object) -> set[str]:
+    if isinstance(node, dict):
+        return set(node) | {k for v in node.values() for k in _keys(v)}
+    if isinstance(node, list):
+        return {k for v in node for k in _keys(v)}
+    return set()
+
+
+def test_the_spec_states_bounds_as_json_schema(client: TestClient) -> None:
+    """Bounds on an alias of a validated int once reached the spec as "ge"/"le", which JSON Schema
+    does not know: clients and fuzzers sent negative ids and top_k 4608526 as "valid" (ST202)."""
+    spec = client.get("/openapi.json").json()
+    assert not _keys(spec) & {"ge", "le", "gt", "lt"}
+    schemas = spec["components"]["schemas"]
+    assert schemas["AssignIn"]["properties"]["cluster_ids"]["items"]["minimum"] == 0
+    assert schemas["ExpertPatch"]["properties"]["top_k"]["anyOf"][0]["maximum"] == 50
+    # The deprecated aliases: exactly one name for `query`, never both names for `k`.
+    assert schemas["AskIn"]["allOf"] == [
+        {"oneOf": [{"required": ["query"]}, {"required": ["question"]}]},
+        {"not": {"required": ["k", "top_k"]}},
+    ]
+    # Multipart bodies name their fields and nothing else; bulk has a documented body.
+    upload = spec["paths"]["/documents"]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
+    assert upload["additionalProperties"] is False and upload["properties"]["title"]["maxLength"] == 1024
+    bulk = spec["paths"]["/documents/bulk"]["post"]["requestBody"]
+    assert bulk["required"] and bulk["content"]["multipart/form-data"]["schema"]["required"] == ["files"]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [{"colour": "blue"}, {"title": "t" * 1025}, {"source": "s" * 1025}, {"title": ["a", "b"]}],
+    ids=["unknown-field", "long-title", "long-source", "title-twice"],
+)
+def test_multipart_uploads_refuse_fields_the_spec_does_not_allow(client: TestClient, data: dict) -> None:  # type: ignore[type-arg]
+    files = {"file": ("note.txt", b"SQLite keeps a database in one file.", "text/plain")}
+    r = client.post("/documents", files=files, data=data, headers=AUTH)
+    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_request", r.text
+    r = client.post("/documents/bulk", files=[("files", files["file"])], data={"colour": "blue"}, headers=AUTH)
+    assert r.status_code == 422 and "colour" in r.json()["error"]["message"]
+    assert client.get("/documents", headers=AUTH).json()["total"] == 0  # nothing half-done
+
+
+def test_a_word_where_an_id_goes_is_another_resource_not_a_bad_id(client: TestClient) -> None:
+    """`PUT /admin/api/clusters/assign` was routed to `/clusters/{cluster_id}` and answered 422 (ST204)."""
+    r = client.put("/admin/api/clusters/assign", json={"cluster_ids": [0], "expert_id": None}, headers=AUTH)
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    r = client.get("/documents/bulk", headers=AUTH)
+    assert r.status_code == 405 and r.headers["allow"] == "POST"
+    assert client.get("/documents/-1", headers=AUTH).status_code == 404

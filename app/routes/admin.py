@@ -68,7 +68,7 @@ def scope_leakage(rt: RuntimeDep) -> ScopeLeakageOut:
     return ScopeLeakageOut(**rt.indexes.scope_leakage())
 
 
-@router.get("/clusters/{cluster_id}", response_model=ClusterDetail)
+@router.get("/clusters/{cluster_id:int}", response_model=ClusterDetail)
 def cluster_detail(
     cluster_id: IdPath, rt: RuntimeDep, samples: Annotated[int, Query(ge=0, le=50)] = 5
 ) -> ClusterDetail:
@@ -84,7 +84,7 @@ def cluster_detail(
     )
 
 
-@router.put("/clusters/{cluster_id}", response_model=ClusterOut)
+@router.put("/clusters/{cluster_id:int}", response_model=ClusterOut)
 def put_cluster(cluster_id: IdPath, body: ClusterPut, rt: RuntimeDep) -> ClusterOut:
     expert_service.assign(rt.sessions, [cluster_id], body.expert_id)
     rt.mapping_changed()
@@ -123,7 +123,7 @@ def create_expert(body: ExpertIn, rt: RuntimeDep) -> ExpertOut:
     return _expert_out(expert_service.create(rt.sessions, body.model_dump()), {})
 
 
-@router.patch("/experts/{expert_id}", response_model=ExpertOut)
+@router.patch("/experts/{expert_id:int}", response_model=ExpertOut)
 def patch_expert(expert_id: IdPath, body: ExpertPatch, rt: RuntimeDep) -> ExpertOut:
     if body.generator is not None:
         rt.check_generator(body.generator)
@@ -131,7 +131,7 @@ def patch_expert(expert_id: IdPath, body: ExpertPatch, rt: RuntimeDep) -> Expert
     return _expert_out(expert, _owned(rt))
 
 
-@router.delete("/experts/{expert_id}", status_code=204)
+@router.delete("/experts/{expert_id:int}", status_code=204)
 def delete_expert(expert_id: IdPath, rt: RuntimeDep) -> Response:
     expert_service.delete(rt.sessions, expert_id)
     rt.mapping_changed()
@@ -172,7 +172,7 @@ def router_staleness(rt: RuntimeDep) -> dict[str, object]:
     return rt.routers.staleness()
 
 
-@router.post("/router/versions/{version_id}/activate")
+@router.post("/router/versions/{version_id:int}/activate")
 async def activate(version_id: IdPath, rt: RuntimeDep) -> dict[str, int]:
     try:
         await run_in_threadpool(rt.routers.activate, version_id)
@@ -197,7 +197,7 @@ def questions(rt: RuntimeDep, offset: Offset = 0, limit: Limit = PAGE_DEFAULT) -
     return Page(items=[QuestionOut.model_validate(q) for q in rows], total=total, offset=offset, limit=limit)
 
 
-@router.post("/questions/{query_id}/label")
+@router.post("/questions/{query_id:int}/label")
 def label_question(query_id: IdPath, body: LabelIn, rt: RuntimeDep) -> dict[str, int]:
     """An operator marks the right expert: the question becomes router training data."""
     question_service.label(rt.sessions, query_id, body.expert_id)

@@ -10,8 +10,9 @@ from starlette.datastructures import UploadFile
 from app.deps import AdminDep, IdPath, Limit, Offset, ReaderDep, RuntimeDep
 from app.errors import ApiError
 from app.models import Document
-from app.routes.uploads import read_upload_file, upload_from_request
+from app.routes.uploads import NoFields, form_fields, read_upload_file, upload_from_request
 from app.schemas import (
+    NAME_MAX,
     PAGE_DEFAULT,
     ChunkNeighbour,
     ChunkOut,
@@ -23,6 +24,7 @@ from app.schemas import (
     IngestOut,
     JobOut,
     TextDocumentIn,
+    UploadFields,
 )
 from app.services import library
 from app.services.bulk import new_spool, spool_file
@@ -31,6 +33,7 @@ router = APIRouter(tags=["documents"])
 
 _UPLOAD_BODY = {
     "requestBody": {
+        "required": True,
         "content": {
             "multipart/form-data": {
                 "schema": {
@@ -38,13 +41,13 @@ _UPLOAD_BODY = {
                     "required": ["file"],
                     "properties": {
                         "file": {"type": "string", "format": "binary"},
-                        "source": {"type": "string"},
-                        "title": {"type": "string"},
+                        **{name: {"type": "string", "maxLength": NAME_MAX} for name in UploadFields.model_fields},
                     },
+                    "additionalProperties": False,
                 }
             },
             "application/json": {"schema": TextDocumentIn.model_json_schema()},
-        }
+        },
     }
 }
 
@@ -88,7 +91,28 @@ async def create_document(request: Request, response: Response, rt: RuntimeDep) 
     )
 
 
-@router.post("/documents/bulk", response_model=JobOut, status_code=202, dependencies=[AdminDep])
+_BULK_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["files"],
+                    "properties": {
+                        "files": {"type": "array", "minItems": 1, "items": {"type": "string", "format": "binary"}}
+                    },
+                    "additionalProperties": False,
+                }
+            }
+        },
+    }
+}
+
+
+@router.post(
+    "/documents/bulk", response_model=JobOut, status_code=202, dependencies=[AdminDep], openapi_extra=_BULK_BODY
+)
 async def bulk_ingest(request: Request, rt: RuntimeDep) -> JobOut:
     """Many files in multipart fields named `files`: spooled to disk, then ingested by a job."""
     s = rt.settings
@@ -99,6 +123,7 @@ async def bulk_ingest(request: Request, rt: RuntimeDep) -> JobOut:
     uploads = [f for f in form.getlist("files") if isinstance(f, UploadFile)]
     if not uploads:
         raise ApiError("missing_file", "send the documents in multipart fields named 'files'")
+    form_fields(form, "files", NoFields)
     spool = new_spool(s.spool_dir)
     files = []
     try:
@@ -128,14 +153,16 @@ def list_documents(
     return DocumentPage(items=items, total=total, offset=offset, limit=limit)
 
 
-@router.get("/documents/{document_id}", response_model=DocumentDetail, dependencies=[ReaderDep])
+@router.get("/documents/{document_id:int}", response_model=DocumentDetail, dependencies=[ReaderDep])
 def get_document(document_id: IdPath, rt: RuntimeDep) -> DocumentDetail:
     doc = library.document(rt.sessions, document_id)
     summaries = [ChunkSummary.model_validate(c) for c in doc.chunks]
     return DocumentDetail(**_out(doc, len(summaries)).model_dump(), chunk_list=summaries)
 
 
-@router.put("/documents/{document_id}", response_model=IngestOut, dependencies=[AdminDep], openapi_extra=_UPLOAD_BODY)
+@router.put(
+    "/documents/{document_id:int}", response_model=IngestOut, dependencies=[AdminDep], openapi_extra=_UPLOAD_BODY
+)
 async def replace_document(document_id: IdPath, request: Request, rt: RuntimeDep) -> IngestOut:
     """New content for an existing document; its id stays, its chunks are replaced."""
     upload = await upload_from_request(request, rt.settings.max_upload_bytes)
@@ -143,13 +170,13 @@ async def replace_document(document_id: IdPath, request: Request, rt: RuntimeDep
     return IngestOut(id=document_id, source=outcome.source, chunks=outcome.chunks, status=outcome.status)
 
 
-@router.delete("/documents/{document_id}", response_model=DeletedOut, dependencies=[AdminDep])
+@router.delete("/documents/{document_id:int}", response_model=DeletedOut, dependencies=[AdminDep])
 def delete_document(document_id: IdPath, rt: RuntimeDep) -> DeletedOut:
     n = rt.ingestor.delete(document_id)
     return DeletedOut(id=document_id, deleted=True, chunks=n)
 
 
-@router.get("/chunks/{chunk_id}", response_model=ChunkOut, dependencies=[ReaderDep])
+@router.get("/chunks/{chunk_id:int}", response_model=ChunkOut, dependencies=[ReaderDep])
 def get_chunk(chunk_id: IdPath, rt: RuntimeDep) -> ChunkOut:
     """One chunk in full, where it sits (document, heading path, expert) and its neighbours."""
     c, neighbours, expert_id = library.chunk(rt.sessions, chunk_id)

@@ -62,7 +62,7 @@ def list_jobs(rt: RuntimeDep, offset: Offset = 0, limit: Limit = PAGE_DEFAULT) -
     return Page(items=[JobOut.model_validate(j) for j in rows], total=total, offset=offset, limit=limit)
 
 
-@router.get("/jobs/{job_id}", response_model=JobOut, tags=["jobs"], dependencies=[ReaderDep])
+@router.get("/jobs/{job_id:int}", response_model=JobOut, tags=["jobs"], dependencies=[ReaderDep])
 def get_job(job_id: IdPath, rt: RuntimeDep) -> JobOut:
     return JobOut.model_validate(rt.jobs.get(job_id))
 

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import Request
-from pydantic import ValidationError
-from starlette.datastructures import UploadFile
+from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.datastructures import FormData, UploadFile
 
 from app.errors import ApiError
-from app.schemas import TextDocumentIn
+from app.schemas import NAME_MAX, TextDocumentIn, UploadFields
 from app.services.documents import Upload
 
+M = TypeVar("M", bound=BaseModel)
 _FORMAT_TYPES = {"txt": "text/plain", "md": "text/markdown", "html": "text/html"}
 
 
@@ -35,14 +36,14 @@ async def upload_from_request(request: Request, limit: int) -> Upload:
         file = form.get("file")
         if not isinstance(file, UploadFile):
             raise ApiError("missing_file", "send the document in a multipart field named 'file'")
+        fields = form_fields(form, "file", UploadFields)
         data = await read_upload_file(file, limit)
         filename = file.filename or "upload"
-        source = _form_str(form.get("source")) or filename
         return Upload(
             data=data,
-            source=source[:1024],
+            source=_blank_is_none(fields.source) or filename[:NAME_MAX],
             filename=filename,
-            title=_form_str(form.get("title")),
+            title=_blank_is_none(fields.title),
             content_type=file.content_type,
         )
     if ctype in ("application/json", ""):
@@ -56,8 +57,7 @@ async def upload_from_request(request: Request, limit: int) -> Upload:
         try:
             doc = TextDocumentIn.model_validate(payload)
         except ValidationError as exc:
-            details = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-            raise ApiError("invalid_request", details) from None
+            raise ApiError("invalid_request", _reasons(exc)) from None
         data = doc.text.encode("utf-8")
         source = doc.source or f"text:{hashlib.sha256(data).hexdigest()[:12]}"
         return Upload(
@@ -71,5 +71,31 @@ async def upload_from_request(request: Request, limit: int) -> Upload:
     raise ApiError("unsupported_media_type", "send multipart/form-data with a 'file' field, or JSON text")
 
 
-def _form_str(value: object) -> str | None:
-    return value.strip() or None if isinstance(value, str) else None
+def _blank_is_none(value: str | None) -> str | None:
+    return value.strip() or None if value is not None else None
+
+
+class NoFields(BaseModel):
+    """A form that carries only its files (`POST /documents/bulk`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def form_fields(form: FormData, files: str, model: type[M]) -> M:
+    """A multipart form's text fields, checked by `model` (unknown names, lengths): each sent
+    once, as text. `files` names the field that carries the upload(s)."""
+    values: dict[str, list[Any]] = {}
+    for key, value in form.multi_items():
+        if key != files:
+            values.setdefault(key, []).append(value)
+    for key, sent in values.items():
+        if len(sent) > 1 or not isinstance(sent[0], str):
+            raise ApiError("invalid_request", f"form field {key!r} must be sent once, as text")
+    try:
+        return model.model_validate({key: sent[0] for key, sent in values.items()})
+    except ValidationError as exc:
+        raise ApiError("invalid_request", _reasons(exc)) from None
+
+
+def _reasons(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
