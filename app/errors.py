@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import re
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.errors import MoeragError
@@ -45,7 +46,27 @@ STATUS: dict[str, int] = {
     "not_ready": 503,
     "generator_unavailable": 503,
     "generator_failed": 502,
+    "disk_full": 507,
 }
+
+# How a full disk shows itself: ENOSPC/EDQUOT from the OS, SQLite's "database or disk is full",
+# PostgreSQL's SQLSTATE 53100 (disk_full).
+_DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether `exc`, or what it wraps, says that the disk is full."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in _DISK_FULL_ERRNOS:
+            return True
+        if "disk is full" in str(seen) or getattr(seen, "sqlstate", None) == "53100":
+            return True
+        seen = seen.__cause__ or getattr(seen, "orig", None)
+    return False
+
+
+DISK_FULL_MESSAGE = "the server's disk is full: nothing of this request was kept; retry once space is freed"
 
 
 class ApiError(Exception):
@@ -73,6 +94,14 @@ def install(app: FastAPI) -> None:
     async def _integrity(_: Request, exc: IntegrityError) -> JSONResponse:
         # A row the request refers to went away (or appeared) in a concurrent change.
         return JSONResponse(error_body("conflict", "a concurrent change got there first; read and retry"), 409)
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(OSError)
+    async def _storage(_: Request, exc: Exception) -> JSONResponse:
+        # A full disk refuses the write, which was rolled back whole: 507, not a 500 and a reset.
+        if is_disk_full(exc):
+            return JSONResponse(error_body("disk_full", DISK_FULL_MESSAGE), STATUS["disk_full"])
+        raise exc
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -20,6 +20,7 @@ import kernels
 from app.auth import load_or_create_token
 from app.catalogue import Catalogue
 from app.db import make_engine, make_sessionmaker
+from app.errors import is_disk_full
 from app.locking import DataDirLock, SqlLease
 from app.metrics import Metrics
 from app.migrate import upgrade
@@ -333,8 +334,11 @@ class Runtime:
                 if self.indexes.checkpoint():  # a new snapshot: the log it covers may go
                     self.indexes.compact_log(self.settings.index_log_retention_seconds)
                 self.lexical.refresh()
-            except Exception:  # a full disk must not kill the thread; SQL stays the truth
-                log.exception("index checkpoint failed")
+            except Exception as exc:  # a full disk must not kill the thread; SQL stays the truth
+                if is_disk_full(exc):
+                    log.warning("index checkpoint did not fit (disk full); SQL holds every change, retrying")
+                else:
+                    log.exception("index checkpoint failed")
 
     def _recluster_job(self, ctx: JobContext) -> dict[str, Any]:
         result = self.indexes.recluster(lambda done, total: ctx.progress(done, total))

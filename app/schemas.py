@@ -291,7 +291,10 @@ class AskOut(BaseModel):
     citations: list[CitationOut]
     route: dict[str, Any]
     timings_ms: dict[str, float]
-    query_id: int
+    query_id: int | None = Field(
+        description="The question's row in the query log (feedback names it); null if it could not be "
+        "written (a full disk: the answer is still given)."
+    )
 
 
 class ExpertIn(BaseModel):

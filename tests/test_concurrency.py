@@ -22,7 +22,7 @@ from tests.server import Server
 pytestmark = pytest.mark.slow
 
 TOKEN = "concurrency-token"
-SECONDS = float(os.environ.get("MOERAG_CONCURRENCY_SECONDS", "30"))
+SECONDS = float(os.environ.get("MOERAG_CONCURRENCY_SECONDS", "60"))
 
 
 def test_uploaders_and_askers_at_once(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import threading
@@ -13,16 +14,18 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from sqlalchemy.exc import OperationalError
 from starlette.concurrency import run_in_threadpool
 
 from app.deps import ReaderDep, RuntimeDep
-from app.errors import ApiError
+from app.errors import ApiError, is_disk_full
 from app.runtime import Runtime
 from app.schemas import AskIn, AskOut, CitationOut
 from app.services.ask import log_question, route_json
 from engine.generators import GeneratorError, cited_numbers
 from engine.pipeline import AskRequest, Prepared
 
+logger = logging.getLogger(__name__)
 router = APIRouter(tags=["ask"])
 # One server-sent event: `route` (route and citations), `token` ({"text"}), `error`, `done`; data is JSON.
 _SSE_EVENT = {
@@ -70,11 +73,18 @@ def _prepare(rt: Runtime, body: AskIn) -> Prepared:
         raise ApiError("generator_unavailable", str(exc)) from None
 
 
-def _finish(rt: Runtime, prepared: Prepared) -> int:
+def _finish(rt: Runtime, prepared: Prepared) -> int | None:
+    """Count the answer and log the question; a full disk costs the log row, not the answer."""
     prepared.timings_ms.setdefault("generate", 0.0)
     prepared.timings_ms.setdefault("total", sum(v for k, v in prepared.timings_ms.items() if k != "total"))
     rt.metrics.observe(prepared.route, prepared.timings_ms)
-    return log_question(rt.sessions, prepared)
+    try:
+        return log_question(rt.sessions, prepared)
+    except (OperationalError, OSError) as exc:
+        if not is_disk_full(exc):
+            raise
+        logger.warning("a question was answered but not logged: the disk is full")
+        return None
 
 
 @router.post(
@@ -146,15 +156,16 @@ class _LogOnce:
     def __init__(self, rt: Runtime, prepared: Prepared) -> None:
         self.rt, self.prepared = rt, prepared
         self.lock = threading.Lock()
+        self.done = False
         self.query_id: int | None = None
 
-    def __call__(self, aborted: bool = False) -> int:
+    def __call__(self, aborted: bool = False) -> int | None:
         with self.lock:
-            if self.query_id is None:
+            if not self.done:
                 if aborted:
                     elapsed = (time.perf_counter() - self.prepared.started) * 1000
                     self.prepared.timings_ms["aborted"] = self.prepared.timings_ms["total"] = elapsed
-                self.query_id = _finish(self.rt, self.prepared)
+                self.query_id, self.done = _finish(self.rt, self.prepared), True
             return self.query_id
 
 
@@ -189,7 +200,7 @@ async def _sse(rt: Runtime, prepared: Prepared, generate: bool) -> AsyncIterator
         while (chunk := await run_in_threadpool(next, events, None)) is not None:
             yield chunk
     finally:
-        if log.query_id is None:
+        if not log.done:
             threading.Thread(target=log, kwargs={"aborted": True}, name="moerag-log-cut", daemon=True).start()
 
 
