@@ -14,11 +14,10 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from sqlalchemy.exc import OperationalError
 from starlette.concurrency import run_in_threadpool
 
 from app.deps import ReaderDep, RuntimeDep
-from app.errors import ApiError, is_disk_full
+from app.errors import ApiError
 from app.runtime import Runtime
 from app.schemas import AskIn, AskOut, CitationOut
 from app.services.ask import log_question, route_json
@@ -78,13 +77,7 @@ def _finish(rt: Runtime, prepared: Prepared) -> int | None:
     prepared.timings_ms.setdefault("generate", 0.0)
     prepared.timings_ms.setdefault("total", sum(v for k, v in prepared.timings_ms.items() if k != "total"))
     rt.metrics.observe(prepared.route, prepared.timings_ms)
-    try:
-        return log_question(rt.sessions, prepared)
-    except (OperationalError, OSError) as exc:
-        if not is_disk_full(exc):
-            raise
-        logger.warning("a question was answered but not logged: the disk is full")
-        return None
+    return log_question(rt.sessions, prepared)
 
 
 @router.post(
@@ -95,10 +88,12 @@ def _finish(rt: Runtime, prepared: Prepared) -> int | None:
 )
 async def ask(body: AskIn, request: Request, rt: RuntimeDep) -> Response:
     """Route the question, retrieve, answer with numbered citations; the route says which path and why."""
-    if rt.ask_limiter is not None and (wait := rt.ask_limiter.take(request.client.host if request.client else "")):
-        raise ApiError("rate_limited", f"too many questions from this client; retry in {wait:.0f} s",
-            headers={"Retry-After": str(math.ceil(wait))},
-        )  # fmt: skip
+    if rt.ask_limiter is not None:  # one SQL upsert, off the event loop
+        wait = await run_in_threadpool(rt.ask_limiter.take, request.client.host if request.client else "")
+        if wait:
+            raise ApiError("rate_limited", f"too many questions from this client; retry in {wait:.0f} s",
+                headers={"Retry-After": str(math.ceil(wait))},
+            )  # fmt: skip
     slots = _answer_slots(request, rt)
     # Old field names still work for one release; the response says they are deprecated.
     headers = (

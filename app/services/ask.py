@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any, cast
 
 from sqlalchemy import Table, bindparam, insert, select
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.errors import is_disk_full
 from app.models import Chunk, Document, QueryLog
 from engine.pipeline import ChunkRecord, ExpertProfile, Prepared, Route
+
+logger = logging.getLogger(__name__)
 
 
 class SqlChunkStore:
@@ -63,12 +68,28 @@ def route_json(route: Route) -> dict[str, Any]:
     }
 
 
-def log_question(sessions: sessionmaker[Session], prepared: Prepared) -> int:
-    """One row per answered question (a Core INSERT ... RETURNING: a third of the ORM's cost)."""
+_LOG_TABLE = cast(Table, QueryLog.__table__)  # the table itself: no ORM bulk-insert path
+_LOG_INSERT = insert(_LOG_TABLE).returning(_LOG_TABLE.c.id)
+
+
+def log_question(sessions: sessionmaker[Session], prepared: Prepared) -> int | None:
+    """One row per answered question, its id; None when the disk is full (the answer stands).
+
+    A Core INSERT ... RETURNING built once, on a plain connection (as `SqlChunkStore` reads), not in
+    an ORM session, whose opening and closing held the GIL.
+    """
+    try:
+        return _insert_log(sessions, prepared)
+    except (OperationalError, OSError) as exc:
+        if not is_disk_full(exc):
+            raise
+        logger.warning("a question was answered but not logged: the disk is full")
+        return None
+
+
+def _insert_log(sessions: sessionmaker[Session], prepared: Prepared) -> int:
     route = prepared.route
-    with sessions.begin() as s:
-        table = cast(Table, QueryLog.__table__)  # the table itself: no ORM bulk-insert path
-        stmt = insert(table).returning(table.c.id)
+    with sessions.kw["bind"].begin() as conn:
         row = dict(
             question=prepared.question[:4000],
             path=route.path,
@@ -82,4 +103,4 @@ def log_question(sessions: sessionmaker[Session], prepared: Prepared) -> int:
             router_version_id=route.router_version,
             catalogue_version=route.catalogue_version,
         )
-        return int(s.execute(stmt, row).scalar_one())
+        return int(conn.execute(_LOG_INSERT, row).scalar_one())
