@@ -223,6 +223,18 @@ class RevokedSession(Base):
     expires_at: Mapped[int] = mapped_column(BigInteger, index=True)  # epoch seconds; deleted after
 
 
+class RateBucket(Base):
+    """One client's /ask allowance (GCRA): its theoretical arrival time, shared by every worker.
+
+    A row whose `tat` has passed is the same as no row; such rows are deleted from time to time.
+    """
+
+    __tablename__ = "rate_bucket"
+
+    client: Mapped[str] = mapped_column(String(64), primary_key=True)  # the client's address
+    tat: Mapped[float] = mapped_column(Float)  # epoch seconds
+
+
 class CatalogueVersion(Base):
     """The catalogue's version (a single row, id 1): bumped by every commit serving processes follow."""
 

@@ -25,7 +25,6 @@ from app.locking import DataDirLock, SqlLease
 from app.metrics import Metrics
 from app.migrate import upgrade
 from app.models import Chunk, Cluster, Document, Job, stack
-from app.ratelimit import RateLimiter
 from app.services.answer_cache import AnswerCache
 from app.services.ask import SqlChunkStore
 from app.services.bulk import bulk_handler
@@ -35,6 +34,7 @@ from app.services.experts import ExpertDirectory
 from app.services.indexing import IndexManager
 from app.services.jobs import JobContext, JobRunner
 from app.services.lexical import LexicalManager
+from app.services.ratelimit import RateLimiter
 from app.services.routing import RouterManager
 from app.settings import Settings
 from engine.chunking import ChunkingConfig
@@ -104,7 +104,9 @@ class Runtime:
         self.lexical = LexicalManager(self.sessions, settings.lexical_rebuild_share)
         self.experts = ExpertDirectory(self.sessions)
         self.console_sessions = ConsoleSessions(self.sessions)
-        self.ask_limiter = RateLimiter(settings.ask_rate_per_minute) if settings.ask_rate_per_minute else None
+        self.ask_limiter = (
+            RateLimiter(self.engine, settings.ask_rate_per_minute) if settings.ask_rate_per_minute else None
+        )
         self.metrics = Metrics()
         self.admin_token = ""
         self.ready = False

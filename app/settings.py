@@ -121,7 +121,7 @@ class Settings(BaseSettings):
     )
     max_question_chars: int = Field(2000, ge=1)
     ask_rate_per_minute: float = Field(
-        0, ge=0, description="Questions a client (address) may ask per minute, per worker; 0 = no limit."
+        0, ge=0, description="Questions a client (address) may ask per minute, all workers together; 0 = no limit."
     )
     max_top_k: int = Field(50, ge=1)
     openai_base_url: str | None = Field(None, description="OpenAI-compatible server, e.g. http://127.0.0.1:8080/v1")

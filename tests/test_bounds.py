@@ -1,6 +1,8 @@
 """Issue 11: requests that name numbers beyond int64, or numbers that are not numbers, get a JSON 422,
 and the spec states every bound the server enforces (schemathesis's positive and negative checks)."""
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -94,23 +96,34 @@ def test_a_row_gone_in_a_concurrent_change_is_a_409_not_a_500(client: TestClient
     assert r.status_code == 409 and r.json()["error"]["code"] == "conflict"
 
 
-def test_ask_rate_limit_per_client() -> None:
-    """Issue 11 #5: anonymous /ask wrote the query log with no rate limit (now configurable, off by default)."""
-    from app.ratelimit import RateLimiter
+def test_ask_rate_limit_per_client(db_url: str) -> None:
+    """Issue 11 #5: anonymous /ask wrote the query log with no rate limit (now configurable, off by
+    default). The buckets are SQL rows: two workers on one database hold one limit, not two."""
+    from app.db import make_engine
+    from app.migrate import upgrade
+    from app.services.ratelimit import RateLimiter
 
-    limiter = RateLimiter(per_minute=60, burst=2)  # one a second, two at once
-    assert limiter.take("a", now=0.0) == 0.0 and limiter.take("a", now=0.0) == 0.0
-    wait = limiter.take("a", now=0.0)
-    assert wait == pytest.approx(1.0)  # the third must wait a second
-    assert limiter.take("b", now=0.0) == 0.0  # another client has its own bucket
-    assert limiter.take("a", now=1.0) == 0.0
+    engine = make_engine(db_url)
+    upgrade(engine)
+    one, other = RateLimiter(engine, per_minute=60, burst=2), RateLimiter(engine, per_minute=60, burst=2)
+    assert one.take("a", now=100.0) == 0.0 and other.take("a", now=100.0) == 0.0  # two at once
+    assert one.take("a", now=100.0) == pytest.approx(1.0)  # the third must wait a second, in any worker
+    assert other.take("a", now=100.0) == pytest.approx(1.0)
+    assert other.take("b", now=100.0) == 0.0  # another client has its own bucket
+    assert one.take("a", now=101.0) == 0.0
+    # Racing workers grant exactly the burst plus what the elapsed time earns, never more.
+    limiters = [RateLimiter(engine, per_minute=6, burst=5) for _ in range(4)]
+    with ThreadPoolExecutor(8) as pool:
+        waits = list(pool.map(lambda i: limiters[i % 4].take("c", now=200.0), range(40)))
+    assert sum(w == 0.0 for w in waits) == 5
+    engine.dispose()
 
 
 def test_ask_over_the_limit_is_429_with_retry_after(client: TestClient) -> None:
-    from app.ratelimit import RateLimiter
+    from app.services.ratelimit import RateLimiter
 
     rt = client.app.state.runtime  # type: ignore[attr-defined]
-    rt.ask_limiter = RateLimiter(per_minute=6, burst=1)
+    rt.ask_limiter = RateLimiter(rt.engine, per_minute=6, burst=1)
     try:
         assert client.post("/ask", json={"question": "x", "generate": False}).status_code != 429
         r = client.post("/ask", json={"question": "x", "generate": False})

@@ -1,0 +1,56 @@
+"""Per-client rate limit for /ask, shared by every worker: one GCRA bucket per client in SQL.
+
+Off by default (MOERAG_ASK_RATE_PER_MINUTE=0). The generic cell rate algorithm keeps one number a
+client, its theoretical arrival time `tat`: a question at `now` moves it to max(tat, now) + T
+(T = 60 / per_minute) and is let through while that stays within `burst` intervals of now. The
+check and the move are one upsert (`INSERT ... ON CONFLICT DO UPDATE ... WHERE ... RETURNING`,
+the same on SQLite and PostgreSQL), atomic under any number of processes, so several workers (or
+Ray replicas on one database) hold the limit together instead of each granting it again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from typing import Any
+
+from sqlalchemy import case, delete, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Engine
+
+from app.models import RateBucket
+
+_SWEEP_EVERY = 1024  # takes between deletions of spent buckets (a passed tat is the same as no row)
+
+
+class RateLimiter:
+    def __init__(self, engine: Engine, per_minute: float, burst: int | None = None) -> None:
+        self.engine = engine
+        self.interval = 60.0 / per_minute  # T: seconds a question costs
+        self.burst = burst if burst is not None else max(1, math.ceil(per_minute / 6))  # 10 s worth
+        self._takes = itertools.count(1)
+        self._dialect: Any = postgresql if engine.dialect.name == "postgresql" else sqlite  # both upsert alike
+
+    def take(self, client: str, now: float | None = None) -> float:
+        """0.0 if the client may go on; else the seconds until it may (a Retry-After)."""
+        now = time.time() if now is None else now
+        client = client[:64]
+        moved = case((RateBucket.tat > now, RateBucket.tat), else_=now) + self.interval  # max(tat, now) + T
+        stmt = (
+            self._dialect.insert(RateBucket)
+            .values(client=client, tat=now + self.interval)
+            .on_conflict_do_update(
+                index_elements=[RateBucket.client],
+                set_={"tat": moved},
+                where=moved - now <= self.burst * self.interval,
+            )
+            .returning(RateBucket.tat)
+        )
+        with self.engine.begin() as conn:
+            if next(self._takes) % _SWEEP_EVERY == 0:
+                conn.execute(delete(RateBucket).where(RateBucket.tat < now))
+            if conn.execute(stmt).first() is not None:
+                return 0.0
+            tat = conn.execute(select(RateBucket.tat).where(RateBucket.client == client)).scalar_one()
+        return max(tat, now) + self.interval - now - self.burst * self.interval
