@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import threading
@@ -24,7 +23,6 @@ from app.services.ask import log_question, route_json
 from engine.generators import GeneratorError, cited_numbers
 from engine.pipeline import AskRequest, Prepared
 
-logger = logging.getLogger(__name__)
 router = APIRouter(tags=["ask"])
 # One server-sent event: `route` (route and citations), `token` ({"text"}), `error`, `done`; data is JSON.
 _SSE_EVENT = {
