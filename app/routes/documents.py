@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import shutil
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
@@ -31,25 +31,21 @@ from app.services.bulk import new_spool, spool_file
 
 router = APIRouter(tags=["documents"])
 
-_UPLOAD_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "required": ["file"],
-                    "properties": {
-                        "file": {"type": "string", "format": "binary"},
-                        **{name: {"type": "string", "maxLength": NAME_MAX} for name in UploadFields.model_fields},
-                    },
-                    "additionalProperties": False,
-                }
-            },
-            "application/json": {"schema": TextDocumentIn.model_json_schema()},
-        },
-    }
-}
+
+def _multipart_body(required: str, properties: dict[str, Any], **other: dict[str, Any]) -> dict[str, Any]:
+    """An `openapi_extra` request body: a strict multipart form (and `other` media types)."""
+    form = {"type": "object", "required": [required], "properties": properties, "additionalProperties": False}
+    return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": form}, **other}}}
+
+
+_UPLOAD_BODY = _multipart_body(
+    "file",
+    {
+        "file": {"type": "string", "format": "binary"},
+        **{name: {"type": "string", "maxLength": NAME_MAX} for name in UploadFields.model_fields},
+    },
+    **{"application/json": {"schema": TextDocumentIn.model_json_schema()}},
+)
 
 
 def _out(doc: Document, n_chunks: int) -> DocumentOut:
@@ -91,23 +87,9 @@ async def create_document(request: Request, response: Response, rt: RuntimeDep) 
     )
 
 
-_BULK_BODY = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "multipart/form-data": {
-                "schema": {
-                    "type": "object",
-                    "required": ["files"],
-                    "properties": {
-                        "files": {"type": "array", "minItems": 1, "items": {"type": "string", "format": "binary"}}
-                    },
-                    "additionalProperties": False,
-                }
-            }
-        },
-    }
-}
+_BULK_BODY = _multipart_body(
+    "files", {"files": {"type": "array", "minItems": 1, "items": {"type": "string", "format": "binary"}}}
+)
 
 
 @router.post(
