@@ -24,10 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.evalcorpus import load_questions
-from benchmarks.load import load_level
+from benchmarks.load import NO_CACHE, load_level
 from tests.server import Server
-
-_NO_CACHE = {"MOERAG_QUESTION_CACHE": "0", "MOERAG_ANSWER_CACHE": "0"}
 
 
 def main() -> None:
@@ -49,7 +47,7 @@ def main() -> None:
     for r in range(args.rounds):
         for name, repo, data in (("A", args.a, args.data_a), ("B", args.b, args.data_b)):
             os.chdir(repo.resolve())  # `python -m app.cli` serves the checkout it starts in
-            server = Server(data.resolve(), "bench-ab", log, **_NO_CACHE)
+            server = Server(data.resolve(), "bench-ab", log, **NO_CACHE)
             server.start(timeout=900).close()
             try:
                 row = asyncio.run(load_level(server.url, questions, args.clients, args.seconds))

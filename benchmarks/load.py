@@ -187,11 +187,11 @@ def run_target(
     return rows
 
 
-_NO_CACHE = {"MOERAG_QUESTION_CACHE": "0", "MOERAG_ANSWER_CACHE": "0"}
+NO_CACHE = {"MOERAG_QUESTION_CACHE": "0", "MOERAG_ANSWER_CACHE": "0"}
 MOERAG_TARGETS: dict[str, dict[str, str]] = {
-    "moerag, batching": _NO_CACHE,
-    "moerag, no batching": {**_NO_CACHE, "MOERAG_QUESTION_BATCH": "1"},
-    "moerag, batching, 2 torch threads": {**_NO_CACHE, "MOERAG_TORCH_THREADS": "2"},
+    "moerag, batching": NO_CACHE,
+    "moerag, no batching": {**NO_CACHE, "MOERAG_QUESTION_BATCH": "1"},
+    "moerag, batching, 2 torch threads": {**NO_CACHE, "MOERAG_TORCH_THREADS": "2"},
     "moerag, batching + question cache": {"MOERAG_ANSWER_CACHE": "0"},
     "moerag, batching + question and answer caches": {},
 }
@@ -235,7 +235,7 @@ def run(
                 raise ValueError(f"target {name!r} needs --pg-url")
             n = int(name.split(", ")[-1].split()[0])
             # Its own data dir: each worker builds its replica from SQL, none writes into the SQLite store's.
-            server = Server(data_dir.parent / "load-pg", "bench-load", log, MOERAG_DATABASE_URL=pg_url, **_NO_CACHE)
+            server = Server(data_dir.parent / "load-pg", "bench-load", log, MOERAG_DATABASE_URL=pg_url, **NO_CACHE)
             server.start(600, "--workers", str(n)).close()
             try:
                 rows += run_target(name, server.url, questions, clients, seconds, requests)

@@ -111,7 +111,7 @@ def test_ask_rate_limit_per_client(db_url: str) -> None:
     assert other.take("a", now=100.0) == pytest.approx(1.0)
     assert other.take("b", now=100.0) == 0.0  # another client has its own bucket
     assert one.take("a", now=101.0) == 0.0
-    # Racing workers grant exactly the burst plus what the elapsed time earns, never more.
+    # Workers racing at one instant grant exactly the burst, never more.
     limiters = [RateLimiter(engine, per_minute=6, burst=5) for _ in range(4)]
     with ThreadPoolExecutor(8) as pool:
         waits = list(pool.map(lambda i: limiters[i % 4].take("c", now=200.0), range(40)))

@@ -15,12 +15,13 @@ import math
 import time
 from typing import Any
 
-from sqlalchemy import case, delete, select
+from sqlalchemy import Float, bindparam, case, delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 
 from app.models import RateBucket
 
+_TAT = select(RateBucket.tat).where(RateBucket.client == bindparam("client"))
 _SWEEP_EVERY = 1024  # takes between deletions of spent buckets (a passed tat is the same as no row)
 
 
@@ -30,16 +31,13 @@ class RateLimiter:
         self.interval = 60.0 / per_minute  # T: seconds a question costs
         self.burst = burst if burst is not None else max(1, math.ceil(per_minute / 6))  # 10 s worth
         self._takes = itertools.count(1)
-        self._dialect: Any = postgresql if engine.dialect.name == "postgresql" else sqlite  # both upsert alike
-
-    def take(self, client: str, now: float | None = None) -> float:
-        """0.0 if the client may go on; else the seconds until it may (a Retry-After)."""
-        now = time.time() if now is None else now
-        client = client[:64]
+        # The upsert, built once (as SqlChunkStore's read): only the client and the time vary.
+        dialect: Any = postgresql if engine.dialect.name == "postgresql" else sqlite  # both upsert alike
+        now = bindparam("now", type_=Float)
         moved = case((RateBucket.tat > now, RateBucket.tat), else_=now) + self.interval  # max(tat, now) + T
-        stmt = (
-            self._dialect.insert(RateBucket)
-            .values(client=client, tat=now + self.interval)
+        self._take = (
+            dialect.insert(RateBucket)
+            .values(client=bindparam("client"), tat=now + self.interval)
             .on_conflict_do_update(
                 index_elements=[RateBucket.client],
                 set_={"tat": moved},
@@ -47,10 +45,15 @@ class RateLimiter:
             )
             .returning(RateBucket.tat)
         )
+
+    def take(self, client: str, now: float | None = None) -> float:
+        """0.0 if the client may go on; else the seconds until it may (a Retry-After)."""
+        now = time.time() if now is None else now
+        client = client[:64]
         with self.engine.begin() as conn:
             if next(self._takes) % _SWEEP_EVERY == 0:
                 conn.execute(delete(RateBucket).where(RateBucket.tat < now))
-            if conn.execute(stmt).first() is not None:
+            if conn.execute(self._take, {"client": client, "now": now}).first() is not None:
                 return 0.0
-            tat = conn.execute(select(RateBucket.tat).where(RateBucket.client == client)).scalar_one()
+            tat = conn.execute(_TAT, {"client": client}).scalar_one()
         return max(tat, now) + self.interval - now - self.burst * self.interval
