@@ -322,6 +322,11 @@ def main() -> None:
     ap.add_argument("--questions", type=Path, help="default: ../shared/eval/faq-dev.jsonl")
     ap.add_argument("--skip-train", action="store_true", help="evaluate the active router as it is")
     ap.add_argument("--no-faq-blind", action="store_true", help="skip the router trained without the FAQ pages")
+    ap.add_argument(
+        "--no-reference",
+        action="store_true",
+        help="skip the plain reference pipeline (embedding its ~38k windows takes about an hour on a float32 CPU)",
+    )
     ap.add_argument("--latency-questions", type=int, default=100)
     ap.add_argument("--lexical-weights", default="", help="BM25 weights to sweep, e.g. 0,0.1,0.25,0.5")
     ap.add_argument("--name", default="routing", help="results file stem under benchmarks/results/")
@@ -349,7 +354,7 @@ def main() -> None:
         reference, ref_info = None, {}
         if cache is not None:
             embedder.encode = cache.uncached  # from here on the model itself: latencies are real
-        if args.corpus is not None and cache is not None:
+        if args.corpus is not None and cache is not None and not args.no_reference:
             q_vecs = embedder.encode([q["question"] for q in questions])
             reference, ref_info = reference_ranked(args.corpus, cache, q_vecs)
         ev = evaluate(
