@@ -273,6 +273,7 @@ class Runtime:
                     lexical_weight=s.lexical_weight,
                     expert_nprobe=s.expert_nprobe,
                     expert_verify_lists=s.expert_verify_lists,
+                    expert_verify_lexical_slack=s.expert_verify_lexical_slack,
                 ),
                 matrix=self.expert_matrix,
                 encode_question=questions.encode,

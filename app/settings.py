@@ -60,13 +60,19 @@ class Settings(BaseSettings):
     route_threshold: float = Field(0.7, ge=0, le=1, description="Calibrated confidence for the expert path.")
     expert_min_score: float = Field(0.2, description="Best scoped score under this falls back to global search.")
     expert_nprobe: int = Field(
-        16, ge=0, description="Expert path probes only this many of its lists nearest the question; 0 = all of them."
+        32, ge=0, description="Expert path probes only this many of its lists nearest the question; 0 = all of them."
     )
     expert_verify_lists: int = Field(
-        4,
+        8,
         ge=0,
         description="Expert path checks the question's nearest lists outside the expert (at most 1/8 of all); "
         "a better chunk there sends it to the fallback. 0 = off.",
+    )
+    expert_verify_lexical_slack: float = Field(
+        0.06,
+        ge=0,
+        description="The check's lexical witness: when BM25's best chunk over the whole store lies outside the "
+        "expert, an outside chunk within this much of the best inside also sends it to the fallback. 0 = off.",
     )
     lexical_rebuild_share: float = Field(
         0.1,

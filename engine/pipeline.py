@@ -112,13 +112,18 @@ class PipelineConfig:
     candidates: int = 50  # per retriever, before fusion
     lexical_weight: float = 0.1  # BM25's weight in the fusion (dense has 1.0); chosen on dev (README)
     # The expert path probes only this many of its lists nearest the question (0 = all): on the
-    # eval corpus 16 of ~40 found the same top 10 with 3.4x fewer vectors; at 1M chunks, 10x faster.
-    expert_nprobe: int = 16
+    # eval corpus 32 lists found 2 more dev answers than 16 (Python's ~80 lists), for ~2,300 more
+    # vectors; at 1M chunks, still a fraction of the expert.
+    expert_nprobe: int = 32
     expert_hybrid: bool = True  # the expert path fuses BM25 over the expert's chunks, as the fallback does
     # The route's check: probe the question's nearest lists outside the expert (0 = off); a chunk
     # there better than the best inside by more than the margin sends the question to the fallback.
-    expert_verify_lists: int = 4
+    expert_verify_lists: int = 8
     expert_verify_margin: float = 0.0
+    # The check's second witness: when BM25's best chunk over the whole store lies outside the
+    # expert too, an outside chunk within this much of the best inside is enough (0 = off).
+    # Chosen on dev (README): with it, 1 confident misroute of 141 instead of 6 of 150.
+    expert_verify_lexical_slack: float = 0.06
 
 
 class AskPipeline:
@@ -189,12 +194,8 @@ class AskPipeline:
             if checked and best < cfg.expert_min_score:
                 route.path, route.reason = "fallback", "weak_expert_results"
                 route.detail = f"best scoped score {best:.2f} < {cfg.expert_min_score:.2f}: searched everything"
-            elif checked and (outside := self._nearer_outside(q, index, scope, best, route)) is not None:
-                route.path, route.reason = "fallback", "nearer_outside_expert"
-                route.detail = (
-                    f"a chunk outside expert {route.expert.name!r} scores {outside:.3f} > {best:.3f}, "
-                    "the best inside: searched everything"
-                )
+            elif checked and (overruled := self._check_route(q, req.question, index, scope, best, route)):
+                route.path, route.reason, route.detail = "fallback", *overruled
             elif cfg.expert_hybrid:  # BM25 over the expert's chunks, fused as on the fallback
                 citations = self._fuse([i for i, _ in dense], req.question, k, n, index, scope)
             else:
@@ -273,15 +274,34 @@ class AskPipeline:
         kept = [(rows[i], s) for i, s in hits if i in rows]
         return [Citation(n, chunk, s) for n, (chunk, s) in enumerate(kept, start=1)]
 
-    def _nearer_outside(
-        self, q: np.ndarray, index: ClusteredIndex, scope: list[int], best: float, route: Route
-    ) -> float | None:
-        """The route's check: the question's nearest lists *outside* the expert, probed cheaply.
+    def _check_route(
+        self, q: np.ndarray, question: str, index: ClusteredIndex, scope: list[int], best: float, route: Route
+    ) -> tuple[str, str] | None:
+        """The route's check: (reason, detail) when the evidence outside the expert overrules it, else None.
 
-        A confident route whose best chunk is beaten by one in another expert's lists is most
-        likely a misroute (on the dev questions 5 of 6 confident misroutes, against under 5% of
-        right routes). Returns that better score, or None when the route stands.
+        On the dev questions the misroutes the gate is confident of are questions whose best
+        chunks lie elsewhere: a chunk outside beats the best inside, or BM25's best chunk over the
+        whole store lies outside and the best dense chunk outside comes close.
         """
+        cfg = self.config
+        outside = self._best_outside(q, index, scope, route)
+        if outside is None:
+            return None
+        name = route.expert.name if route.expert is not None else "?"
+        if outside > best + cfg.expert_verify_margin:
+            detail = f"a chunk outside expert {name!r} scores {outside:.3f} > {best:.3f}, the best inside"
+            return "nearer_outside_expert", detail + ": searched everything"
+        slack = cfg.expert_verify_lexical_slack
+        if slack > 0 and outside > best - slack and self._lexical_best_outside(question, index, scope):
+            detail = (
+                f"BM25's best chunk lies outside expert {name!r} and a chunk there scores {outside:.3f}, "
+                f"within {slack:.2f} of {best:.3f}, the best inside"
+            )
+            return "lexical_outside_expert", detail + ": searched everything"
+        return None
+
+    def _best_outside(self, q: np.ndarray, index: ClusteredIndex, scope: list[int], route: Route) -> float | None:
+        """The best score in the question's nearest lists *outside* the expert, probed cheaply (None: off)."""
         probe = index.probe_budget(self.config.expert_verify_lists)
         if probe <= 0:
             return None
@@ -292,8 +312,16 @@ class AskPipeline:
         scores, _ = index.search(q, 1, lists)  # [1, 1]
         route.vectors_scanned += index.scan_size(lists)[1]
         route.clusters_scanned += len(lists)
-        score = float(scores[0, 0])
-        return score if score > best + self.config.expert_verify_margin else None
+        return float(scores[0, 0])
+
+    def _lexical_best_outside(self, question: str, index: ClusteredIndex, scope: list[int]) -> bool:
+        """Whether BM25's best chunk over the whole store lies outside `scope`'s lists (False: no BM25 hit)."""
+        lexical = self.lexical()
+        hits = lexical.search(question, 1, None) if lexical is not None else []
+        if not hits:
+            return False
+        (cluster,) = index.clusters_of(np.array([hits[0][0]], dtype=np.int64))
+        return int(cluster) >= 0 and int(cluster) not in scope  # -1: not in the index (yet), no witness
 
     def _fuse(
         self, dense: list[int], question: str, k: int, n: int, index: ClusteredIndex, scope: list[int] | None
