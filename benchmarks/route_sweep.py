@@ -1,0 +1,73 @@
+"""The served pipeline's routing knobs swept on the dev questions, over a store `routing.py` built.
+
+    python benchmarks/route_sweep.py --data-dir /var/tmp/eval/data \
+        --grid '{"expert_verify_lexical_slack": [0, 0.06], "expert_nprobe": [16, 32]}'
+
+Every combination of the grid's `PipelineConfig` fields (the others stay at their defaults)
+answers every question through `AskPipeline.prepare`, with the active router and the domain
+experts of `routing.setup_experts`. One JSON line per combination: routed hit@10 and MRR@10,
+the share of questions on the expert path, the share of those sent to the right domain, and
+the vectors the expert path scanned on average. Tune on dev only; the held-back questions judge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.evalcorpus import load_questions
+from benchmarks.routing import metrics_for, served, setup_experts
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data-dir", type=Path, required=True, help="a store routing.py built (router trained)")
+    ap.add_argument("--grid", required=True, help="JSON: PipelineConfig field -> list of values")
+    ap.add_argument("--questions", type=Path, help="default: ../shared/eval/faq-dev.jsonl")
+    args = ap.parse_args()
+
+    from app.runtime import Runtime
+    from app.settings import Settings
+    from engine.pipeline import PipelineConfig
+
+    grid: dict[str, list[object]] = json.loads(args.grid)
+    unknown = set(grid) - set(asdict(PipelineConfig()))
+    if unknown:
+        sys.exit(f"not PipelineConfig fields: {sorted(unknown)}")
+    questions = load_questions(args.questions)
+    # The question cache keeps each question's embedding across combinations; answers are not cached.
+    rt = Runtime(Settings(data_dir=args.data_dir, question_cache=1024, answer_cache=0))
+    rt.start()
+    try:
+        domains = setup_experts(rt)
+        served_config = rt.pipeline.config
+        for values in itertools.product(*grid.values()):
+            combo = dict(zip(grid, values, strict=True))
+            rt.pipeline.config = PipelineConfig(**{**asdict(served_config), **combo})
+            ranked, preps = served(rt, questions)
+            routes = [p.route for p in preps]
+            on_path = [(r, q) for r, q in zip(routes, questions, strict=True) if r.path == "expert"]
+            right = [r.expert is not None and r.expert.id == domains[q["domain"]] for r, q in on_path]
+            m = metrics_for(ranked, questions)
+            row = {
+                **combo,
+                "hit@10": m["hit@10"],
+                "mrr@10": m["mrr@10"],
+                "expert_path_share": round(len(on_path) / len(questions), 3),
+                "right_on_path": round(sum(right) / max(1, len(right)), 3),
+                "vectors_scanned": round(sum(r.vectors_scanned for r, _ in on_path) / max(1, len(on_path))),
+            }
+            print(json.dumps(row), flush=True)
+        rt.pipeline.config = served_config
+    finally:
+        rt.close()
+
+
+if __name__ == "__main__":
+    main()
