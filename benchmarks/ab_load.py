@@ -43,11 +43,13 @@ def main() -> None:
 
     questions = [q["question"] for q in load_questions(args.questions)]
     log = args.log.resolve()
+    # Resolved once, before the first chdir: a relative `--b .` would otherwise name A's checkout.
+    targets = (("A", args.a.resolve(), args.data_a.resolve()), ("B", args.b.resolve(), args.data_b.resolve()))
     throughput: dict[str, list[float]] = {"A": [], "B": []}
     for r in range(args.rounds):
-        for name, repo, data in (("A", args.a, args.data_a), ("B", args.b, args.data_b)):
-            os.chdir(repo.resolve())  # `python -m app.cli` serves the checkout it starts in
-            server = Server(data.resolve(), "bench-ab", log, **NO_CACHE)
+        for name, repo, data in targets:
+            os.chdir(repo)  # `python -m app.cli` serves the checkout it starts in
+            server = Server(data, "bench-ab", log, **NO_CACHE)
             server.start(timeout=900).close()
             try:
                 row = asyncio.run(load_level(server.url, questions, args.clients, args.seconds))
