@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Sequence
+from functools import cached_property
 
 import bm25s
 import numpy as np
@@ -43,14 +44,41 @@ class LexicalIndex:
 
         mask [N] bool over `ids` restricts the search to a scope (an expert's chunks).
         """
-        tokens = tokenize(query)
+        return self.query(query).search(k, mask)
+
+    def query(self, text: str) -> LexicalQuery:
+        """One question against this index: its scores are computed once, for every search of it."""
+        return LexicalQuery(self, text)
+
+    def scores(self, text: str) -> np.ndarray | None:
+        """[N] BM25 score of every chunk for `text`; None: no chunks or no query terms."""
+        tokens = tokenize(text)
         if self._bm25 is None or not tokens:
-            return []
+            return None
         with self._lock:
-            scores = self._bm25.get_scores(tokens)  # [N]
+            return self._bm25.get_scores(tokens)  # [N]
+
+
+class LexicalQuery:
+    """A question's BM25 scores over every chunk, computed on the first search and shared by the
+    rest: the route's check (whole store) and the fusion (the expert's scope, or the whole store
+    again on the fallback) score a question once."""
+
+    def __init__(self, index: LexicalIndex, text: str) -> None:
+        self.index, self.text = index, text
+
+    @cached_property
+    def scores(self) -> np.ndarray | None:
+        return self.index.scores(self.text)  # [N]
+
+    def search(self, k: int, mask: np.ndarray | None = None) -> list[tuple[int, float]]:
+        """[(chunk id, score)] best first, only chunks sharing a term; mask [N] bool restricts the scope."""
+        scores = self.scores
+        if scores is None:
+            return []
         if mask is not None:
             scores = np.where(mask, scores, 0.0)  # [N]
-        return [(int(self.ids[d]), float(scores[d])) for d in top_k(scores, k) if scores[d] > 0]
+        return [(int(self.index.ids[d]), float(scores[d])) for d in top_k(scores, k) if scores[d] > 0]
 
 
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:

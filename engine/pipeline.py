@@ -18,7 +18,7 @@ import numpy as np
 from engine.embedder import Embedder
 from engine.expert_matrix import ExpertMatrix
 from engine.generators import GENERIC_SYSTEM_PROMPT, Generator, Passage
-from engine.lexical import LexicalIndex, reciprocal_rank_fusion
+from engine.lexical import LexicalIndex, LexicalQuery, reciprocal_rank_fusion
 from engine.router import Router
 from index import ClusteredIndex
 
@@ -172,6 +172,8 @@ class AskPipeline:
 
         t = time.perf_counter()
         index = self.index()
+        lexical = self.lexical()  # one BM25 index per question; its scores computed once, if at all
+        terms = lexical.query(req.question) if lexical is not None else None
         citations: list[Citation] = []
         if route.path == "expert" and route.expert is not None:
             k = req.top_k or route.expert.top_k or cfg.default_top_k
@@ -194,17 +196,17 @@ class AskPipeline:
             if checked and best < cfg.expert_min_score:
                 route.path, route.reason = "fallback", "weak_expert_results"
                 route.detail = f"best scoped score {best:.2f} < {cfg.expert_min_score:.2f}: searched everything"
-            elif checked and (overruled := self._check_route(q, req.question, index, scope, best, route)):
+            elif checked and (overruled := self._check_route(q, terms, index, scope, best, route)):
                 route.path, route.reason, route.detail = "fallback", *overruled
             elif cfg.expert_hybrid:  # BM25 over the expert's chunks, fused as on the fallback
-                citations = self._fuse([i for i, _ in dense], req.question, k, n, index, scope)
+                citations = self._fuse([i for i, _ in dense], terms, k, n, index, scope)
             else:
                 citations = self._citations(dense[:k])
         if route.path == "fallback":
             k = req.top_k or cfg.default_top_k
             n = max(cfg.candidates, k)
             _, ids = index.search(q, n)  # [1, N] exact, every cluster
-            citations = self._fuse([int(i) for i in ids[0] if i >= 0], req.question, k, n, index, None)
+            citations = self._fuse([int(i) for i in ids[0] if i >= 0], terms, k, n, index, None)
             lists, vectors = index.scan_size()
             route.clusters_scanned += lists
             route.vectors_scanned += vectors
@@ -275,7 +277,13 @@ class AskPipeline:
         return [Citation(n, chunk, s) for n, (chunk, s) in enumerate(kept, start=1)]
 
     def _check_route(
-        self, q: np.ndarray, question: str, index: ClusteredIndex, scope: list[int], best: float, route: Route
+        self,
+        q: np.ndarray,
+        terms: LexicalQuery | None,
+        index: ClusteredIndex,
+        scope: list[int],
+        best: float,
+        route: Route,
     ) -> tuple[str, str] | None:
         """The route's check: (reason, detail) when the evidence outside the expert overrules it, else None.
 
@@ -292,7 +300,7 @@ class AskPipeline:
             detail = f"a chunk outside expert {name!r} scores {outside:.3f} > {best:.3f}, the best inside"
             return "nearer_outside_expert", detail + ": searched everything"
         slack = cfg.expert_verify_lexical_slack
-        if slack > 0 and outside > best - slack and self._lexical_best_outside(question, index, scope):
+        if slack > 0 and outside > best - slack and _lexical_best_outside(terms, index, scope):
             detail = (
                 f"BM25's best chunk lies outside expert {name!r} and a chunk there scores {outside:.3f}, "
                 f"within {slack:.2f} of {best:.3f}, the best inside"
@@ -314,24 +322,20 @@ class AskPipeline:
         route.clusters_scanned += len(lists)
         return float(scores[0, 0])
 
-    def _lexical_best_outside(self, question: str, index: ClusteredIndex, scope: list[int]) -> bool:
-        """Whether BM25's best chunk over the whole store lies outside `scope`'s lists (False: no BM25 hit)."""
-        lexical = self.lexical()
-        hits = lexical.search(question, 1, None) if lexical is not None else []
-        if not hits:
-            return False
-        (cluster,) = index.clusters_of(np.array([hits[0][0]], dtype=np.int64))
-        return int(cluster) >= 0 and int(cluster) not in scope  # -1: not in the index (yet), no witness
-
     def _fuse(
-        self, dense: list[int], question: str, k: int, n: int, index: ClusteredIndex, scope: list[int] | None
+        self,
+        dense: list[int],
+        terms: LexicalQuery | None,
+        k: int,
+        n: int,
+        index: ClusteredIndex,
+        scope: list[int] | None,
     ) -> list[Citation]:
         """Dense candidates + BM25 (over `scope`'s lists only, when given), fused by weighted RRF."""
-        lexical = self.lexical()
         sparse: list[int] = []
-        if lexical is not None:
-            mask = self._scope_mask(lexical, index, scope) if scope is not None else None
-            sparse = [i for i, _ in lexical.search(question, n, mask)]
+        if terms is not None:
+            mask = self._scope_mask(terms.index, index, scope) if scope is not None else None
+            sparse = [i for i, _ in terms.search(n, mask)]
         fused = reciprocal_rank_fusion([dense, sparse], weights=[1.0, self.config.lexical_weight])[:k]
         return self._citations(fused)
 
@@ -346,3 +350,12 @@ class AskPipeline:
                 masks.clear()
             masks[key] = mask
         return mask
+
+
+def _lexical_best_outside(terms: LexicalQuery | None, index: ClusteredIndex, scope: list[int]) -> bool:
+    """Whether BM25's best chunk over the whole store lies outside `scope`'s lists (False: no BM25 hit)."""
+    hits = terms.search(1) if terms is not None else []
+    if not hits:
+        return False
+    (cluster,) = index.clusters_of(np.array([hits[0][0]], dtype=np.int64))
+    return int(cluster) >= 0 and int(cluster) not in scope  # -1: not in the index (yet), no witness

@@ -91,23 +91,23 @@ def test_a_route_beaten_by_a_chunk_outside_its_expert_is_checked() -> None:
     best = float(q[0] @ inside[0])
     assert p._best_outside(q, index, [0], route) == pytest.approx(float(q[0] @ outside[0]))
     assert route.clusters_scanned == 2 and route.vectors_scanned == 1  # 16 // 8 lists probed, one vector there
-    reason, detail = p._check_route(q, "q", index, [0], best, route) or ("", "")
+    reason, detail = p._check_route(q, None, index, [0], best, route) or ("", "")
     assert reason == "nearer_outside_expert" and "0.900 > 0.436" in detail
     # A route whose best chunk is inside its expert stands.
-    assert p._check_route(q, "q", index, [0, 5], best, route) is None
+    assert p._check_route(q, None, index, [0, 5], best, route) is None
     # An outside chunk a little *worse* than the best inside: the route stands, unless BM25's
     # best chunk over the whole store lies outside too (the lexical witness).
     near_best = float(q[0] @ outside[0]) + 0.03
-    assert p._check_route(q, "sid release", index, [0], near_best, route) is None  # no BM25 index
-    p.lexical = lambda: LexicalIndex([1, 2], ["the stable release", "sid is the unstable release"])
-    reason, _ = p._check_route(q, "sid release", index, [0], near_best, route) or ("", "")
+    lexical = LexicalIndex([1, 2], ["the stable release", "sid is the unstable release"])
+    assert p._check_route(q, None, index, [0], near_best, route) is None  # no BM25 index
+    reason, _ = p._check_route(q, lexical.query("sid release"), index, [0], near_best, route) or ("", "")
     assert reason == "lexical_outside_expert"
-    assert p._check_route(q, "stable", index, [0], near_best, route) is None  # BM25's best is inside
-    assert p._check_route(q, "sid release", index, [0], near_best + 0.1, route) is None  # not within the slack
+    assert p._check_route(q, lexical.query("stable"), index, [0], near_best, route) is None  # BM25's best inside
+    assert p._check_route(q, lexical.query("sid release"), index, [0], near_best + 0.1, route) is None  # beyond
     p.config.expert_verify_lexical_slack = 0
-    assert p._check_route(q, "sid release", index, [0], near_best, route) is None  # the witness off
+    assert p._check_route(q, lexical.query("sid release"), index, [0], near_best, route) is None  # witness off
     p.config.expert_verify_lists = 0
-    assert p._check_route(q, "q", index, [0], best, route) is None  # the whole check off
+    assert p._check_route(q, None, index, [0], best, route) is None  # the whole check off
 
 
 def test_the_gates_vote_probes_the_index_and_can_settle_a_route() -> None:

@@ -89,6 +89,27 @@ def test_bm25_mask_restricts_the_search_to_a_scope() -> None:
     assert lex.search("git rebase", 4, np.zeros(4, dtype=bool)) == []
 
 
+def test_a_lexical_query_scores_once_for_all_its_searches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The route's check (whole store) and the fusion (a scope) share one BM25 pass per question."""
+    import numpy as np
+
+    from engine.lexical import LexicalIndex
+
+    lex = LexicalIndex(
+        [10, 11, 12, 13], ["git rebase commits", "git merge commits", "sqlite vacuum", "git rebase onto"]
+    )
+    calls = []
+    scores = lex.scores
+    monkeypatch.setattr(lex, "scores", lambda text: calls.append(text) or scores(text))
+    terms = lex.query("git rebase")
+    scope = np.array([False, True, True, False])
+    assert terms.search(1) == lex.search("git rebase", 1)[:1] and terms.search(4, scope) == lex.search(
+        "git rebase", 4, scope
+    )
+    assert calls.count("git rebase") == 1 + 2  # the query once; each LexicalIndex.search alone once
+    assert lex.query("the of").search(4) == []  # no terms: no scores, no hits
+
+
 def test_bm25_search_ranks_as_bm25s_retrieve_does() -> None:
     """The lean selection (get_scores + top_k) finds bm25s's own top k, best first, ties by index."""
     import numpy as np
