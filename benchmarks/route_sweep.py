@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.evalcorpus import load_questions
 from benchmarks.routing import metrics_for, served, setup_experts
+from benchmarks.routing_report import path_figures
 
 
 def main() -> None:
@@ -45,23 +46,23 @@ def main() -> None:
     rt = Runtime(Settings(data_dir=args.data_dir, question_cache=1024, answer_cache=0))
     rt.start()
     try:
-        domains = setup_experts(rt)
+        setup_experts(rt)  # one expert per domain, named for it
         served_config = rt.pipeline.config
         for values in itertools.product(*grid.values()):
             combo = dict(zip(grid, values, strict=True))
             rt.pipeline.config = PipelineConfig(**{**asdict(served_config), **combo})
             ranked, preps = served(rt, questions)
             routes = [p.route for p in preps]
-            on_path = [(r, q) for r, q in zip(routes, questions, strict=True) if r.path == "expert"]
-            right = [r.expert is not None and r.expert.id == domains[q["domain"]] for r, q in on_path]
+            share, right = path_figures(routes, questions)
+            scanned = [r.vectors_scanned for r in routes if r.path == "expert"]
             m = metrics_for(ranked, questions)
             row = {
                 **combo,
                 "hit@10": m["hit@10"],
                 "mrr@10": m["mrr@10"],
-                "expert_path_share": round(len(on_path) / len(questions), 3),
-                "right_on_path": round(sum(right) / max(1, len(right)), 3),
-                "vectors_scanned": round(sum(r.vectors_scanned for r, _ in on_path) / max(1, len(on_path))),
+                "expert_path_share": share,
+                "right_on_path": right,
+                "vectors_scanned": round(sum(scanned) / max(1, len(scanned))),
             }
             print(json.dumps(row), flush=True)
         rt.pipeline.config = served_config

@@ -47,6 +47,13 @@ def domain_leakage(rt: Any, ids: dict[str, int]) -> dict[str, Any]:
     return out
 
 
+def path_figures(routes: list[Any], questions: list[dict[str, str]]) -> tuple[float, float]:
+    """(share of questions on the expert path, share of those sent to their own domain's expert)."""
+    on_path = [r.expert is not None and r.expert.name == q["domain"] for r, q in zip(routes, questions, strict=True)
+               if r.path == "expert"]  # fmt: skip
+    return round(len(on_path) / len(questions), 3), round(sum(on_path) / max(len(on_path), 1), 3)
+
+
 def router_figures(
     rt: Any, questions: list[dict[str, str]], q_vecs: np.ndarray, ids: dict[str, int], routes: list[Any]
 ) -> dict[str, Any]:
@@ -62,17 +69,12 @@ def router_figures(
     quality = evaluate_router(logits, labels, router.temperature, rt.settings.route_threshold)
     conf = torch.softmax(logits / router.temperature, -1).max(-1).values  # [Q]
     floor = ece_noise_floor(conf)
-    expert_path = [r.path == "expert" for r in routes]
-    right = [r.expert is not None and r.expert.name == q["domain"] for r, q in zip(routes, questions, strict=True)]
-    on_path = [ok for ok, e in zip(right, expert_path, strict=True) if e]
     per_domain_share = {}
     for d in sorted({q["domain"] for q in questions}):
         pick = [i for i, q in enumerate(questions) if q["domain"] == d]
-        on = [i for i in pick if expert_path[i]]
-        per_domain_share[d] = {
-            "expert_path_share": round(len(on) / len(pick), 3),
-            "right_on_path": round(sum(right[i] for i in on) / max(len(on), 1), 3),
-        }
+        share, right = path_figures([routes[i] for i in pick], [questions[i] for i in pick])
+        per_domain_share[d] = {"expert_path_share": share, "right_on_path": right}
+    share, right = path_figures(routes, questions)
     return {
         "version": router.version_id,
         "accuracy": round(quality["accuracy"], 3),
@@ -83,8 +85,8 @@ def router_figures(
         "temperature": round(router.temperature, 3),
         "coverage_at_threshold": round(quality["coverage_at_threshold"], 3),
         "accuracy_at_threshold": round(quality["accuracy_at_threshold"], 3),
-        "expert_path_share": round(sum(expert_path) / len(questions), 3),
-        "expert_path_accuracy": round(sum(on_path) / max(len(on_path), 1), 3),
+        "expert_path_share": share,
+        "expert_path_accuracy": right,
         "fallback_reasons": dict(Counter(r.reason for r in routes if r.path == "fallback")),
         "per_domain": per_domain_share,
         "training": {k: v for k, v in router.metrics.items() if isinstance(v, int | float)},
