@@ -32,10 +32,11 @@ from app.services.bulk import new_spool, spool_file
 router = APIRouter(tags=["documents"])
 
 
-def _multipart_body(required: str, properties: dict[str, Any], **other: dict[str, Any]) -> dict[str, Any]:
-    """An `openapi_extra` request body: a strict multipart form (and `other` media types)."""
+def _multipart_body(required: str, properties: dict[str, Any], other: dict[str, Any] | None = None) -> dict[str, Any]:
+    """An `openapi_extra` request body: a strict multipart form (and `other` media types by name)."""
     form = {"type": "object", "required": [required], "properties": properties, "additionalProperties": False}
-    return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": form}, **other}}}
+    content = {"multipart/form-data": {"schema": form}, **(other or {})}
+    return {"requestBody": {"required": True, "content": content}}
 
 
 _UPLOAD_BODY = _multipart_body(
@@ -44,7 +45,7 @@ _UPLOAD_BODY = _multipart_body(
         "file": {"type": "string", "format": "binary"},
         **{name: {"type": "string", "maxLength": NAME_MAX} for name in UploadFields.model_fields},
     },
-    **{"application/json": {"schema": TextDocumentIn.model_json_schema()}},
+    {"application/json": {"schema": TextDocumentIn.model_json_schema()}},
 )
 
 
