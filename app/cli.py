@@ -226,7 +226,7 @@ def cmd_router_eval(args: argparse.Namespace) -> None:
     """Accuracy, ECE and coverage of the active router on labelled questions (JSONL: question, expert)."""
     import torch
 
-    from engine.router import evaluate
+    from engine.router_training import evaluate
 
     with _runtime(_settings(args)) as rt:
         router = rt.routers.current()

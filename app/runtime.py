@@ -258,7 +258,7 @@ class Runtime:
             )
             ingestor = Ingestor(self.sessions, emb, indexes, chunking, self.catalogue.sync)
             self.lexical.refresh(force=True)
-            routers = RouterManager(s, self.sessions, emb, lambda: indexes.index)
+            routers = RouterManager(s, self.sessions, emb, lambda: indexes.index, self.lexical.current)
             self._serving = (self.experts.reload(), routers.reload())
             pipeline = AskPipeline(
                 embedder=emb,

@@ -165,6 +165,7 @@ def evaluate(
     if train:
         print("training the router ...", flush=True)
         print(json.dumps(rt.routers.train(force=True)), flush=True)
+        rt.catalogue.sync()  # the pipeline serves the new version from here on, not after the next poll
     train_s = time.perf_counter() - t0
     profiles = rt.experts.profiles()
     domain_clusters = {d: list(profiles[ids[d]].clusters) for d in DOMAINS}
@@ -280,12 +281,14 @@ def evaluate(
         print("training a router with the FAQ pages left out ...", flush=True)
         full_version = rt.routers.current().version_id
         info = rt.routers.train(exclude_documents=faq_documents(rt), force=True)
+        rt.catalogue.sync()
         blind_ranked, blind_preps = served(rt, questions)
         ranked[ROUTED + ", FAQ-blind router"] = blind_ranked
         result["retrieval"][ROUTED + ", FAQ-blind router"] = metrics_for(blind_ranked, questions)
         result["router_faq_blind"] = router_figures(rt, questions, q_vecs, ids, [p.route for p in blind_preps])
         result["router_faq_blind"]["trained_on"] = {k: info.get(k) for k in ("chunks", "samples", "held_out_documents")}
         rt.routers.activate(full_version)
+        rt.catalogue.sync()
     result["per_domain_hit@10"] = per_domain(ranked, questions)
     routed_first = first_hits(routed, questions)
     result["routed_minus"] = {

@@ -59,13 +59,15 @@ def router_figures(
 ) -> dict[str, Any]:
     """The active router on the questions: accuracy, calibration, the expert path's share and precision."""
     from engine.calibration import ece_noise_floor
-    from engine.router import evaluate as evaluate_router
+    from engine.router_training import evaluate as evaluate_router
 
     router = rt.routers.current()
     position = {e: i for i, e in enumerate(router.expert_ids)}
     labels = torch.tensor([position[ids[q["domain"]]] for q in questions])
     neighbours, _ = router.probe(rt.indexes.index, q_vecs)
-    logits = router.logits(q_vecs, neighbours)  # [Q, C]
+    bm25 = rt.lexical.current()
+    lexical = router.lexical_probe(rt.indexes.index, [bm25.query(q["question"]) for q in questions]) if bm25 else None
+    logits = router.logits(q_vecs, neighbours, lexical)  # [Q, C], as the served gate computes them
     quality = evaluate_router(logits, labels, router.temperature, rt.settings.route_threshold)
     conf = torch.softmax(logits / router.temperature, -1).max(-1).values  # [Q]
     floor = ece_noise_floor(conf)
@@ -80,6 +82,9 @@ def router_figures(
         "accuracy": round(quality["accuracy"], 3),
         "ece_before": round(quality["ece_before"], 4),
         "ece_after": round(quality["ece_after"], 4),
+        # Below the accuracy: under-confident (falls back more than it needs to); above: over-confident.
+        "mean_confidence": round(float(conf.mean()), 3),
+        "reliability": quality["reliability"],
         # What a perfectly calibrated gate with these confidences would show on this many questions.
         "ece_if_calibrated": {k: round(v, 4) for k, v in floor.items()},
         "temperature": round(router.temperature, 3),
@@ -101,13 +106,18 @@ def markdown(result: dict[str, Any]) -> str:
     for name, d in result["routed_minus"].items():
         ci = f"[{d['ci95'][0]:+.3f}, {d['ci95'][1]:+.3f}]"
         lines.append(f"| {name} | {d['diff']:+.3f} | {ci} | {d['a_only']} / {d['b_only']} |")
-    lines += ["", "| router | accuracy | expert-path share | right on path | ECE | ECE if calibrated (mean, p95) | T |"]
-    lines += ["|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "| router | accuracy | mean confidence | expert-path share | right on path | ECE "
+        "| ECE if calibrated (mean, p95) | T |",
+    ]
+    lines += ["|---|---|---|---|---|---|---|---|"]
     for key in ("router", "router_faq_blind"):
         if key in result:
             r = result[key]
             lines.append(
-                f"| {key} | {r['accuracy']} | {r['expert_path_share']} | {r['expert_path_accuracy']} | "
+                f"| {key} | {r['accuracy']} | {r.get('mean_confidence', '')} | {r['expert_path_share']} | "
+                f"{r['expert_path_accuracy']} | "
                 f"{r['ece_after']} | {r['ece_if_calibrated']['mean']}, {r['ece_if_calibrated']['p95']} | "
                 f"{r['temperature']} |"
             )

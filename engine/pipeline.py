@@ -166,14 +166,14 @@ class AskPipeline:
         timings["embed"] = (time.perf_counter() - t) * 1000
 
         t = time.perf_counter()
-        route = self._route(q, req)
+        index = self.index()
+        lexical = self.lexical()  # one BM25 index per question; its scores computed once, if at all
+        terms = lexical.query(req.question) if lexical is not None else None
+        route = self._route(q, req, terms)
         route.catalogue_version = version
         timings["route"] = (time.perf_counter() - t) * 1000
 
         t = time.perf_counter()
-        index = self.index()
-        lexical = self.lexical()  # one BM25 index per question; its scores computed once, if at all
-        terms = lexical.query(req.question) if lexical is not None else None
         citations: list[Citation] = []
         if route.path == "expert" and route.expert is not None:
             k = req.top_k or route.expert.top_k or cfg.default_top_k
@@ -217,13 +217,15 @@ class AskPipeline:
         system_prompt = expert.system_prompt if expert and expert.system_prompt else GENERIC_SYSTEM_PROMPT
         return Prepared(req.question, route, citations, generator, system_prompt, timings, started)
 
-    def _route(self, q: np.ndarray, req: AskRequest) -> Route:
+    def _route(self, q: np.ndarray, req: AskRequest, terms: LexicalQuery | None = None) -> Route:
         cfg = self.config
         experts, router = self.serving()
-        neighbours, probed = None, 0
-        if router is not None and req.mode != "fallback":  # the gate's vote: one small IVF probe
-            neighbours, probed = router.probe(self.index(), q)
-        decision = router.route(q, k=3, neighbours=neighbours)[0] if router is not None else None
+        neighbours, probed, hits = None, 0, None
+        if router is not None and req.mode != "fallback":  # the gate's votes: a small IVF probe, BM25's best
+            index = self.index()
+            neighbours, probed = router.probe(index, q)
+            hits = router.lexical_probe(index, [terms]) if terms is not None else None
+        decision = router.route(q, k=3, neighbours=neighbours, lexical=hits)[0] if router is not None else None
         top: list[tuple[ExpertProfile | None, float]] = []
         if decision is not None and router is not None:
             for cls, p in zip(decision.classes, decision.probs, strict=True):

@@ -8,8 +8,7 @@ top-k) always goes through `kernels.gate_topk`.
 from __future__ import annotations
 
 import io
-import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,18 +17,12 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
-from engine.calibration import (
-    coverage_at,
-    coverage_curve,
-    expected_calibration_error,
-    fit_temperature,
-    reliability,
-)
+from engine.lexical import LexicalQuery
 from index.store import ClusteredIndex
 from kernels import gate_topk
 
-Progress = Callable[[int, int], None]
 VOTE_CHUNKS = 5  # nearest chunks that vote in the gate (5 of the 8 nearest lists: best on dev, of 5/10/20)
+LEXICAL_VOTE_CHUNKS = 5  # BM25's best chunks that share the vote, as many as the dense neighbours
 Neighbours = tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]  # scores [Q, M], their lists [Q, M] (-1: none)
 
 
@@ -38,8 +31,11 @@ class GateNet(nn.Module):
 
     evidence(q)[c] = (1/k) log sum_{lists l of class c} exp(k q.centroid_l), a soft max of the
     question's similarity to the lists each class owns (-1 for a class without lists); k is the
-    sharpness. votes[c] = log share of the question's nearest chunks (in its nearest lists) that
-    lie in class c's lists (`vote_evidence`), found by the caller with one small IVF probe.
+    sharpness. votes[c] = log share of the vote for class c (`votes`): the question's nearest
+    chunks (in its nearest lists, found by the caller with one small IVF probe) vote for the
+    class owning their list; when BM25's best chunks over the whole store are given, they hold
+    half of the vote. Pooled, not multiplied: a class either side supports stays possible, so a
+    rare word ("http.postBuffer") the embedding misses can still speak, and neither side vetoes.
     logits = mlp(q) + w * evidence(q) + v * votes, with w, k and v fitted on held-out documents.
     The centroids and their classes are the router's own copy, taken when it was trained, so a
     router never mixes with a mapping it was not trained for.
@@ -58,6 +54,9 @@ class GateNet(nn.Module):
         self.vote_params: torch.Tensor
         # [weight v, lists probed, chunks voting, sharpness, smoothing]; v = 0: no probe.
         self.register_buffer("vote_params", torch.tensor([0.0, 0.0, float(VOTE_CHUNKS), 20.0, 0.01]))
+        self.lexical_params: torch.Tensor
+        # [BM25 shares the vote (1) or not (0), its chunks voting, sharpness on score / best score]
+        self.register_buffer("lexical_params", torch.tensor([0.0, float(LEXICAL_VOTE_CHUNKS), 5.0]))
 
     def forward(self, x: torch.Tensor, votes: torch.Tensor | None = None) -> torch.Tensor:
         """x [Q, D], votes [Q, C] (`vote_evidence`; None: no probe was made) -> logits [Q, C]."""
@@ -81,13 +80,42 @@ class GateNet(nn.Module):
         self.centroids = torch.tensor(centroids, dtype=torch.float32)  # a copy: SQL rows are read-only
         self.list_class = torch.tensor(list_class, dtype=torch.long)
 
-    def votes(self, neighbours: Neighbours) -> torch.Tensor:
-        """The nearest chunks' (scores, lists) [Q, M] -> [Q, C] log vote shares by the router's own mapping."""
-        scores, lists = (torch.as_tensor(a) for a in neighbours)
+    def classes_of(self, lists: torch.Tensor) -> torch.Tensor:
+        """[Q, M] list ids (-1: none) -> [Q, M] class positions by the router's own mapping (-1: none)."""
         known = (lists >= 0) & (lists < self.list_class.shape[0])  # [Q, M]
-        classes = torch.where(known, self.list_class[lists.clamp(0, max(self.list_class.shape[0] - 1, 0))], -1)
+        return torch.where(known, self.list_class[lists.clamp(0, max(self.list_class.shape[0] - 1, 0))], -1)
+
+    def votes(self, neighbours: Neighbours, lexical: Neighbours | None = None) -> torch.Tensor:
+        """The nearest chunks' (scores, lists) [Q, M] -> [Q, C] log vote shares by the router's own mapping.
+
+        lexical: BM25's best chunks (scores, lists) [Q, M'], list -1 in empty slots. Where a row
+        has any, they hold half of its vote, their scores taken relative to the row's best (BM25
+        has no fixed scale); a row without any keeps the dense vote alone.
+        """
+        scores, lists = (torch.as_tensor(a) for a in neighbours)
         _, _, _, sharpness, alpha = self.vote_params.tolist()
-        return vote_evidence(scores.float(), classes, self.n_classes, sharpness, alpha)
+        dense = vote_evidence(scores.float(), self.classes_of(lists), self.n_classes, sharpness, alpha)  # [Q, C]
+        if lexical is None:
+            return dense
+        bm25, hit_lists = (torch.as_tensor(a) for a in lexical)
+        classes = self.classes_of(hit_lists)  # [Q, M']
+        best = torch.where(classes >= 0, bm25.float(), torch.zeros_like(bm25, dtype=torch.float32)).amax(1)  # [Q]
+        relative = torch.where(classes >= 0, bm25.float() / best.clamp_min(1e-9)[:, None], -torch.inf)  # [Q, M']
+        lexical_share = vote_evidence(relative, classes, self.n_classes, float(self.lexical_params[2]), alpha)
+        pooled = ((dense.exp() + lexical_share.exp()) / 2).log()  # [Q, C]
+        return torch.where((classes >= 0).any(1, keepdim=True), pooled, dense)
+
+
+def bm25_hits(queries: Sequence[LexicalQuery | None], m: int) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+    """Each query's m best BM25 chunks as (scores, chunk ids) [Q, m], best first; id -1 in empty
+    slots (fewer hits, or no query)."""
+    scores = np.zeros((len(queries), m), dtype=np.float32)  # [Q, m]
+    ids = np.full((len(queries), m), -1, dtype=np.int64)  # [Q, m]
+    for row, query in enumerate(queries):
+        hits = query.search(m) if query is not None else []
+        ids[row, : len(hits)] = [h for h, _ in hits]
+        scores[row, : len(hits)] = [sc for _, sc in hits]
+    return scores, ids
 
 
 def vote_evidence(
@@ -106,51 +134,6 @@ def vote_evidence(
     mass = torch.zeros(scores.shape[0], n_classes, dtype=scores.dtype)  # [Q, C]
     mass.scatter_add_(1, classes.clamp_min(0), weight)
     return ((mass + alpha) / (mass.sum(1, keepdim=True) + n_classes * alpha)).log()
-
-
-def without_self(
-    scores: npt.NDArray[np.float32], ids: npt.NDArray[np.int64], own: npt.NDArray[np.int64], m: int
-) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
-    """Search results [Q, M+1] minus each row's own id (own [Q]; -1: none), cut to [Q, M].
-
-    A held-out chunk (or a sample drawn from it) would otherwise find itself: real questions
-    find answers, not copies of themselves.
-    """
-    keep = (ids != own[:, None]) | (own[:, None] < 0)  # [Q, M+1]
-    keep[keep.sum(1) > m, -1] = False  # no own id found: drop the last instead
-    q = len(ids)
-    return scores[keep].reshape(q, -1)[:, :m], ids[keep].reshape(q, -1)[:, :m]
-
-
-@dataclass
-class TrainConfig:
-    hidden: int = 256
-    epochs: int = 40
-    batch_size: int = 512
-    lr: float = 3e-3
-    weight_decay: float = 1e-4
-    threshold: float = 0.7
-    seed: int = 0
-
-
-@dataclass
-class TrainingSet:
-    """x [N, D] float32; y [N] class (E = none); calib [N] bool: held out for calibration and metrics.
-
-    centroids [L, D] and list_class [L] (the class owning each IVF list) feed the gate's
-    retrieval-side evidence; empty arrays train an MLP alone. neighbours: each held-out row's
-    nearest chunks (scores, lists) [H, M], itself excluded, found by probing `probe[0]` lists
-    for `probe[1]` chunks; None: the gate votes with no neighbours.
-    """
-
-    x: npt.NDArray[np.float32]
-    y: npt.NDArray[np.int64]
-    calib: npt.NDArray[np.bool_]
-    n_classes: int
-    centroids: npt.NDArray[np.float32] = field(default_factory=lambda: np.zeros((0, 0), dtype=np.float32))
-    list_class: npt.NDArray[np.int64] = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
-    neighbours: Neighbours | None = None
-    probe: tuple[int, int] = (0, 0)
 
 
 @dataclass
@@ -194,17 +177,38 @@ class Router:
         scores, ids, scanned = index.search_nearest(q, chunks, lists)  # [Q, M]
         return (scores, index.clusters_of(ids)), scanned
 
-    def logits(self, q: npt.NDArray[np.float32], neighbours: Neighbours | None = None) -> torch.Tensor:
+    @property
+    def lexical_chunks(self) -> int:
+        """How many of BM25's best chunks share the gate's vote (0: none; the vote is dense alone)."""
+        shares, chunks, _ = self.net.lexical_params.tolist()
+        return int(chunks) if shares and self.probe_size[0] else 0
+
+    def lexical_probe(self, index: ClusteredIndex, queries: Sequence[LexicalQuery]) -> Neighbours | None:
+        """The questions' BM25 best chunks over the whole store, for the vote: (scores, lists) [Q, M],
+        list -1 in empty slots and for chunks not in the index yet; None: BM25 has no share."""
+        if not self.lexical_chunks:
+            return None
+        scores, ids = bm25_hits(queries, self.lexical_chunks)  # [Q, M]
+        return scores, index.clusters_of(ids)
+
+    def logits(
+        self, q: npt.NDArray[np.float32], neighbours: Neighbours | None = None, lexical: Neighbours | None = None
+    ) -> torch.Tensor:
+        """q [Q, D]; neighbours from `probe` and lexical from `lexical_probe` (None: not searched) -> [Q, C]."""
         with torch.inference_mode():
-            votes = self.net.votes(neighbours) if neighbours is not None else None  # [Q, C]
+            votes = self.net.votes(neighbours, lexical) if neighbours is not None else None  # [Q, C]
             return self.net(
                 torch.from_numpy(np.array(q, dtype=np.float32)), votes
             )  # [Q, C]; a copy: q may be read-only
 
     def route(
-        self, q: npt.NDArray[np.float32], k: int = 3, neighbours: Neighbours | None = None
+        self,
+        q: npt.NDArray[np.float32],
+        k: int = 3,
+        neighbours: Neighbours | None = None,
+        lexical: Neighbours | None = None,
     ) -> list[RouteDecision]:
-        logits = self.logits(q, neighbours)  # [Q, C]
+        logits = self.logits(q, neighbours, lexical)  # [Q, C]
         k = min(k, logits.shape[1])
         weights, ids = gate_topk(logits, self.temperature, k)  # [Q, K], [Q, K]
         probs = torch.softmax(logits / self.temperature, dim=-1)  # [Q, C] for the entropy only
@@ -234,7 +238,13 @@ class Router:
         net = GateNet(dim, len(expert_ids) + 1, hidden, n_lists)
         # Versions trained before an evidence term lack its buffers: that term's weight stays 0.
         result = net.load_state_dict(weights, strict=False)
-        missing = set(result.missing_keys) - {"centroids", "list_class", "evidence_params", "vote_params"}
+        missing = set(result.missing_keys) - {
+            "centroids",
+            "list_class",
+            "evidence_params",
+            "vote_params",
+            "lexical_params",
+        }
         if missing or result.unexpected_keys:
             raise ValueError(
                 f"router state does not fit the gate: missing {sorted(missing)}, "
@@ -242,139 +252,3 @@ class Router:
             )
         net.eval()
         return cls(net, temperature, list(expert_ids), version_id)
-
-
-def class_weights(y: torch.Tensor, n_classes: int) -> torch.Tensor:
-    """Inverse square-root frequency: a large expert cannot swallow the rest, a tiny one is not overfit."""
-    counts = torch.bincount(y, minlength=n_classes).float()  # [C]
-    w = torch.where(counts > 0, counts.clamp_min(1).rsqrt(), torch.zeros_like(counts))
-    return w * (w > 0).sum() / w.sum()
-
-
-def train(
-    data: TrainingSet, cfg: TrainConfig, progress: Progress | None = None
-) -> tuple[GateNet, float, dict[str, Any]]:
-    """Fit the gate on the training part, the temperature on the held-out part; report metrics."""
-    t0 = time.perf_counter()
-    torch.manual_seed(cfg.seed)
-    x = torch.from_numpy(data.x)  # [N, D]
-    y = torch.from_numpy(data.y)  # [N]
-    calib = torch.from_numpy(data.calib)  # [N]
-    x_tr, y_tr = x[~calib], y[~calib]
-    x_ho, y_ho = x[calib], y[calib]
-    net = GateNet(x.shape[1], data.n_classes, cfg.hidden)
-    opt = torch.optim.AdamW(net.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.epochs)
-    loss_fn = nn.CrossEntropyLoss(weight=class_weights(y_tr, data.n_classes))
-    gen = torch.Generator().manual_seed(cfg.seed)
-    for epoch in range(cfg.epochs):
-        net.train()
-        order = torch.randperm(len(y_tr), generator=gen)
-        for start in range(0, len(order), cfg.batch_size):
-            batch = order[start : start + cfg.batch_size]
-            opt.zero_grad()
-            loss = loss_fn(net(x_tr[batch]), y_tr[batch])
-            loss.backward()
-            opt.step()
-        sched.step()
-        if progress:
-            progress(epoch + 1, cfg.epochs + 1)
-    net.eval()
-    evidence: dict[str, float] = {}
-    votes_ho: torch.Tensor | None = None
-    if len(data.list_class):
-        net.set_lists(data.centroids, data.list_class)
-        if data.neighbours is not None and data.probe[0] > 0:
-            net.vote_params[1:3] = torch.tensor(data.probe, dtype=torch.float32)
-            votes_ho = net.votes(data.neighbours)  # [H, C]
-        evidence = fit_evidence(net, x_ho, y_ho, votes_ho)
-    with torch.no_grad():  # not inference_mode: the temperature fit needs autograd over these logits
-        logits_ho = net(x_ho, votes_ho)  # [H, C]
-        train_acc = float((net(x_tr).argmax(-1) == y_tr).float().mean()) if len(y_tr) else 0.0
-    temperature = fit_temperature(logits_ho.detach(), y_ho)
-    metrics = evaluate(logits_ho, y_ho, temperature, cfg.threshold)
-    metrics.update(evidence)
-    metrics.update(
-        train_accuracy=train_acc,
-        train_size=len(y_tr),
-        holdout_size=len(y_ho),
-        class_counts=torch.bincount(y, minlength=data.n_classes).tolist(),
-        seconds=time.perf_counter() - t0,
-    )
-    if progress:
-        progress(cfg.epochs + 1, cfg.epochs + 1)
-    return net, temperature, metrics
-
-
-def fit_evidence(
-    net: GateNet,
-    x: torch.Tensor,
-    y: torch.Tensor,
-    votes: torch.Tensor | None = None,
-    sharpness: tuple[float, ...] = (5, 10, 20, 40),
-) -> dict[str, float]:
-    """Weights (>= 0) of the centroid evidence and the vote, and the former's sharpness, by held-out NLL.
-
-    x [H, D], y [H], votes [H, C] or None. The held-out part is whole documents the MLP never
-    trained on, so the weights say how much the retrieval side adds for questions about unseen
-    documents. The temperature is free here and fitted again afterwards. Sets
-    `net.evidence_params` and the vote weight.
-    """
-    if len(y) == 0:
-        return {}
-    with torch.no_grad():
-        mlp = net.net(x)  # [H, C]
-    nll = nn.CrossEntropyLoss()
-    best = (float("inf"), 0.0, 20.0, 0.0)
-    for k in sharpness:
-        with torch.no_grad():
-            features = [mlp, net.evidence(x, k)] + ([votes] if votes is not None else [])  # [H, C] each
-        params = torch.zeros(len(features), requires_grad=True)  # log(1/T), log(w/T)[, log(v/T)]
-
-        def combined(params: torch.Tensor = params, features: list[torch.Tensor] = features) -> torch.Tensor:
-            return torch.stack([p.exp() * f for p, f in zip(params, features, strict=True)]).sum(0)
-
-        opt = torch.optim.LBFGS([params], lr=0.1, max_iter=100, line_search_fn="strong_wolfe")
-
-        def closure(opt: Any = opt, combined: Callable[[], torch.Tensor] = combined) -> torch.Tensor:
-            opt.zero_grad()
-            loss = nll(combined(), y)
-            loss.backward()
-            return loss
-
-        opt.step(closure)
-        with torch.no_grad():
-            loss = float(nll(combined(), y))
-            w = float((params[1] - params[0]).exp())
-            v = float((params[2] - params[0]).exp()) if votes is not None else 0.0
-        if loss < best[0] and np.isfinite(w) and np.isfinite(v):
-            best = (loss, w, float(k), v)
-    with torch.no_grad():
-        mlp_only = float(nll(mlp / fit_temperature(mlp, y), y))
-    net.evidence_params = torch.tensor([best[1], best[2]])
-    net.vote_params[0] = best[3]
-    return {
-        "evidence_weight": best[1],
-        "evidence_sharpness": best[2],
-        "vote_weight": best[3],
-        "nll_mlp": mlp_only,
-        "nll_gate": best[0],
-    }
-
-
-def evaluate(logits: torch.Tensor, labels: torch.Tensor, temperature: float, threshold: float) -> dict[str, Any]:
-    """Accuracy, ECE before/after calibration, coverage and accuracy at the threshold, curves."""
-    raw = torch.softmax(logits, dim=-1)
-    cal = torch.softmax(logits / temperature, dim=-1)
-    coverage, acc_at = coverage_at(cal, labels, threshold)
-    return {
-        "accuracy": float((cal.argmax(-1) == labels).float().mean()) if len(labels) else 0.0,
-        "ece_before": expected_calibration_error(raw, labels),
-        "ece_after": expected_calibration_error(cal, labels),
-        "temperature": temperature,
-        "threshold": threshold,
-        "coverage_at_threshold": coverage,
-        "accuracy_at_threshold": acc_at,
-        "reliability": reliability(cal, labels),
-        "coverage_curve": coverage_curve(cal, labels),
-    }

@@ -130,3 +130,13 @@ def test_the_gates_vote_probes_the_index_and_can_settle_a_route() -> None:
     assert (route.path, route.reason, route.expert.id if route.expert else None) == ("expert", "confident", 1)
     assert route.clusters_scanned == 4 and route.vectors_scanned == 5  # the probe is counted as work
     assert p._route(q, AskRequest("q", mode="fallback")).vectors_scanned == 0  # no gate, no probe
+    # BM25's best chunks (ids 3 and 4, in sqlite's list) take half of the vote: git is no longer sure.
+    from engine.lexical import LexicalIndex
+
+    bm25 = LexicalIndex(range(5), ["git", "git", "git", "postbuffer sqlite", "postbuffer"])
+    router.net.lexical_params.copy_(torch.tensor([1.0, 2.0, 5.0]))
+    assert router.lexical_chunks == 2
+    pooled = p._route(q, AskRequest("q"), bm25.query("what is postbuffer"))
+    assert (pooled.path, pooled.reason) == ("fallback", "low_confidence") and pooled.top[1][0] == EXPERTS[2]
+    no_terms = p._route(q, AskRequest("q"), bm25.query("zzz"))  # no hits: the dense vote alone
+    assert (no_terms.path, no_terms.confidence) == ("expert", pytest.approx(route.confidence))

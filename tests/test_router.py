@@ -3,7 +3,8 @@ import pytest
 import torch
 
 from engine.calibration import coverage_at, expected_calibration_error, fit_temperature
-from engine.router import Router, TrainConfig, TrainingSet, class_weights, train
+from engine.router import Router
+from engine.router_training import TrainConfig, TrainingSet, class_weights, train
 from engine.samples import query_like_samples
 
 
@@ -163,7 +164,7 @@ def test_vote_evidence_shares_and_empty_rows() -> None:
 
 
 def test_without_self_drops_the_own_id_or_the_last() -> None:
-    from engine.router import without_self
+    from engine.router_training import without_self
 
     scores = np.array([[0.9, 0.8, 0.7], [0.9, 0.8, 0.7], [0.9, -np.inf, -np.inf]], dtype=np.float32)
     ids = np.array([[5, 6, 7], [1, 2, 3], [4, -1, -1]], dtype=np.int64)
@@ -194,14 +195,80 @@ def test_the_vote_is_fitted_and_travels_with_the_router() -> None:
     assert torch.allclose(restored.logits(x[calib][:4], neighbours), with_votes)
 
 
+def test_bm25_hits_hold_half_of_the_vote_and_veto_nothing() -> None:
+    """Dense neighbours all in class 0, BM25 hits all in class 1: each class keeps half the vote."""
+    from engine.router import GateNet
+
+    net = GateNet(4, 3, hidden=4, n_lists=3)
+    net.set_lists(np.eye(3, 4, dtype=np.float32), np.arange(3, dtype=np.int64))
+    net.vote_params[4] = 1e-6  # (almost) no smoothing: shares read plainly
+    dense = (np.full((2, 3), 0.8, dtype=np.float32), np.zeros((2, 3), dtype=np.int64))  # [Q, M]
+    bm25 = (np.array([[9.0, 4.5, 0.0], [0.0, 0.0, 0.0]], dtype=np.float32), np.array([[1, 1, -1], [-1, -1, -1]]))
+    shares = net.votes(dense, bm25).exp()  # [2, 3]
+    assert shares[0].tolist() == pytest.approx([0.5, 0.5, 0.0], abs=1e-4)  # pooled: both classes stay possible
+    assert shares[1].tolist() == pytest.approx(net.votes(dense)[1].exp().tolist())  # no hits: the dense vote alone
+    scaled = net.votes(dense, (bm25[0] * 7, bm25[1]))
+    assert torch.allclose(scaled, net.votes(dense, bm25))  # BM25 counts relative to the row's best
+
+
+def test_bm25_hits_share_the_fitted_vote_and_travel_with_the_router() -> None:
+    x, y = blobs(150, 3, spread=1.5)  # overlapping: the MLP alone is unsure
+    calib = np.random.default_rng(1).random(len(y)) < 0.4
+    held = int(calib.sum())
+    rng = np.random.default_rng(2)
+    lists = np.where(rng.random((held, 5)) < 0.6, y[calib][:, None], (y[calib][:, None] + 1) % 3)
+    hit_lists = np.where(rng.random((held, 5)) < 0.8, y[calib][:, None], (y[calib][:, None] + 2) % 3)
+    hit_lists[::3] = -1  # a third of the rows (whole chunks, say) have no BM25 hits
+    scores, bm25 = np.full((held, 5), 0.8, dtype=np.float32), rng.uniform(1, 9, (held, 5)).astype(np.float32)
+    data = TrainingSet(
+        x, y, calib, 3, x[:3].copy(), np.arange(3, dtype=np.int64), (scores, lists), (2, 5), (bm25, hit_lists)
+    )
+    net, t, metrics = train(data, TrainConfig(hidden=16, epochs=5))
+    assert metrics["vote_weight"] > 0
+    router = Router(net, t, expert_ids=[10, 20])
+    assert router.lexical_chunks == 5
+    neighbours, hits = (scores[1:5], lists[1:5]), (bm25[1:5], hit_lists[1:5])
+    pooled = router.logits(x[calib][1:5], neighbours, hits)
+    assert not torch.allclose(pooled, router.logits(x[calib][1:5], neighbours))
+    restored = Router.from_state(router.state_bytes(), dim=16, hidden=16, expert_ids=[10, 20], temperature=t)
+    assert restored.lexical_chunks == 5
+    assert torch.allclose(restored.logits(x[calib][1:5], neighbours, hits), pooled)
+    without = train(
+        TrainingSet(x, y, calib, 3, x[:3].copy(), np.arange(3, dtype=np.int64), (scores, lists), (2, 5)),
+        TrainConfig(hidden=16, epochs=5),
+    )[0]
+    assert Router(without, t, [10, 20]).lexical_chunks == 0  # trained without BM25: serving asks for none
+
+
+def test_training_finds_bm25_hits_for_question_like_rows_only_and_never_their_own_chunk() -> None:
+    from app.services.routing import RouterManager
+    from engine.lexical import LexicalIndex
+    from index import ClusteredIndex
+
+    texts = ["git rebase replays commits", "git merge joins", "sqlite vacuum", "sqlite wal", "rebase onto", "wal mode"]
+    index = ClusteredIndex.create(np.eye(2, 4, dtype=np.float32), "v")
+    index.add(np.eye(6, 4, dtype=np.float32)[[0, 0, 1, 1, 0, 1]], np.arange(6), np.array([0, 0, 1, 1, 0, 1]))
+    bm25 = LexicalIndex(range(6), texts)
+    manager = RouterManager(None, None, None, lambda: index, lambda: bm25)  # type: ignore[arg-type]
+    x = np.zeros((8, 4), dtype=np.float32)  # rows 0-5: the chunks; 6-7: samples drawn from chunks 0 and 3
+    data = TrainingSet(x, np.zeros(8, dtype=np.int64), np.array([1, 0, 0, 0, 0, 0, 1, 1], dtype=bool), 3)
+    own = np.array([0, 1, 2, 3, 4, 5, 0, 3])
+    manager._lexical_probe(data, own, ["git rebase", "sqlite wal"], n_chunks=6)
+    assert data.lexical is not None
+    scores, lists = data.lexical  # [H=3, 5]: held-out rows 0 (a chunk), 6 and 7 (samples)
+    assert (lists[0] == -1).all()  # a whole chunk gets no BM25 hits: it votes with its neighbours alone
+    assert lists[1].tolist()[:2] == [0, 0] and (lists[1][2:] == -1).all()  # "git rebase": chunks 4 and 1, not 0
+    assert lists[2].tolist()[:2] == [1, 1] and scores[2, 0] > 0  # "sqlite wal": chunks 5, 2 (3 is its own)
+
+
 def test_a_router_saved_before_the_vote_loads_without_one() -> None:
     x, y = blobs(40, 2)
     net, t, _ = train(TrainingSet(x, y, np.arange(len(y)) % 3 == 0, 2), TrainConfig(hidden=8, epochs=2))
-    state = {k: v for k, v in net.state_dict().items() if k != "vote_params"}
+    state = {k: v for k, v in net.state_dict().items() if k not in ("vote_params", "lexical_params")}
     buf = __import__("io").BytesIO()
     torch.save(state, buf)
     old = Router.from_state(buf.getvalue(), dim=16, hidden=8, expert_ids=[1], temperature=t)
-    assert old.probe_size == (0, 0)
+    assert old.probe_size == (0, 0) and old.lexical_chunks == 0
     assert torch.allclose(old.logits(x[:3]), Router(net, t, [1]).logits(x[:3]))
 
 

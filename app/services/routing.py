@@ -18,7 +18,9 @@ from app.services.paging import scalar_page
 from app.settings import Settings
 from engine.embedder import Embedder
 from engine.errors import NotTrainable
-from engine.router import VOTE_CHUNKS, Router, TrainConfig, TrainingSet, train, without_self
+from engine.lexical import LexicalIndex
+from engine.router import LEXICAL_VOTE_CHUNKS, VOTE_CHUNKS, Router, bm25_hits
+from engine.router_training import TrainConfig, TrainingSet, train, without_self
 from engine.samples import Sample, held_out_documents, query_like_samples
 from index.store import ClusteredIndex
 
@@ -47,9 +49,11 @@ class RouterManager:
         sessions: sessionmaker[Session],
         embedder: Embedder,
         index: Callable[[], ClusteredIndex] | None = None,
+        lexical: Callable[[], LexicalIndex | None] | None = None,
     ) -> None:
         self.settings, self.sessions, self.embedder = settings, sessions, embedder
         self.index = index  # for the gate's vote: None trains a gate without one
+        self.lexical = lexical  # for the gate's BM25 vote: None (or no BM25 index) trains one without
         self._router: Router | None = None
         self._lock = threading.Lock()
 
@@ -220,6 +224,7 @@ class RouterManager:
             ]
         )
         self._probe(data, own)
+        self._lexical_probe(data, own, texts, len(rows))
         return data, corpus.expert_ids, info
 
     def _probe(self, data: TrainingSet, own: npt.NDArray[np.int64]) -> None:
@@ -233,6 +238,21 @@ class RouterManager:
         scores, ids = without_self(scores, ids, own[held], VOTE_CHUNKS)  # [H, M]
         data.neighbours = (scores, index.clusters_of(ids))
         data.probe = (lists, VOTE_CHUNKS)
+
+    def _lexical_probe(
+        self, data: TrainingSet, own: npt.NDArray[np.int64], texts: Sequence[str], n_chunks: int
+    ) -> None:
+        """The held-out question-like rows' BM25 best chunks (their own excluded), for fitting the
+        gate's BM25 vote. Whole chunks get none: a passage's hundred words are not a question."""
+        index = self.index() if self.index is not None else None
+        lexical = self.lexical() if self.lexical is not None else None
+        if index is None or lexical is None or len(lexical) <= LEXICAL_VOTE_CHUNKS:
+            return
+        held = np.flatnonzero(data.calib)  # [H]
+        queries = [lexical.query(texts[i - n_chunks]) if i >= n_chunks else None for i in held.tolist()]
+        scores, ids = bm25_hits(queries, LEXICAL_VOTE_CHUNKS + 1)  # [H, M+1]
+        scores, ids = without_self(scores, ids, own[held], LEXICAL_VOTE_CHUNKS)  # [H, M]
+        data.lexical = (scores, index.clusters_of(ids))  # padding (-1) is in no list
 
     def train(
         self,
