@@ -234,7 +234,7 @@ class Runtime:
             )
             emb = self._embedder or Embedder(s.model_path, dtype=s.embed_dtype, batch_size=s.embed_batch_size)
             if s.trace_questions and run_jobs:  # serving: the model call without the GIL (one-shots skip it)
-                self.question_model = emb.trace_questions()
+                self.question_model = emb.compile_questions(s.question_runtime)
             questions = QuestionEncoder(
                 emb.encode_questions,
                 max_batch=s.question_batch,

@@ -115,8 +115,14 @@ class Settings(BaseSettings):
     )
     trace_questions: bool = Field(
         True,
-        description="Serve question embeddings from a frozen TorchScript trace of the model (checked against "
-        "eager at start; eager if it differs or fails).",
+        description="Serve question embeddings from a compiled model (see question_runtime; checked against "
+        "eager at start; eager if it differs or fails). False: eager PyTorch.",
+    )
+    question_runtime: Literal["auto", "torch", "onnxruntime"] = Field(
+        "auto",
+        description="What compiles the question model: torch (a frozen TorchScript trace), onnxruntime (ONNX "
+        "Runtime; pip install 'moerag[onnx]'), or auto: onnxruntime when the model runs in float32 on a CPU and "
+        "the extra is installed, else torch.",
     )
     question_cache: int = Field(1024, ge=0, description="Question vectors remembered by exact text; 0 = no cache.")
     answer_cache: int = Field(

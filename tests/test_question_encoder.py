@@ -131,7 +131,7 @@ def test_batched_answers_equal_unbatched_ones_on_the_real_pipeline(tmp_path: Pat
     )
     rt = Runtime(settings, embedder=Embedder(dtype="float32"))
     rt.start()  # as served: the traced model, batching, two workers where there are two cores
-    assert rt.question_model.startswith("traced")
+    assert rt.question_model.startswith("onnxruntime")  # auto, float32 on a CPU, the onnx extra installed
     try:
         for t in TOPICS:
             for i in range(3):
@@ -197,3 +197,26 @@ def test_two_workers_run_two_model_calls_at_once() -> None:
     assert all(isinstance(v, np.ndarray) for v in out.values())
     assert elapsed < 0.3 * 3, elapsed  # one worker would need at least three calls in a row
     qe.close()
+
+
+@pytest.mark.parametrize("runtime", ["torch", "onnxruntime"])
+def test_each_question_runtime_gives_the_eager_vectors(runtime: str) -> None:
+    """A trace and ONNX Runtime both serve the eager model's vectors, alone and in a padded batch."""
+    emb = Embedder(dtype="float32")
+    texts = ["What is a rebase?", "How do I make sqlite write a checkpoint after every transaction commit?", "x"]
+    eager = emb.encode(texts)
+    assert emb.compile_questions(runtime).startswith({"torch": "traced", "onnxruntime": "onnxruntime"}[runtime])
+    assert np.abs(emb.encode_questions(texts) - eager).max() < 1e-4
+    assert np.abs(np.vstack([emb.encode_questions([t]) for t in texts]) - eager).max() < 1e-4
+
+
+def test_onnxruntime_without_its_extra_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, embedder: Embedder) -> None:
+    import sys
+
+    from engine.errors import NotConfigured
+
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as if not installed: importing it fails
+    with pytest.raises(NotConfigured, match=r"pip install 'moerag\[onnx\]'"):
+        embedder.onnx_questions()
+    with pytest.raises(ValueError, match="unknown question runtime"):
+        embedder.compile_questions("tensorrt")
