@@ -53,10 +53,14 @@ def test_counting_and_encoding_are_safe_across_threads(embedder) -> None:  # typ
 
 
 def test_the_serving_path_embeds_exactly_as_encode(embedder: Embedder) -> None:
-    """`encode_questions` (one forward pass) gives `encode`'s vectors, truncation included."""
+    """`encode_questions` (one forward pass) gives `encode`'s vectors, truncation included: exactly
+    when eager or traced; within 1e-6 once a server start compiled this shared embedder for ONNX
+    Runtime, whose kernels sum in another order (2e-7 at most on the dev questions)."""
     texts = ["How do I undo a commit?", "word " * 600, "Wie geht's? ünïcödé"]
+    onnx = type(embedder._traced).__name__ == "_OnnxHidden"
     for t in texts:
-        assert np.array_equal(embedder.encode_questions([t]), embedder.encode([t])), t[:20]
+        got, want = embedder.encode_questions([t]), embedder.encode([t])
+        assert np.allclose(got, want, rtol=0, atol=1e-6) if onnx else np.array_equal(got, want), t[:20]
     assert embedder.encode_questions([]).shape == (0, embedder.dim)
 
 
