@@ -106,7 +106,9 @@ class Embedder:
         self._count_lock = threading.Lock()
         self._encode_lock = threading.Lock()
         self._local = threading.local()  # per thread: its own input module (tokenizer) for encode_questions
-        self._traced: Any = None  # the transformer compiled for questions: a trace or ONNX (compile_questions)
+        self._question_model: Any = None  # the transformer compiled for questions (compile_questions); None: eager
+        self.question_runtime = "eager"  # which one serves, in words (for the log and /readyz)
+        self._compiled: dict[str, tuple[Any, str]] = {}  # kind -> (model, what was decided): built once
         log.info("embedder %s loaded from %s (dim %d, %s)", self.name, path, self.dim, self.dtype_name)
 
     @property
@@ -154,7 +156,7 @@ class Embedder:
         it for most of a one-question pass); otherwise eager, skipping `SentenceTransformer.encode`'s
         per-call bookkeeping (mode switch over every module, length sort, sub-batches).
         """
-        return self._forward(texts, self._traced)
+        return self._forward(texts, self._question_model)
 
     def _forward(self, texts: Sequence[str], traced: Any) -> Vectors:
         if not texts:
@@ -203,8 +205,8 @@ class Embedder:
         alone and in batches of 8: 0.0, the same vectors). Returns
         what was decided, for the log. Idempotent.
         """
-        if self._traced is not None:
-            return "traced"
+        if "traced" in self._compiled:
+            return self._use("traced")
         try:
             ids, mask = self._example()
             with torch.inference_mode(), warnings.catch_warnings():
@@ -218,9 +220,12 @@ class Embedder:
             return f"eager ({type(exc).__name__})"
 
     def onnx_questions(self) -> str:
-        """Export the transformer to ONNX (in memory, dynamic batch and length) for ONNX Runtime, one
-        intra-op thread per call (the batcher runs one call per core), if it matches eager as the
-        trace must. Raises NotConfigured without the `onnx` extra; any other failure keeps eager."""
+        """Export the transformer to ONNX (a temporary file; dynamic batch and length) for ONNX Runtime,
+        one intra-op thread per call (the batcher runs one call per core), if it matches eager as
+        the trace must. Raises NotConfigured without the `onnx` extra; any other failure keeps eager.
+        Idempotent."""
+        if "onnxruntime" in self._compiled:
+            return self._use("onnxruntime")
         try:
             import onnx  # noqa: F401 - torch's exporter needs it
             import onnxruntime
@@ -274,9 +279,13 @@ class Embedder:
         if diff > tolerance:
             log.warning("%s question model differs by %.2g (> %.0e); eager PyTorch serves", name, diff, tolerance)
             return f"eager ({name} off by {diff:.2g})"
-        self._traced = candidate
+        self._compiled[name] = (candidate, f"{name} (max difference {diff:.2g})")
         log.info("question model: %s (max difference from eager %.2g)", name, diff)
-        return f"{name} (max difference {diff:.2g})"
+        return self._use(name)
+
+    def _use(self, name: str) -> str:
+        self._question_model, self.question_runtime = self._compiled[name]  # one swap each: calls see either
+        return self.question_runtime
 
     def _input_module(self) -> Any:
         """This thread's shallow copy of the model's first module with its own tokenizer (state per call)."""
