@@ -1,7 +1,9 @@
-"""Questions per second from the question model: eager PyTorch against the frozen TorchScript trace,
-one and two threads calling it at once, one and eight questions a call (one torch thread each).
+"""Questions per second from the question model: eager PyTorch against the frozen TorchScript trace
+and ONNX Runtime (with the `onnx` extra), one and two threads calling it at once, one and eight
+questions a call (one torch / ONNX Runtime thread each).
 
     python benchmarks/question_model.py --seconds 4      # results: benchmarks/results/question-model.json
+    python benchmarks/question_model.py --name question-model-f32   # another file, another machine
 
 Why the serving path traces the model (`Embedder.trace_questions`): eager PyTorch holds the GIL
 for most of a one-question forward pass (module calls, argument parsing between small ops), so a
@@ -49,16 +51,25 @@ def main() -> None:
 
     from benchmarks.evalcorpus import load_questions
     from engine.embedder import Embedder
+    from engine.errors import NotConfigured
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=4)
+    ap.add_argument("--name", default="question-model", help="results file stem under benchmarks/results/")
     args = ap.parse_args()
     torch.set_num_threads(1)  # as a serving process runs (app.runtime.use_serving_threads)
     questions = [q["question"] for q in load_questions()]
-    eager, traced = Embedder(), Embedder()
+    eager, traced, onnx = Embedder(), Embedder(), Embedder()
     trace = traced.trace_questions()
+    models = [("eager", eager), ("traced", traced)]
+    try:
+        exported = onnx.onnx_questions()
+    except NotConfigured as exc:
+        exported = f"skipped ({exc})"
+    if exported.startswith("onnxruntime"):
+        models.append(("onnxruntime", onnx))
     rows = []
-    for name, emb in (("eager", eager), ("traced", traced)):
+    for name, emb in models:
         emb.encode_questions(questions[:8])  # warm-up
         for threads in (1, 2):
             for batch in (1, 8):
@@ -75,10 +86,11 @@ def main() -> None:
         "command": "python benchmarks/question_model.py " + " ".join(sys.argv[1:]),
         "dtype": eager.dtype_name,
         "trace": trace,
+        "onnxruntime": exported,
         "rows": rows,
     }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "question-model.json").write_text(json.dumps(result, indent=2))
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

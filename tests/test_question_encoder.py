@@ -210,10 +210,12 @@ def test_each_question_runtime_gives_the_eager_vectors(runtime: str) -> None:
     assert np.abs(np.vstack([emb.encode_questions([t]) for t in texts]) - eager).max() < 1e-4
 
 
-def test_onnxruntime_without_its_extra_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, embedder: Embedder) -> None:
+def test_onnxruntime_without_its_extra_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
     from engine.errors import NotConfigured
+
+    embedder = Embedder(dtype="float32")  # its own: the shared one may hold an ONNX model from a server start
 
     monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as if not installed: importing it fails
     with pytest.raises(NotConfigured, match=r"pip install 'moerag\[onnx\]'"):
