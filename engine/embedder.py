@@ -183,9 +183,10 @@ class Embedder:
         "torch": a frozen TorchScript trace (`trace_questions`). "onnxruntime": the transformer
         exported to ONNX and run by ONNX Runtime (`onnx_questions`; needs the `onnx` extra).
         "auto": ONNX Runtime where the model runs in float32 and the extra is installed (on a
-        2-core AMD EPYC without bf16 units it embedded 1.8x the questions per second of the trace
-        one at a time, 1.3x in batches of eight), else the trace; torch in bfloat16 stays (its
-        traced batches were 5x faster than float32 on an AMX CPU). Returns what was decided.
+        2-core AMD EPYC without bf16 units, two threads calling it: 1.4x the questions per second of
+        the trace one at a time, 1.3x in batches of eight; benchmarks/question_model.py), else the
+        trace; torch in bfloat16 stays (its traced batches were 5x faster than float32 on an AMX
+        CPU). Returns what was decided.
         """
         if runtime not in QUESTION_RUNTIMES:
             raise ValueError(f"unknown question runtime {runtime!r}; use one of {', '.join(QUESTION_RUNTIMES)}")
