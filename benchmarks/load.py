@@ -131,7 +131,8 @@ class PeerServer:
 
 
 def bare_floor(data_dir: Path, questions: list[str]) -> dict[str, Any]:
-    """In-process `encode_questions` + exact FAISS search over moerag's index: one client's floor.
+    """In-process `encode_questions` + exact FAISS search over moerag's index: one client's floor,
+    with the question model compiled as the server compiles it (`MOERAG_QUESTION_RUNTIME=auto`).
 
     Also: batching in bfloat16 (groups of 8 as under load) against one question at a time, on
     the top 10 of that search.
@@ -146,7 +147,8 @@ def bare_floor(data_dir: Path, questions: list[str]) -> dict[str, Any]:
     path = max((data_dir / "index").glob("ivf-*.faiss"), key=lambda p: p.stat().st_mtime)
     index = ClusteredIndex.load(path, path.stem)
     emb = Embedder()
-    out: dict[str, Any] = {"dtype": emb.dtype_name, "vectors": index.ntotal}
+    runtime = emb.compile_questions("auto")  # the question model the server runs (a trace, or ONNX Runtime)
+    out: dict[str, Any] = {"dtype": emb.dtype_name, "question_model": runtime, "vectors": index.ntotal}
     for threads in (1, os.cpu_count() or 1):
         torch.set_num_threads(threads)
         faiss.omp_set_num_threads(threads)
