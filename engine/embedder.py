@@ -191,10 +191,10 @@ class Embedder:
         if runtime not in QUESTION_RUNTIMES:
             raise ValueError(f"unknown question runtime {runtime!r}; use one of {', '.join(QUESTION_RUNTIMES)}")
         if runtime == "auto":
-            wanted = self.torch_dtype == torch.float32 and self.model.device.type == "cpu" and _has_onnxruntime()
-            runtime = "onnxruntime" if wanted else "torch"
-            if wanted and (decided := self.onnx_questions()).startswith("onnxruntime"):
+            fits = self.torch_dtype == torch.float32 and self.model.device.type == "cpu" and _has_onnxruntime()
+            if fits and (decided := self.onnx_questions()).startswith("onnxruntime"):
                 return decided
+            return self.trace_questions()  # ONNX Runtime does not fit here, or failed its export or check
         return self.onnx_questions() if runtime == "onnxruntime" else self.trace_questions()
 
     def trace_questions(self) -> str:

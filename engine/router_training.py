@@ -125,8 +125,6 @@ def train(
     temperature = fit_temperature(logits_ho.detach(), y_ho)
     metrics = evaluate(logits_ho, y_ho, temperature, cfg.threshold)
     metrics.update(evidence)
-    shared = float(net.lexical_params[0]) and float(net.vote_params[0])  # BM25 shares a vote in use
-    metrics["lexical_vote_chunks"] = int(net.lexical_params[1]) if shared else 0
     metrics.update(
         train_accuracy=train_acc,
         train_size=len(y_tr),

@@ -222,3 +222,15 @@ def test_onnxruntime_without_its_extra_is_a_clear_error(monkeypatch: pytest.Monk
         embedder.onnx_questions()
     with pytest.raises(ValueError, match="unknown question runtime"):
         embedder.compile_questions("tensorrt")
+
+
+def test_auto_falls_back_to_the_trace_when_onnxruntime_fails_its_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    emb = Embedder(dtype="float32")
+    calls: list[int] = []
+
+    def failing() -> str:
+        calls.append(1)
+        return "eager (onnxruntime off by 0.1)"
+
+    monkeypatch.setattr(emb, "onnx_questions", failing)
+    assert emb.compile_questions("auto").startswith("traced") and calls == [1]  # tried once, then the trace
