@@ -1,11 +1,12 @@
 """/ask under concurrent load, service to service: moerag with and without batching, the LangChain peer.
 
     python benchmarks/load.py --data-dir /var/tmp/eval/data --langchain /var/tmp/eval/langchain \\
-        --clients 1 2 4 8 16 --seconds 15
+        --clients 1 2 4 8 16 --seconds 15 --rounds 3
 
 In one run, on this machine, for every target and client count: throughput (requests/s) and
 p50/p95/p99 latency, with the load generator's own CPU share (it runs on the same cores).
-Targets, each its own server process on 127.0.0.1, one at a time:
+Targets, each its own server process on 127.0.0.1, all started first; at each client count they
+take turns, `--rounds` times (each round in a rotated order), one loaded at a time:
 
 - moerag, batching: `moerag serve` as shipped (extractive answers, so the figures are moerag's
   own cost, not an LLM's), the question cache off: the dev questions cycle, and a cache would
@@ -17,19 +18,23 @@ Targets, each its own server process on 127.0.0.1, one at a time:
 
 Also measured in-process before the servers start: a bare `encode` + exact FAISS search of the
 same questions (the floor for one client), and what batching in bfloat16 does to the top 10.
-`ratio_at_8_clients` = moerag with batching / the faster LangChain server, at 8 clients.
+`ratio_at_8_clients` = moerag with batching / the faster LangChain server of the same round, at 8
+clients (the median over rounds; each round's in `ratio_at_8_clients_by_round`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -178,17 +183,6 @@ def bare_floor(data_dir: Path, questions: list[str]) -> dict[str, Any]:
     return out
 
 
-def run_target(
-    name: str, url: str, questions: list[str], levels: list[int], seconds: float, requests: int | None
-) -> list[dict[str, Any]]:
-    rows = []
-    for c in levels:
-        print(f"load: {name}, {c} client(s) ...", flush=True)
-        rows.append({"target": name, **asyncio.run(load_level(url, questions, c, seconds, requests))})
-        print(json.dumps(rows[-1]), flush=True)
-    return rows
-
-
 NO_CACHE = {"MOERAG_QUESTION_CACHE": "0", "MOERAG_ANSWER_CACHE": "0"}
 MOERAG_TARGETS: dict[str, dict[str, str]] = {
     "moerag, batching": NO_CACHE,
@@ -221,47 +215,87 @@ def run(
     requests: int | None = None,
     targets: list[str] | None = None,
     pg_url: str | None = None,
+    rounds: int = 1,
 ) -> dict[str, Any]:
     """Every target (default: all; LangChain ones need `langchain`, worker ones `pg_url`) at every
-    client count, one at a time."""
+    client count, `rounds` times.
+
+    Every target's server is started first and stays up (idle between its turns), and the
+    targets take turns at each client count, round by round (each round in a rotated order): a
+    ratio between two targets compares measurements seconds apart, not a target measured minutes
+    after another while the shared machine's load drifted.
+    """
     workers = [worker_target(n) for n in WORKER_COUNTS] if pg_url else []
     wanted = targets or [*MOERAG_TARGETS, *(PEER_TARGETS if langchain else {}), *workers]
-    result: dict[str, Any] = {"cpus": os.cpu_count(), "seconds_per_level": seconds, "questions": len(questions)}
+    result: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "seconds_per_level": seconds,
+        "rounds": rounds,
+        "questions": len(questions),
+    }
     print("bare encode + search, in process ...", flush=True)
     bare = result["bare_encode_search"] = bare_floor(data_dir, questions)
     print(json.dumps(bare), flush=True)
     rows: list[dict[str, Any]] = []
-    for name in wanted:
-        if name.startswith("moerag, PostgreSQL"):
-            if pg_url is None:
-                raise ValueError(f"target {name!r} needs --pg-url")
-            n = int(name.split(", ")[-1].split()[0])
-            # Its own data dir: each worker builds its replica from SQL, none writes into the SQLite store's.
-            server = Server(data_dir.parent / "load-pg", "bench-load", log, MOERAG_DATABASE_URL=pg_url, **NO_CACHE)
-            server.start(600, "--workers", str(n)).close()
-            try:
-                rows += run_target(name, server.url, questions, clients, seconds, requests)
-            finally:
-                server.stop()
-        elif name in MOERAG_TARGETS:
-            server = Server(data_dir, "bench-load", log, **MOERAG_TARGETS[name])
-            server.start(timeout=600).close()
-            try:
-                rows += run_target(name, server.url, questions, clients, seconds, requests)
-            finally:
-                server.stop()
-        else:
-            if langchain is None:
-                raise ValueError(f"target {name!r} needs a LangChain store")
-            peer = PeerServer(langchain, log, bare["dtype"], **PEER_TARGETS[name])
-            peer.start()
-            try:
-                rows += run_target(f"{name} ({bare['dtype']})", peer.url, questions, clients, seconds, requests)
-            finally:
-                peer.stop()
+    with contextlib.ExitStack() as servers:
+        urls: dict[str, str] = {}
+        for i, name in enumerate(wanted):
+            print(f"starting {name} ...", flush=True)
+            store = data_dir
+            if name in MOERAG_TARGETS and any(n in MOERAG_TARGETS for n in wanted[:i]):
+                store = _copy(data_dir, servers)  # one process holds a data dir: the others serve copies
+            label, urls[label] = _start(name, store, log, bare["dtype"], langchain, pg_url, servers)
+        labels = list(urls)
+        for c in clients:
+            for r in range(rounds):
+                for label in labels[r % len(labels) :] + labels[: r % len(labels)]:
+                    print(f"load: {label}, {c} client(s), round {r + 1} ...", flush=True)
+                    level = asyncio.run(load_level(urls[label], questions, c, seconds, requests))
+                    rows.append({"target": label, "round": r + 1, **level})
+                    print(json.dumps(rows[-1]), flush=True)
     result["levels"] = rows
     result.update(summary(rows, bare["p50_ms"]))
     return result
+
+
+def _copy(data_dir: Path, cleanup: contextlib.ExitStack) -> Path:
+    """A copy of the store beside it (without its lock file), removed when `cleanup` closes."""
+    copy = Path(tempfile.mkdtemp(prefix="load-", dir=data_dir.parent))
+    cleanup.callback(shutil.rmtree, copy, True)
+    shutil.copytree(data_dir, copy, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".lock"))
+    return copy
+
+
+def _start(
+    name: str,
+    data_dir: Path,
+    log: Path,
+    dtype: str,
+    langchain: Path | None,
+    pg_url: str | None,
+    servers: contextlib.ExitStack,
+) -> tuple[str, str]:
+    """Start one target's server, stopped when `servers` closes: (its label in the rows, its URL)."""
+    if name.startswith("moerag, PostgreSQL"):
+        if pg_url is None:
+            raise ValueError(f"target {name!r} needs --pg-url")
+        n = int(name.split(", ")[-1].split()[0])
+        # Its own data dir: each worker builds its replica from SQL, none writes into the SQLite store's.
+        server = Server(data_dir.parent / f"load-pg-{n}", "bench-load", log, MOERAG_DATABASE_URL=pg_url, **NO_CACHE)
+        servers.callback(server.stop)
+        server.start(600, "--workers", str(n)).close()
+        return name, server.url
+    if name in MOERAG_TARGETS:
+        server = Server(data_dir, "bench-load", log, **MOERAG_TARGETS[name])
+        servers.callback(server.stop)
+        server.start(timeout=600).close()
+        return name, server.url
+    if langchain is None:
+        raise ValueError(f"target {name!r} needs a LangChain store")
+    peer = PeerServer(langchain, log, dtype, **PEER_TARGETS[name])
+    servers.callback(peer.stop)
+    peer.start()
+    return f"{name} ({dtype})", peer.url
 
 
 def main() -> None:
@@ -271,6 +305,7 @@ def main() -> None:
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--seconds", type=float, default=15, help="per target and client count")
     ap.add_argument("--requests", type=int, help="also stop a level after this many requests")
+    ap.add_argument("--rounds", type=int, default=1, help="times each target runs each client count, in turns")
     ap.add_argument(
         "--targets",
         nargs="+",
@@ -293,6 +328,7 @@ def main() -> None:
         requests=args.requests,
         targets=args.targets,
         pg_url=args.pg_url,
+        rounds=args.rounds,
     )
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2))
@@ -300,19 +336,37 @@ def main() -> None:
 
 
 def summary(rows: list[dict[str, Any]], bare_p50: float) -> dict[str, Any]:
-    """The issue's aims, computed from the rows."""
-    by = {(r["target"], r["clients"]): r for r in rows}
+    """The issue's aims, from the rows: a figure over several rounds is their median, and the
+    throughput ratio is taken round by round (moerag against the faster LangChain server of the
+    same round, measured next to it) before its median is."""
+    by: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        by.setdefault((r["target"], r["clients"]), []).append(r)
+
+    def median(target: str, clients: int, key: str) -> float | None:
+        values = [r[key] for r in by.get((target, clients), [])]
+        return statistics.median(values) if values else None
+
     out: dict[str, Any] = {}
-    lc8 = [r for r in rows if r["target"].startswith("LangChain") and r["clients"] == 8]
-    m8, m1 = by.get(("moerag, batching", 8)), by.get(("moerag, batching", 1))
-    if lc8 and m8 and max(r["throughput_rps"] for r in lc8) > 0:
-        best = max(lc8, key=lambda r: r["throughput_rps"])
-        out["ratio_at_8_clients"] = round(m8["throughput_rps"] / best["throughput_rps"], 2)
-        out["ratio_at_8_clients_against"] = best["target"]
-    if m1:
-        out["p50_at_1_client_over_bare_ms"] = round(m1["p50_ms"] - bare_p50, 2)
-    if m1 and m8:
-        out["p95_8_over_p95_1"] = round(m8["p95_ms"] / m1["p95_ms"], 2)
+    ratios, against = [], Counter[str]()
+    for m in by.get(("moerag, batching", 8), []):
+        peers = [
+            r for r in rows if r["target"].startswith("LangChain") and r["clients"] == 8 and r["round"] == m["round"]
+        ]
+        best = max(peers, key=lambda r: r["throughput_rps"], default=None)
+        if best is not None and best["throughput_rps"] > 0:
+            ratios.append(m["throughput_rps"] / best["throughput_rps"])
+            against[best["target"]] += 1
+    if ratios:
+        out["ratio_at_8_clients"] = round(statistics.median(ratios), 2)
+        out["ratio_at_8_clients_by_round"] = [round(x, 2) for x in ratios]
+        out["ratio_at_8_clients_against"] = against.most_common(1)[0][0]
+    m1_p50, m1_p95 = median("moerag, batching", 1, "p50_ms"), median("moerag, batching", 1, "p95_ms")
+    m8_p95 = median("moerag, batching", 8, "p95_ms")
+    if m1_p50 is not None:
+        out["p50_at_1_client_over_bare_ms"] = round(m1_p50 - bare_p50, 2)
+    if m1_p95 and m8_p95 is not None:
+        out["p95_8_over_p95_1"] = round(m8_p95 / m1_p95, 2)
     best_by_workers = {
         n: max((r["throughput_rps"] for r in rows if r["target"] == worker_target(n)), default=None)
         for n in WORKER_COUNTS
