@@ -223,8 +223,11 @@ def run(
     Every target's server is started first and stays up (idle between its turns), and the
     targets take turns at each client count, round by round (each round in a rotated order): a
     ratio between two targets compares measurements seconds apart, not a target measured minutes
-    after another while the shared machine's load drifted.
+    after another while the shared machine's load drifted. The price: every server's memory at
+    once, and a copy of the store on disk for each moerag target after the first.
     """
+    if rounds < 1:
+        raise ValueError("rounds must be at least 1")
     workers = [worker_target(n) for n in WORKER_COUNTS] if pg_url else []
     wanted = targets or [*MOERAG_TARGETS, *(PEER_TARGETS if langchain else {}), *workers]
     result: dict[str, Any] = {
