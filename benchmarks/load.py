@@ -256,12 +256,14 @@ def run(
     print(json.dumps(bare), flush=True)
     rows: list[dict[str, Any]] = []
     with contextlib.ExitStack() as servers:
+        # One process holds a data dir: every moerag target after the first serves a copy, made
+        # before any server starts (a server writes to its store as it starts).
+        local = [name for name in wanted if name in MOERAG_TARGETS]
+        stores = {name: _copy(data_dir, servers) if name != local[0] else data_dir for name in local}
         urls: dict[str, str] = {}
-        for i, name in enumerate(wanted):
+        for name in wanted:
             print(f"starting {name} ...", flush=True)
-            store = data_dir
-            if name in MOERAG_TARGETS and any(n in MOERAG_TARGETS for n in wanted[:i]):
-                store = _copy(data_dir, servers)  # one process holds a data dir: the others serve copies
+            store = stores.get(name, data_dir)
             label, urls[label] = _start(name, store, log, bare["dtype"], langchain, pg_url, servers)
         labels = list(urls)
         for c in clients:
