@@ -65,7 +65,10 @@ def test_kills_at_random_moments_of_bulk_ingest(tmp_path: Path) -> None:
             offset += len(page)
         assert set(sources) == acknowledged and max(sources.values()) == 1  # all there, none twice
         done = Counter(int(m) for m in re.findall(r"job (\d+) \(ingest\) done", log.read_text()))
-        assert all(done[j] == 1 for j in jobs), done  # each job finished exactly once
+        # Each job finished (its status, above) and none twice. A kill between a job's final commit
+        # and its log line loses the line, not the job (seen once in 2026-12-02's suite: job 8
+        # done in SQL, never resumed again, no line), so a missing line is no failure.
+        assert all(done[j] <= 1 for j in jobs), done
         server.stop()  # a clean stop checkpoints: the file on disk and SQL agree, row for row
         with sqlite3.connect(data_dir / "moerag.db") as conn:
             rows = np.array([r[0] for r in conn.execute("SELECT id FROM chunk ORDER BY id")])
