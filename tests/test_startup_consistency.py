@@ -143,6 +143,46 @@ def test_a_full_disk_at_a_checkpoint_loses_nothing(
         rt.close()
 
 
+def test_a_checkpoint_returns_only_once_a_snapshot_being_written_is_on_disk(
+    settings: Settings, embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI, stop 23: the checkpoint thread had taken the changes and was still writing when an explicit
+    checkpoint found nothing dirty and returned; the caller then saw a half-written snapshot and the
+    stale one beside it. A second checkpoint now waits for the first."""
+    import threading
+
+    from app.services import snapshots
+
+    fill(settings, embedder)
+    rt = reopen(settings, embedder)
+    try:
+        real_write, entered, release = snapshots.write_atomic, threading.Event(), threading.Event()
+
+        def slow_write(*args: object) -> None:
+            entered.set()
+            assert release.wait(10)
+            real_write(*args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(snapshots, "write_atomic", slow_write)
+        rt.ingestor.ingest(Upload(data=topic_doc("git", 98).encode(), source="late.md", filename="late.md"))
+        first = threading.Thread(target=rt.indexes.checkpoint)  # as the checkpoint thread would
+        first.start()
+        assert entered.wait(10)
+        second: list[bool] = []
+        waiter = threading.Thread(target=lambda: second.append(rt.indexes.checkpoint()))
+        waiter.start()
+        waiter.join(0.3)
+        assert waiter.is_alive()  # waiting for the write in flight, not returning early
+        release.set()
+        first.join(10)
+        waiter.join(10)
+        assert second == [False]  # nothing left to write: the first one wrote it
+        [(position, _)] = rt.indexes.snapshots(rt.indexes.index.version)  # the stale one already gone
+        assert position == rt.indexes.position
+    finally:
+        rt.close()
+
+
 def test_a_snapshot_from_before_the_index_log_still_loads(settings: Settings, embedder: Embedder) -> None:
     """Upgrading: `ivf-<clustering>.faiss` (no position) is read as position 0 and checked, not rebuilt."""
     path = fill(settings, embedder)

@@ -60,6 +60,9 @@ class IndexManager:
         self._dirty = False  # the index changed since it was last written
         self._staged: ClusteredIndex | None = None  # a recluster's index, adopted when its commit is followed
         self._replica_lock = threading.RLock()
+        # Checkpoints take turns: a caller returns only once any snapshot already being written is on
+        # disk (the checkpoint thread's, or another caller's), so "checkpointed" means written.
+        self._checkpoint_lock = threading.Lock()
         # Whether this process writes snapshot files (several processes on one database: one of them).
         self.snapshot_writer: Callable[[], bool] = lambda: True
         self.store = SnapshotStore(settings.index_dir, settings.snapshot_url)  # where snapshots live
@@ -180,6 +183,10 @@ class IndexManager:
         """Write a snapshot if the replica changed since the last one. SQL stays the truth meanwhile."""
         if not self.snapshot_writer():
             return False
+        with self._checkpoint_lock:
+            return self._checkpoint()
+
+    def _checkpoint(self) -> bool:
         with self._replica_lock:
             if not self._dirty:
                 return False
