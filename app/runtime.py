@@ -271,6 +271,7 @@ class Runtime:
                     threshold=s.route_threshold,
                     expert_min_score=s.expert_min_score,
                     lexical_weight=s.lexical_weight,
+                    fusion=s.fusion,
                     expert_nprobe=s.expert_nprobe,
                     expert_verify_lists=s.expert_verify_lists,
                     expert_verify_lexical_slack=s.expert_verify_lexical_slack,

@@ -9,6 +9,8 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from engine.lexical import Fusion
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MOERAG_", env_file=None, extra="ignore")
@@ -81,9 +83,12 @@ class Settings(BaseSettings):
         description="BM25 rebuilds take at most this share of the time under steady ingestion (after a rebuild "
         "of t s the next waits t / share - t); meanwhile new chunks are found by dense search alone.",
     )
-    lexical_weight: float = Field(
-        0.1, ge=0, description="BM25's weight against dense (1.0) in both paths' rank fusion."
+    fusion: Fusion = Field(
+        "convex",
+        description="How both paths fuse dense and BM25 over the dense candidates: convex (cosine + weight x "
+        "BM25 / the scope's best BM25) or rrf (weighted reciprocal ranks).",
     )
+    lexical_weight: float = Field(0.1, ge=0, description="BM25's weight against dense (1.0) in that fusion.")
     router_probe_lists: int = Field(
         8,
         ge=0,

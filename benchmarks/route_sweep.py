@@ -7,7 +7,8 @@ Every combination of the grid's `PipelineConfig` fields (the others stay at thei
 answers every question through `AskPipeline.prepare`, with the active router and the domain
 experts of `routing.setup_experts`. One JSON line per combination: routed hit@10 and MRR@10,
 the share of questions on the expert path, the share of those sent to the right domain, and
-the vectors the expert path scanned on average. Tune on dev only; the held-back questions judge.
+the vectors the expert path scanned on average, and each metric's paired difference from the
+first combination with a 95% bootstrap interval. Tune on dev only; the held-back questions judge.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.evalcorpus import load_questions
-from benchmarks.routing import metrics_for, served, setup_experts
+from benchmarks.routing import first_hits, metrics_for, paired_difference, served, setup_experts
 from benchmarks.routing_report import path_figures
 
 
@@ -48,6 +49,7 @@ def main() -> None:
     try:
         setup_experts(rt)  # one expert per domain, named for it
         served_config = rt.pipeline.config
+        baseline: list[int | None] | None = None  # the first combination's ranks
         for values in itertools.product(*grid.values()):
             combo = dict(zip(grid, values, strict=True))
             rt.pipeline.config = PipelineConfig(**{**asdict(served_config), **combo})
@@ -56,6 +58,8 @@ def main() -> None:
             share, right = path_figures(routes, questions)
             scanned = [r.vectors_scanned for r in routes if r.path == "expert"]
             m = metrics_for(ranked, questions)
+            first = first_hits(ranked, questions)
+            baseline = first if baseline is None else baseline
             row = {
                 **combo,
                 "hit@10": m["hit@10"],
@@ -63,6 +67,9 @@ def main() -> None:
                 "expert_path_share": share,
                 "right_on_path": right,
                 "vectors_scanned": round(sum(scanned) / max(1, len(scanned))),
+                "minus_first": {
+                    k: paired_difference(first, baseline, k) for k in ("hit@1", "hit@5", "hit@10", "mrr@10")
+                },
             }
             print(json.dumps(row), flush=True)
         rt.pipeline.config = served_config

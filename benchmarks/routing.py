@@ -41,11 +41,20 @@ def first_hits(ranked: list[list[tuple[str, str]]], questions: list[dict[str, st
     ]
 
 
-def paired_difference(a: list[int | None], b: list[int | None], k: int = 10, rounds: int = 2000) -> dict[str, float]:
-    """hit@k of a minus hit@k of b over the same questions, with a 95% paired bootstrap interval."""
-    x = np.array([(r is not None and r <= k) for r in a], dtype=float) - np.array(
-        [(r is not None and r <= k) for r in b], dtype=float
-    )  # [Q] per-question difference in {-1, 0, 1}
+def per_question(first: list[int | None], metric: str = "hit@10") -> np.ndarray:
+    """[Q] each question's share of a metric: 1/0 for hit@k, the reciprocal rank for mrr@10."""
+    if metric == "mrr@10":
+        return np.array([1 / r if r is not None else 0.0 for r in first], dtype=float)
+    k = int(metric.removeprefix("hit@"))
+    return np.array([r is not None and r <= k for r in first], dtype=float)
+
+
+def paired_difference(
+    a: list[int | None], b: list[int | None], metric: str = "hit@10", rounds: int = 2000
+) -> dict[str, float]:
+    """metric (hit@k or mrr@10) of a minus that of b over the same questions, with a 95% paired
+    bootstrap interval; a_only / b_only count the questions where each is ahead."""
+    x = per_question(a, metric) - per_question(b, metric)  # [Q] per-question difference
     rng = np.random.default_rng(0)
     means = x[rng.integers(0, len(x), (rounds, len(x)))].mean(1)  # [rounds]
     lo, hi = np.percentile(means, [2.5, 97.5])

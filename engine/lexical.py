@@ -1,4 +1,4 @@
-"""BM25 over chunk texts (bm25s), the lexical half of the fallback's hybrid retrieval."""
+"""BM25 over chunk texts (bm25s), the lexical half of both paths' hybrid retrieval, and the fusions."""
 
 from __future__ import annotations
 
@@ -6,10 +6,15 @@ import re
 import threading
 from collections.abc import Sequence
 from functools import cached_property
+from typing import TYPE_CHECKING, Literal
 
-import bm25s
 import numpy as np
 
+if TYPE_CHECKING:
+    import bm25s
+
+# How the hybrid paths fuse dense and BM25 (`PipelineConfig.fusion`, MOERAG_FUSION).
+Fusion = Literal["convex", "rrf"]
 _TOKEN = re.compile(r"[a-z0-9_]+")
 STOPWORDS = frozenset(
     """
@@ -33,11 +38,26 @@ class LexicalIndex:
         self._lock = threading.Lock()  # bm25s's retrieve is not documented as thread-safe
         self._bm25: bm25s.BM25 | None = None
         if len(texts):
+            import bm25s  # here, not at module level: settings import `Fusion` and the CLI starts fast
+
             self._bm25 = bm25s.BM25()
             self._bm25.index([tokenize(t) or ["_"] for t in texts], show_progress=False)
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    @cached_property
+    def _sorted(self) -> tuple[np.ndarray, np.ndarray]:
+        """(ids ascending [N], their positions in `ids` [N]): chunk id -> row, by binary search."""
+        order = np.argsort(self.ids, kind="stable")
+        return self.ids[order], order
+
+    def rows_of(self, ids: np.ndarray) -> np.ndarray:
+        """[n] row of each chunk id in this index; -1 for ids it does not hold (added since it was built)."""
+        keys, order = self._sorted
+        at = np.minimum(np.searchsorted(keys, ids), max(len(keys) - 1, 0))  # [n]
+        found = (keys[at] == ids) if len(keys) else np.zeros(len(ids), dtype=bool)
+        return np.where(found, order[at] if len(keys) else -1, -1)
 
     def search(self, query: str, k: int, mask: np.ndarray | None = None) -> list[tuple[int, float]]:
         """[(chunk id, score)] best first; only chunks sharing a term with the query.
@@ -70,6 +90,14 @@ class LexicalQuery:
     @cached_property
     def scores(self) -> np.ndarray | None:
         return self.index.scores(self.text)  # [N]
+
+    def scores_of(self, ids: Sequence[int]) -> np.ndarray:
+        """[n] BM25 score of each chunk id (0 for a chunk the index does not hold yet)."""
+        scores = self.scores
+        if scores is None or not len(ids):
+            return np.zeros(len(ids), dtype=np.float32)
+        rows = self.index.rows_of(np.asarray(ids, dtype=np.int64))  # [n]
+        return np.where(rows >= 0, scores[np.maximum(rows, 0)], 0.0).astype(np.float32)
 
     def search(self, k: int, mask: np.ndarray | None = None) -> list[tuple[int, float]]:
         """[(chunk id, score)] best first, only chunks sharing a term; mask [N] bool restricts the scope."""
@@ -104,3 +132,13 @@ def reciprocal_rank_fusion(
         for rank, doc in enumerate(ranking, start=1):
             scores[doc] = scores.get(doc, 0.0) + w / (k + rank)
     return sorted(scores.items(), key=lambda kv: -kv[1])
+
+
+def convex_fusion(dense: Sequence[tuple[int, float]], lexical: np.ndarray, weight: float) -> list[tuple[int, float]]:
+    """Dense candidates re-scored by a convex-style combination: cosine + weight · lexical, where
+    lexical [n] is each candidate's BM25 score divided by the best BM25 score in the searched scope
+    (so in [0, 1]). Best first; ties keep the dense order. Unlike RRF it keeps the score gaps: a
+    clear dense winner is not overtaken by a small lexical edge (Bruch et al., 2023).
+    """
+    fused = [(i, s + weight * float(b)) for (i, s), b in zip(dense, lexical, strict=True)]
+    return sorted(fused, key=lambda kv: -kv[1])

@@ -140,3 +140,32 @@ def test_the_gates_vote_probes_the_index_and_can_settle_a_route() -> None:
     assert (pooled.path, pooled.reason) == ("fallback", "low_confidence") and pooled.top[1][0] == EXPERTS[2]
     no_terms = p._route(q, AskRequest("q"), bm25.query("zzz"))  # no hits: the dense vote alone
     assert (no_terms.path, no_terms.confidence) == ("expert", pytest.approx(route.confidence))
+
+
+def test_fusion_rescores_the_dense_candidates_on_the_scopes_bm25_scale() -> None:
+    """Convex fusion: cosine + weight x BM25 / the best BM25 *in the searched scope*; RRF by ranks."""
+    from engine.lexical import LexicalIndex
+    from engine.pipeline import ChunkRecord
+    from index import ClusteredIndex
+
+    class Store:
+        def fetch(self, ids: list[int]) -> dict[int, ChunkRecord]:
+            return {i: ChunkRecord(i, i, f"{i}.md", "", "", "", 0) for i in ids}
+
+    index = ClusteredIndex.create(np.eye(4, dtype=np.float32), "v")
+    index.add(np.eye(4, dtype=np.float32), np.array([1, 2, 3, 4]), np.array([0, 0, 1, 2]))  # 4 outside the scope
+    bm25 = LexicalIndex([1, 2, 3, 4], ["apt pinning", "apt sources", "apt pinning priority", "pinning priority"])
+    p = pipeline(None, EXPERTS)
+    p.store = Store()
+    dense = [(1, 0.80), (2, 0.70), (3, 0.69)]
+    terms = bm25.query("pinning priority")
+    assert terms.scores is not None and terms.scores[3] > terms.scores[2]  # the best BM25 chunk lies outside
+    p.config.lexical_weight = 0.05
+    fused = p._fuse(dense, terms, 3, 3, index, [0, 1])
+    # chunk 3 holds the scope's best BM25 score: +0.05 lifts it past 2 (0.74), not past the clear winner 1
+    assert [c.chunk.id for c in fused] == [1, 3, 2] and fused[1].score == pytest.approx(0.74)
+    assert fused[0].score > 0.80  # chunk 1 shares "pinning": a part of the weight
+    assert [c.chunk.id for c in p._fuse(dense, None, 2, 3, index, [0, 1])] == [1, 2]  # no BM25: dense order
+    p.config.fusion, p.config.lexical_weight = "rrf", 0.1
+    fused = p._fuse(dense, terms, 3, 3, index, [0, 1])
+    assert [c.chunk.id for c in fused] == [1, 3, 2] and fused[0].score == pytest.approx(1 / 61 + 0.1 / 62)

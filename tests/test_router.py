@@ -76,6 +76,23 @@ def test_weighted_reciprocal_rank_fusion() -> None:
     assert [d for d, _ in fused][:2] == [1, 2]
 
 
+def test_convex_fusion_keeps_score_gaps() -> None:
+    import numpy as np
+
+    from engine.lexical import LexicalIndex, convex_fusion
+
+    dense = [(1, 0.80), (2, 0.70), (3, 0.69)]
+    fused = convex_fusion(dense, np.array([0.0, 0.0, 1.0]), weight=0.05)
+    assert [d for d, _ in fused] == [1, 3, 2]  # 3 passes 2 (0.74 > 0.70) but not the clear winner 1
+    assert fused[0][1] == 0.80 and abs(fused[1][1] - 0.74) < 1e-6
+    lex = LexicalIndex([12, 10, 11], ["sqlite vacuum", "git rebase", "git merge"])  # ids in any order
+    q = lex.query("git rebase")
+    assert q.scores is not None
+    expected = [float(q.scores[1]), float(q.scores[2]), 0.0, 0.0]
+    assert q.scores_of([10, 11, 12, 99]).tolist() == expected  # 12 shares no term; 99 is not indexed
+    assert expected[0] > expected[1] > 0
+
+
 def test_bm25_mask_restricts_the_search_to_a_scope() -> None:
     import numpy as np
 
