@@ -278,9 +278,10 @@ class CitationOut(BaseModel):
     chunk_id: int
     heading: str
     score: float = Field(
-        description="Rank score on one scale for both paths: weighted reciprocal-rank fusion of the dense "
-        "and BM25 ranks, sum of w / (60 + rank) (dense w = 1, BM25 w = MOERAG_LEXICAL_WEIGHT), so at most "
-        "~0.018. Cosine similarities are what /search returns."
+        description="Rank score on one scale for both paths. MOERAG_FUSION=convex (the default): the chunk's "
+        "cosine similarity plus MOERAG_LEXICAL_WEIGHT x its BM25 score over the best BM25 score in the searched "
+        "scope, so at most 1 + that weight; rrf: sum of w / (60 + rank) over the dense and BM25 ranks (dense "
+        "w = 1, BM25 w = MOERAG_LEXICAL_WEIGHT), at most ~0.018. Plain cosine similarities are what /search returns."
     )
     text: str
     used: bool = Field(False, description="The answer cites this passage ([n] appears in it).")
