@@ -104,22 +104,30 @@ class LexicalQuery:
         scores = self.scores
         if scores is None:
             return []
-        if mask is not None:
-            scores = np.where(mask, scores, 0.0)  # [N]
-        return [(int(self.index.ids[d]), float(scores[d])) for d in top_k(scores, k) if scores[d] > 0]
+        hit = scores > 0 if mask is None else (scores > 0) & mask  # [N]
+        rows = np.flatnonzero(hit)  # [H] ascending, so ties still go to the lower row
+        # Selecting among the chunks sharing a term only (usually a few thousand of 46k): 0.05 ms
+        # against 0.6 ms for an argpartition over every chunk.
+        return [(int(self.index.ids[rows[d]]), float(scores[rows[d]])) for d in top_k(scores[rows], k)]
 
 
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:
-    """Indices of the k best of scores [N], best first, ties by index; at the k-th place a tie is
-    settled by argpartition (deterministic for the same scores).
+    """Indices of the k best of scores [N], best first; ties go to the lower index, at the k-th
+    place too (so the answer does not depend on how a partition happened to split them).
 
     `bm25s.BM25.retrieve` does the same selection inside a progress-bar loop with per-call
     set-up: 1.0 ms a question on the eval corpus against 0.1 ms for get_scores + this.
     """
-    k = min(k, len(scores))
+    n = len(scores)
+    k = min(k, n)
     if k <= 0:
         return np.zeros(0, dtype=np.int64)
-    idx = np.argpartition(-scores, k - 1)[:k] if k < len(scores) else np.arange(len(scores))  # [k]
+    if k < n:
+        kth = np.partition(scores, n - k)[n - k]  # the k-th best score
+        above = np.flatnonzero(scores > kth)  # [< k]
+        idx = np.concatenate([above, np.flatnonzero(scores == kth)[: k - len(above)]])  # [k]
+    else:
+        idx = np.arange(n)
     return idx[np.lexsort((idx, -scores[idx]))]  # best first, then lower index
 
 

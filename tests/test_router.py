@@ -150,6 +150,7 @@ def test_bm25_search_ranks_as_bm25s_retrieve_does() -> None:
         untied = {i for i, s in ours if int(np.sum(np.abs(every - s) < 1e-9)) == 1}
         assert untied <= set(ranked), query
     assert top_k(np.array([1.0, 3.0, 3.0, 2.0, 3.0]), 3).tolist() == [1, 2, 4]  # ties by index
+    assert top_k(np.array([3.0, 1.0, 3.0, 3.0, 0.5]), 2).tolist() == [0, 2]  # at the k-th place too
     assert top_k(np.array([1.0, 2.0]), 5).tolist() == [1, 0]
     assert top_k(np.array([]), 3).tolist() == []
 
