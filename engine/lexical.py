@@ -55,9 +55,10 @@ class LexicalIndex:
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
         """[n] row of each chunk id in this index; -1 for ids it does not hold (added since it was built)."""
         keys, order = self._sorted
-        at = np.minimum(np.searchsorted(keys, ids), max(len(keys) - 1, 0))  # [n]
-        found = (keys[at] == ids) if len(keys) else np.zeros(len(ids), dtype=bool)
-        return np.where(found, order[at] if len(keys) else -1, -1)
+        if not len(keys):
+            return np.full(len(ids), -1, dtype=np.int64)
+        at = np.minimum(np.searchsorted(keys, ids), len(keys) - 1)  # [n]
+        return np.where(keys[at] == ids, order[at], -1)
 
     def search(self, query: str, k: int, mask: np.ndarray | None = None) -> list[tuple[int, float]]:
         """[(chunk id, score)] best first; only chunks sharing a term with the query.
@@ -99,6 +100,13 @@ class LexicalQuery:
         rows = self.index.rows_of(np.asarray(ids, dtype=np.int64))  # [n]
         return np.where(rows >= 0, scores[np.maximum(rows, 0)], 0.0).astype(np.float32)
 
+    def best(self, mask: np.ndarray | None = None) -> float:
+        """The best BM25 score over every chunk, or over mask [N] bool's scope; 0 when none shares a term."""
+        scores = self.scores
+        if scores is None:
+            return 0.0
+        return float(np.max(scores, where=mask if mask is not None else True, initial=0.0))
+
     def search(self, k: int, mask: np.ndarray | None = None) -> list[tuple[int, float]]:
         """[(chunk id, score)] best first, only chunks sharing a term; mask [N] bool restricts the scope."""
         scores = self.scores
@@ -106,8 +114,8 @@ class LexicalQuery:
             return []
         hit = scores > 0 if mask is None else (scores > 0) & mask  # [N]
         rows = np.flatnonzero(hit)  # [H] ascending, so ties still go to the lower row
-        # Selecting among the chunks sharing a term only (usually a few thousand of 46k): 0.05 ms
-        # against 0.6 ms for an argpartition over every chunk.
+        # Selecting among the chunks sharing a term only (median 8.3k of 46k on dev): 0.14 ms
+        # against 0.43 ms for an argpartition over every chunk.
         return [(int(self.index.ids[rows[d]]), float(scores[rows[d]])) for d in top_k(scores[rows], k)]
 
 

@@ -343,10 +343,10 @@ class AskPipeline:
         cfg = self.config
         mask = self._scope_mask(terms.index, index, scope) if terms is not None and scope is not None else None
         if cfg.fusion == "convex":
-            top = terms.search(1, mask) if terms is not None else []  # the scope's best BM25 score: the scale
-            if terms is None or not top:
+            scale = terms.best(mask) if terms is not None else 0.0  # the scope's best BM25 score
+            if terms is None or scale <= 0:
                 return self._citations(dense[:k])
-            lexical = terms.scores_of([i for i, _ in dense]) / top[0][1]  # [n] in [0, 1]
+            lexical = terms.scores_of([i for i, _ in dense]) / scale  # [n] in [0, 1]
             return self._citations(convex_fusion(dense, lexical, cfg.lexical_weight)[:k])
         sparse = [i for i, _ in terms.search(n, mask)] if terms is not None else []
         fused = reciprocal_rank_fusion([[i for i, _ in dense], sparse], weights=[1.0, cfg.lexical_weight])[:k]

@@ -91,6 +91,8 @@ def test_convex_fusion_keeps_score_gaps() -> None:
     expected = [float(q.scores[1]), float(q.scores[2]), 0.0, 0.0]
     assert q.scores_of([10, 11, 12, 99]).tolist() == expected  # 12 shares no term; 99 is not indexed
     assert expected[0] > expected[1] > 0
+    assert q.best() == max(expected) and q.best(np.array([False, False, True])) == expected[1]  # row 2: id 11
+    assert q.best(np.zeros(3, dtype=bool)) == 0.0 and lex.query("unrelated").best() == 0.0
 
 
 def test_bm25_mask_restricts_the_search_to_a_scope() -> None:
