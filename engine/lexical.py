@@ -35,6 +35,9 @@ class LexicalIndex:
 
     def __init__(self, ids: Sequence[int], texts: Sequence[str]) -> None:
         self.ids = np.asarray(ids, dtype=np.int64)  # [N]
+        # (ids ascending [N], their rows [N]) for `rows_of`: sorted here, with the build, not on an /ask
+        self._order = np.argsort(self.ids, kind="stable")
+        self._keys = self.ids[self._order]
         self._lock = threading.Lock()  # bm25s's retrieve is not documented as thread-safe
         self._bm25: bm25s.BM25 | None = None
         if len(texts):
@@ -46,15 +49,9 @@ class LexicalIndex:
     def __len__(self) -> int:
         return len(self.ids)
 
-    @cached_property
-    def _sorted(self) -> tuple[np.ndarray, np.ndarray]:
-        """(ids ascending [N], their positions in `ids` [N]): chunk id -> row, by binary search."""
-        order = np.argsort(self.ids, kind="stable")
-        return self.ids[order], order
-
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
         """[n] row of each chunk id in this index; -1 for ids it does not hold (added since it was built)."""
-        keys, order = self._sorted
+        keys, order = self._keys, self._order
         if not len(keys):
             return np.full(len(ids), -1, dtype=np.int64)
         at = np.minimum(np.searchsorted(keys, ids), len(keys) - 1)  # [n]
