@@ -1,4 +1,9 @@
-"""Prometheus metrics of routing and latency, plus load-balance gauges over recent questions."""
+"""Prometheus metrics of routing and latency, plus load-balance gauges over recent questions.
+
+The gauges are computed when scraped (`Gauge.set_function`), not on every answer: an answer only
+appends its route to a bounded window (recounting a 1,000-question window on each answer took
+~0.4 ms of the GIL per question).
+"""
 
 from __future__ import annotations
 
@@ -48,6 +53,26 @@ class Metrics:
         )
         self._recent: deque[tuple[str | None, float | None]] = deque(maxlen=window)
         self._lock = threading.Lock()
+        self.imbalance.set_function(self._imbalance)
+        self.entropy.set_function(self._entropy)
+
+    def _window(self) -> list[tuple[str | None, float | None]]:
+        with self._lock:
+            return list(self._recent)
+
+    def _imbalance(self) -> float:
+        """std/mean of expert-path hits per expert over the window (0 without any)."""
+        hits = Counter(e for e, _ in self._window() if e is not None)
+        if not hits:
+            return 0.0
+        values = list(hits.values())
+        mean = sum(values) / len(values)
+        return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)) / mean
+
+    def _entropy(self) -> float:
+        """Mean entropy over the window's routed questions (0 without any)."""
+        entropies = [h for _, h in self._window() if h is not None]
+        return sum(entropies) / len(entropies) if entropies else 0.0
 
     def observe(self, route: Route, timings_ms: dict[str, float]) -> None:
         expert = route.expert.name if route.path == "expert" and route.expert else "-"
@@ -58,12 +83,3 @@ class Metrics:
             self.latency.labels(stage).observe(ms / 1000)
         with self._lock:
             self._recent.append((expert if route.path == "expert" else None, route.entropy))
-            hits = Counter(e for e, _ in self._recent if e is not None)
-            entropies = [h for _, h in self._recent if h is not None]
-        if hits:
-            values = list(hits.values())
-            mean = sum(values) / len(values)
-            std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
-            self.imbalance.set(std / mean if mean else 0.0)
-        if entropies:
-            self.entropy.set(sum(entropies) / len(entropies))
