@@ -16,7 +16,7 @@ from typing import Protocol
 
 import httpx
 
-from engine.lexical import tokenize
+from engine.lexical import tokenize, word_tokens
 
 GENERIC_SYSTEM_PROMPT = (
     "You answer questions about the user's documents. Use only the numbered passages provided. "
@@ -115,15 +115,17 @@ class ExtractiveGenerator:
         seen: set[str] = set()
         for rank, p in enumerate(passages):
             for pos, raw in enumerate(_SENTENCE.split(readable(p.text))):
+                # Most sentences share no question term: they cost one scan for words. (`terms`
+                # holds no stopword, so meeting it in the unfiltered words is the same test.)
+                overlap = len(terms.intersection(word_tokens(raw)))
+                if not overlap:
+                    continue
                 sentence = " ".join(raw.split())
-                words = tokenize(sentence)
-                if len(words) < 3 or sentence in seen or _CHROME_SENTENCE.search(sentence):
+                if len(tokenize(sentence)) < 3 or sentence in seen or _CHROME_SENTENCE.search(sentence):
                     continue
                 seen.add(sentence)
-                overlap = len(terms & set(words))
-                if overlap:
-                    # Earlier passages ranked higher by retrieval; a small tie-breaking bonus.
-                    scored.append((overlap + 0.5 / (1 + rank), rank, pos, sentence, p.n))
+                # Earlier passages ranked higher by retrieval; a small tie-breaking bonus.
+                scored.append((overlap + 0.5 / (1 + rank), rank, pos, sentence, p.n))
         if not scored:
             if passages:
                 yield f"No passage states this directly; the closest one is [{passages[0].n}]."

@@ -26,8 +26,14 @@ STOPWORDS = frozenset(
 )
 
 
+def word_tokens(text: str) -> list[str]:
+    """Every word of `text`, lowercased, stopwords included."""
+    return _TOKEN.findall(text.lower())
+
+
 def tokenize(text: str) -> list[str]:
-    return [t for t in _TOKEN.findall(text.lower()) if t not in STOPWORDS and len(t) > 1]
+    """The words BM25 indexes: `word_tokens` without stopwords and one-letter words."""
+    return [t for t in word_tokens(text) if t not in STOPWORDS and len(t) > 1]
 
 
 class LexicalIndex:
