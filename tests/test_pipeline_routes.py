@@ -169,3 +169,23 @@ def test_fusion_rescores_the_dense_candidates_on_the_scopes_bm25_scale() -> None
     p.config.fusion, p.config.lexical_weight = "rrf", 0.1
     fused = p._fuse(dense, terms, 3, 3, index, [0, 1])
     assert [c.chunk.id for c in fused] == [1, 3, 2] and fused[0].score == pytest.approx(1 / 61 + 0.1 / 62)
+
+
+def test_the_balance_gauges_are_computed_from_the_recent_window_when_scraped() -> None:
+    from prometheus_client import generate_latest
+
+    from app.metrics import Metrics
+    from engine.pipeline import Route
+
+    def route(name: str | None, entropy: float) -> Route:
+        expert = ExpertProfile(1, name, "", "", 5, None, (0,)) if name else None
+        path = "expert" if name else "fallback"
+        return Route(path, "confident", "", expert, 0.9, [], 0.7, 1, entropy=entropy)
+
+    m = Metrics(window=4)
+    for r in [route("a", 9.0), route("a", 0.2), route("a", 0.4), route("b", 0.6), route(None, 0.8)]:
+        m.observe(r, {"embed": 1.0})  # the first falls out of the window of 4
+    text = generate_latest(m.registry).decode()
+    # hits a: 2, b: 1 -> mean 1.5, std 0.5; entropy (0.2 + 0.4 + 0.6 + 0.8) / 4
+    assert "moerag_expert_load_imbalance 0.333333" in text
+    assert "moerag_routing_entropy 0.5" in text
