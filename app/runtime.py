@@ -277,7 +277,7 @@ class Runtime:
                     expert_verify_lexical_slack=s.expert_verify_lexical_slack,
                 ),
                 matrix=self.expert_matrix,
-                encode_question=questions.encode,
+                submit_question=questions.submit,
                 catalogue_version=lambda: self.catalogue.version,
             )
             answers = AnswerCache(

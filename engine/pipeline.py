@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -19,6 +20,7 @@ from engine.embedder import Embedder
 from engine.expert_matrix import ExpertMatrix
 from engine.generators import GENERIC_SYSTEM_PROMPT, Generator, Passage
 from engine.lexical import Fusion, LexicalIndex, LexicalQuery, convex_fusion, reciprocal_rank_fusion
+from engine.question_encoder import done_future
 from engine.router import Router
 from index import ClusteredIndex
 
@@ -142,12 +144,13 @@ class AskPipeline:
         generator: Callable[[str], Generator],
         config: PipelineConfig | None = None,
         matrix: Callable[[], ExpertMatrix | None] | None = None,
-        encode_question: Callable[[str], np.ndarray] | None = None,
+        submit_question: Callable[[str], Future[np.ndarray]] | None = None,
         catalogue_version: Callable[[], int] | None = None,
     ) -> None:
         self.embedder, self.index, self.lexical = embedder, index, lexical
-        # question -> [1, D]; the server passes a QuestionEncoder's (cache + dynamic batching)
-        self.encode_question = encode_question or (lambda text: embedder.encode([text]))
+        # question -> its [1, D] vector to come; the server passes a QuestionEncoder's (cache +
+        # dynamic batching, the model in a batch thread); by default embedded here, at once.
+        self.submit_question = submit_question or (lambda text: done_future(embedder.encode([text])))
         self.matrix = matrix or (lambda: None)
         self.catalogue_version = catalogue_version or (lambda: 0)  # read before any state: a lower bound
         self.store, self.generator = store, generator
@@ -166,13 +169,16 @@ class AskPipeline:
         version = self.catalogue_version()
 
         t = time.perf_counter()
-        q = self.encode_question(req.question)  # [1, D]
-        timings["embed"] = (time.perf_counter() - t) * 1000
+        pending = self.submit_question(req.question)  # [1, D] to come
+        lexical = self.lexical()  # one BM25 index per question; its scores computed once
+        terms = lexical.query(req.question) if lexical is not None else None
+        if terms is not None:
+            _ = terms.scores  # BM25 over every chunk while the model runs (on another core when idle)
+        q = pending.result()  # [1, D]
+        timings["embed"] = (time.perf_counter() - t) * 1000  # the model, BM25's scores overlapped
 
         t = time.perf_counter()
         index = self.index()
-        lexical = self.lexical()  # one BM25 index per question; its scores computed once, if at all
-        terms = lexical.query(req.question) if lexical is not None else None
         route = self._route(q, req, terms)
         route.catalogue_version = version
         timings["route"] = (time.perf_counter() - t) * 1000

@@ -97,17 +97,21 @@ class QuestionEncoder:
 
     def encode(self, question: str) -> Vectors:
         """[1, D] float32, L2-normalised; from the cache, or embedded (batched with others in flight)."""
+        return self.submit(question).result()
+
+    def submit(self, question: str) -> Future[Vectors]:
+        """The question's [1, D] vector, to come: the caller may work while a batch thread runs the
+        model (done already on a cache hit, or with batching off: then embedded in this thread)."""
         hit = self._cached(question)
         if hit is not None:
-            return hit
-        if self.max_batch == 1:
-            vec = self._encode([question])  # [1, D]
-            with self._cond:
-                self.stats.add(1)
-        else:
-            vec = self._submit(question).result()  # [1, D]
+            return done_future(hit)
+        if self.max_batch > 1:
+            return self._submit(question)  # the batch thread remembers it
+        vec = self._encode([question])  # [1, D]
+        with self._cond:
+            self.stats.add(1)
         self._remember(question, vec)
-        return vec
+        return done_future(vec)
 
     def close(self) -> None:
         """Stop the batch thread after the questions already queued; later calls raise."""
@@ -191,4 +195,13 @@ class QuestionEncoder:
         with self._cond:
             self.stats.add(len(batch))
         for i, p in enumerate(batch):
-            p.future.set_result(np.ascontiguousarray(vecs[i : i + 1]))  # [1, D]
+            vec = np.ascontiguousarray(vecs[i : i + 1])  # [1, D]
+            self._remember(p.text, vec)
+            p.future.set_result(vec)
+
+
+def done_future(vec: Vectors) -> Future[Vectors]:
+    """A vector already in hand, as `submit` returns one to come."""
+    done: Future[Vectors] = Future()
+    done.set_result(vec)
+    return done

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,7 @@ from app.runtime import Runtime
 from app.settings import Settings
 from engine.embedder import Embedder
 from engine.pipeline import AskRequest
-from engine.question_encoder import QuestionEncoder
+from engine.question_encoder import QuestionEncoder, done_future
 from tests.conftest import TOKEN
 from tests.helpers import TOPICS, topic_doc
 
@@ -105,6 +106,19 @@ def test_the_cache_answers_repeats_without_the_model_and_shares_no_writable_arra
     assert len(fake.batches) == 4
 
 
+def test_a_submitted_question_leaves_its_caller_free_until_the_vector_is_needed() -> None:
+    fake = _Fake(delay=0.2)
+    qe = QuestionEncoder(fake, max_batch=4, cache_size=4)
+    t = time.perf_counter()
+    pending = qe.submit("overlap?")
+    assert time.perf_counter() - t < 0.1 and not pending.done()  # the model runs in a batch thread
+    vec = pending.result(5)
+    assert vec[0].tolist() == [len("overlap?"), ord("o"), 1.0]
+    again = qe.submit("overlap?")  # remembered by the batch thread: done at once, the same array
+    assert again.done() and again.result() is vec and len(fake.batches) == 1
+    qe.close()
+
+
 def test_closed_encoder_refuses_new_questions() -> None:
     qe = QuestionEncoder(_Fake(delay=0), max_batch=4)
     assert qe.encode("x")[0, 0] == 1
@@ -148,13 +162,13 @@ def test_batched_answers_equal_unbatched_ones_on_the_real_pipeline(tmp_path: Pat
         ]
 
         vectors: dict[str, np.ndarray] = {}
-        served = rt.pipeline.encode_question
+        served = rt.pipeline.submit_question
 
-        def recorded(text: str) -> np.ndarray:
-            vectors[text] = served(text)
-            return vectors[text]
+        def recorded(text: str) -> Future[np.ndarray]:
+            vectors[text] = served(text).result()
+            return done_future(vectors[text])
 
-        rt.pipeline.encode_question = recorded
+        rt.pipeline.submit_question = recorded
 
         def answer(q: str) -> list[tuple[int, float]]:
             p = rt.pipeline.prepare(AskRequest(q, top_k=5, mode="fallback"))
@@ -174,7 +188,7 @@ def test_batched_answers_equal_unbatched_ones_on_the_real_pipeline(tmp_path: Pat
             th.join(60)
         assert rt.questions is not None and rt.questions.stats.largest > 1  # they really were batched
         emb, index = rt.embedder, rt.indexes.index
-        rt.pipeline.encode_question = lambda text: emb.encode([text])  # one at a time, no batcher
+        rt.pipeline.submit_question = lambda text: done_future(emb.encode([text]))  # one at a time, no batcher
         for q in questions:
             alone = answer(q)
             # The answer's chunks, in order, with their fused scores: exact ids; the scores carry the
