@@ -16,7 +16,7 @@ from typing import Protocol
 
 import httpx
 
-from engine.lexical import tokenize, word_tokens
+from engine.lexical import content_words, tokenize, word_tokens
 
 GENERIC_SYSTEM_PROMPT = (
     "You answer questions about the user's documents. Use only the numbered passages provided. "
@@ -115,13 +115,14 @@ class ExtractiveGenerator:
         seen: set[str] = set()
         for rank, p in enumerate(passages):
             for pos, raw in enumerate(_SENTENCE.split(readable(p.text))):
-                # Most sentences share no question term: they cost one scan for words. (`terms`
+                # One scan for words; most sentences share no question term and stop here. (`terms`
                 # holds no stopword, so meeting it in the unfiltered words is the same test.)
-                overlap = len(terms.intersection(word_tokens(raw)))
+                words = word_tokens(raw)
+                overlap = len(terms.intersection(words))
                 if not overlap:
                     continue
-                sentence = " ".join(raw.split())
-                if len(tokenize(sentence)) < 3 or sentence in seen or _CHROME_SENTENCE.search(sentence):
+                sentence = " ".join(raw.split())  # the same words: only whitespace changes
+                if len(content_words(words)) < 3 or sentence in seen or _CHROME_SENTENCE.search(sentence):
                     continue
                 seen.add(sentence)
                 # Earlier passages ranked higher by retrieval; a small tie-breaking bonus.

@@ -31,9 +31,14 @@ def word_tokens(text: str) -> list[str]:
     return _TOKEN.findall(text.lower())
 
 
+def content_words(words: Sequence[str]) -> list[str]:
+    """`word_tokens` without stopwords and one-letter words."""
+    return [t for t in words if t not in STOPWORDS and len(t) > 1]
+
+
 def tokenize(text: str) -> list[str]:
-    """The words BM25 indexes: `word_tokens` without stopwords and one-letter words."""
-    return [t for t in word_tokens(text) if t not in STOPWORDS and len(t) > 1]
+    """The words BM25 indexes."""
+    return content_words(word_tokens(text))
 
 
 class LexicalIndex:
