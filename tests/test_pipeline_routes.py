@@ -171,7 +171,7 @@ def test_fusion_rescores_the_dense_candidates_on_the_scopes_bm25_scale() -> None
     assert [c.chunk.id for c in fused] == [1, 3, 2] and fused[0].score == pytest.approx(1 / 61 + 0.1 / 62)
 
 
-def test_the_balance_gauges_are_computed_from_the_recent_window_when_scraped() -> None:
+def test_the_balance_gauges_read_the_recent_window() -> None:
     from prometheus_client import generate_latest
 
     from app.metrics import Metrics
