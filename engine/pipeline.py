@@ -326,8 +326,9 @@ class AskPipeline:
         probe = index.probe_budget(self.config.expert_verify_lists)
         if probe <= 0:
             return None
-        others = np.setdiff1d(np.arange(index.nlist), scope)  # [C - |scope|]
-        lists = index.nearest_lists(q[0], others, probe).tolist()
+        rest = np.ones(index.nlist, dtype=bool)  # [C]: the lists outside the expert
+        rest[scope] = False
+        lists = index.nearest_lists(q[0], np.flatnonzero(rest), probe).tolist()
         if not lists:
             return None
         scores, _ = index.search(q, 1, lists)  # [1, 1]

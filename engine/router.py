@@ -58,52 +58,66 @@ class GateNet(nn.Module):
         # [BM25 shares the vote (1) or not (0), its chunks voting, sharpness on score / best score]
         self.register_buffer("lexical_params", torch.tensor([0.0, float(LEXICAL_VOTE_CHUNKS), 5.0]))
 
-    def forward(self, x: torch.Tensor, votes: torch.Tensor | None = None) -> torch.Tensor:
-        """x [Q, D], votes [Q, C] (`vote_evidence`; None: no probe was made) -> logits [Q, C]."""
+    def forward(self, x: torch.Tensor, votes: npt.ArrayLike | None = None) -> torch.Tensor:
+        """x [Q, D], votes [Q, C] (`votes`; None: no probe was made) -> logits [Q, C].
+
+        The MLP runs in torch (it is what training fits); the retrieval-side terms are NumPy over
+        the arrays the probes return, as FAISS's and BM25's results are: for one question each
+        small torch op cost several NumPy ones (`Router.route`, one question: 1.1-1.4 -> 0.8 ms).
+        """
         logits = self.net(x)  # [Q, D] -> [Q, C]
         w, v = float(self.evidence_params[0]), float(self.vote_params[0])
+        extra: npt.NDArray[np.float32] | None = None  # [Q, C]
         if w != 0.0 and self.centroids.shape[0] > 0:
-            logits = logits + w * self.evidence(x)
+            extra = w * self.evidence(x.detach().numpy())
         if v != 0.0 and votes is not None:
-            logits = logits + v * votes
-        return logits
+            extra = v * np.asarray(votes, dtype=np.float32) + (0.0 if extra is None else extra)
+        return logits if extra is None else logits + torch.from_numpy(np.asarray(extra, dtype=np.float32))
 
-    def evidence(self, x: torch.Tensor, sharpness: float | None = None) -> torch.Tensor:
+    def evidence(self, x: npt.ArrayLike, sharpness: float | None = None) -> npt.NDArray[np.float32]:
         """[Q, D] -> [Q, C] soft max of q.centroid over each class's lists (-1 where a class has none)."""
         k = float(self.evidence_params[1]) if sharpness is None else sharpness
-        sims = x @ self.centroids.T  # [Q, L], <= 1 for unit vectors
-        mass = torch.zeros(x.shape[0], self.n_classes, dtype=sims.dtype)  # [Q, C]
-        mass.index_add_(1, self.list_class, torch.exp(k * (sims - 1)))  # shifted: no overflow
-        return torch.where(mass > 0, mass.clamp_min(1e-30).log() / k + 1, torch.full_like(mass, -1.0))
+        sims = np.asarray(x, dtype=np.float32) @ self.centroids.numpy().T  # [Q, L], <= 1 for unit vectors
+        one_hot = _one_hot(self.list_class.numpy(), self.n_classes)  # [L, C]
+        mass = np.exp(k * (sims - 1)) @ one_hot  # [Q, C], shifted: no overflow
+        return np.where(mass > 0, np.log(np.maximum(mass, 1e-30)) / k + 1, -1.0).astype(np.float32, copy=False)
 
     def set_lists(self, centroids: npt.NDArray[np.float32], list_class: npt.NDArray[np.int64]) -> None:
         self.centroids = torch.tensor(centroids, dtype=torch.float32)  # a copy: SQL rows are read-only
         self.list_class = torch.tensor(list_class, dtype=torch.long)
 
-    def classes_of(self, lists: torch.Tensor) -> torch.Tensor:
+    def classes_of(self, lists: npt.ArrayLike) -> npt.NDArray[np.int64]:
         """[Q, M] list ids (-1: none) -> [Q, M] class positions by the router's own mapping (-1: none)."""
-        known = (lists >= 0) & (lists < self.list_class.shape[0])  # [Q, M]
-        return torch.where(known, self.list_class[lists.clamp(0, max(self.list_class.shape[0] - 1, 0))], -1)
+        list_class = self.list_class.numpy()  # [L]
+        n = list_class.shape[0]
+        # -1 and lists beyond the router's own (a newer index) both land on the trailing -1
+        return np.append(list_class, -1)[np.minimum(np.asarray(lists, dtype=np.int64), n)]
 
-    def votes(self, neighbours: Neighbours, lexical: Neighbours | None = None) -> torch.Tensor:
+    def votes(self, neighbours: Neighbours, lexical: Neighbours | None = None) -> npt.NDArray[np.float32]:
         """The nearest chunks' (scores, lists) [Q, M] -> [Q, C] log vote shares by the router's own mapping.
 
         lexical: BM25's best chunks (scores, lists) [Q, M'], list -1 in empty slots. Where a row
         has any, they hold half of its vote, their scores taken relative to the row's best (BM25
         has no fixed scale); a row without any keeps the dense vote alone.
         """
-        scores, lists = (torch.as_tensor(a) for a in neighbours)
+        scores, lists = neighbours
         _, _, _, sharpness, alpha = self.vote_params.tolist()
-        dense = vote_evidence(scores.float(), self.classes_of(lists), self.n_classes, sharpness, alpha)  # [Q, C]
+        dense = vote_evidence(scores, self.classes_of(lists), self.n_classes, sharpness, alpha)  # [Q, C]
         if lexical is None:
             return dense
-        bm25, hit_lists = (torch.as_tensor(a) for a in lexical)
-        classes = self.classes_of(hit_lists)  # [Q, M']
-        best = torch.where(classes >= 0, bm25.float(), torch.zeros_like(bm25, dtype=torch.float32)).amax(1)  # [Q]
-        relative = torch.where(classes >= 0, bm25.float() / best.clamp_min(1e-9)[:, None], -torch.inf)  # [Q, M']
+        bm25 = np.asarray(lexical[0], dtype=np.float32)
+        classes = self.classes_of(lexical[1])  # [Q, M']
+        hit = classes >= 0  # [Q, M']
+        best = np.where(hit, bm25, 0.0).max(1, keepdims=True)  # [Q, 1]
+        relative = bm25 / np.maximum(best, 1e-9)  # [Q, M']; slots without a class do not vote
         lexical_share = vote_evidence(relative, classes, self.n_classes, float(self.lexical_params[2]), alpha)
-        pooled = ((dense.exp() + lexical_share.exp()) / 2).log()  # [Q, C]
-        return torch.where((classes >= 0).any(1, keepdim=True), pooled, dense)
+        pooled = np.logaddexp(dense, lexical_share) - np.log(2.0)  # [Q, C] log of the mean share
+        return np.where(hit.any(1, keepdims=True), pooled, dense).astype(np.float32, copy=False)
+
+
+def _one_hot(classes: npt.NDArray[np.int64], n_classes: int) -> npt.NDArray[np.float32]:
+    """[N] class positions (-1: none) -> [N, C] float32 rows (all zero for -1)."""
+    return (classes[:, None] == np.arange(n_classes)).astype(np.float32)
 
 
 def bm25_hits(queries: Sequence[LexicalQuery | None], m: int) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
@@ -119,21 +133,23 @@ def bm25_hits(queries: Sequence[LexicalQuery | None], m: int) -> tuple[npt.NDArr
 
 
 def vote_evidence(
-    scores: torch.Tensor, classes: torch.Tensor, n_classes: int, sharpness: float, alpha: float
-) -> torch.Tensor:
+    scores: npt.ArrayLike, classes: npt.ArrayLike, n_classes: int, sharpness: float, alpha: float
+) -> npt.NDArray[np.float32]:
     """Nearest chunks vote for their class: scores [Q, M] and classes [Q, M] (-1: empty slot) -> [Q, C].
 
     share[c] = (sum_{hits h of class c} exp(k (s_h - s_best)) + alpha) / (sum_h exp(k (s_h - s_best)) + C alpha);
     returns log share. A near tie splits the vote; alpha keeps every class possible; a question
     with no hits gets a uniform row (which the softmax ignores). Ties need no rule: a sum.
+    sharpness > 0 (an empty slot's weight is exp(-inf) = 0).
     """
-    valid = (classes >= 0) & torch.isfinite(scores)  # [Q, M]
-    best = torch.where(valid, scores, torch.full_like(scores, -torch.inf)).amax(1, keepdim=True)  # [Q, 1]
-    best = torch.where(torch.isfinite(best), best, torch.zeros_like(best))
-    weight = torch.where(valid, torch.exp(sharpness * (scores - best).clamp_max(0)), torch.zeros_like(scores))
-    mass = torch.zeros(scores.shape[0], n_classes, dtype=scores.dtype)  # [Q, C]
-    mass.scatter_add_(1, classes.clamp_min(0), weight)
-    return ((mass + alpha) / (mass.sum(1, keepdim=True) + n_classes * alpha)).log()
+    classes = np.asarray(classes, dtype=np.int64)
+    scores = np.asarray(scores, dtype=np.float32)
+    scores = np.where((classes >= 0) & np.isfinite(scores), scores, -np.inf)  # [Q, M], -inf: no vote
+    best = scores.max(1, keepdims=True, initial=-np.inf)  # [Q, 1]
+    best[best == -np.inf] = 0.0  # a row without hits: every weight is exp(-inf) = 0
+    weight = np.exp(sharpness * (scores - best))  # [Q, M] in [0, 1]
+    mass = np.einsum("qm,qmc->qc", weight, classes[:, :, None] == np.arange(n_classes))  # [Q, C]; -1: no class
+    return np.log((mass + alpha) / (mass.sum(1, keepdims=True) + n_classes * alpha)).astype(np.float32, copy=False)
 
 
 @dataclass
@@ -211,9 +227,11 @@ class Router:
         logits = self.logits(q, neighbours, lexical)  # [Q, C]
         k = min(k, logits.shape[1])
         weights, ids = gate_topk(logits, self.temperature, k)  # [Q, K], [Q, K]
-        probs = torch.softmax(logits / self.temperature, dim=-1)  # [Q, C] for the entropy only
-        entropy = -(probs * probs.clamp_min(1e-12).log()).sum(-1)  # [Q]
-        return [RouteDecision(ids[i].tolist(), weights[i].tolist(), float(entropy[i])) for i in range(len(weights))]
+        z = logits.numpy() / self.temperature  # [Q, C]; the entropy only, in NumPy (cheaper for one row)
+        probs = np.exp(z - z.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        entropy = -(probs * np.log(np.maximum(probs, 1e-12))).sum(-1)  # [Q]
+        return [RouteDecision(c, w, float(h)) for c, w, h in zip(ids.tolist(), weights.tolist(), entropy, strict=True)]
 
     # ---- persistence ---------------------------------------------------------------------------------
 

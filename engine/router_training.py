@@ -110,7 +110,7 @@ def train(
             progress(epoch + 1, cfg.epochs + 1)
     net.eval()
     evidence: dict[str, float] = {}
-    votes_ho: torch.Tensor | None = None
+    votes_ho: npt.NDArray[np.float32] | None = None  # [H, C]
     if len(data.list_class):
         net.set_lists(data.centroids, data.list_class)
         if data.neighbours is not None and data.probe[0] > 0:
@@ -141,7 +141,7 @@ def fit_evidence(
     net: GateNet,
     x: torch.Tensor,
     y: torch.Tensor,
-    votes: torch.Tensor | None = None,
+    votes: npt.NDArray[np.float32] | None = None,
     sharpness: tuple[float, ...] = (5, 10, 20, 40),
 ) -> dict[str, float]:
     """Weights (>= 0) of the centroid evidence and the vote, and the former's sharpness, by held-out NLL.
@@ -159,7 +159,8 @@ def fit_evidence(
     best = (float("inf"), 0.0, 20.0, 0.0)
     for k in sharpness:
         with torch.no_grad():
-            features = [mlp, net.evidence(x, k)] + ([votes] if votes is not None else [])  # [H, C] each
+            features = [mlp, torch.from_numpy(net.evidence(x.numpy(), k))]  # [H, C] each
+            features += [torch.from_numpy(votes)] if votes is not None else []
         params = torch.zeros(len(features), requires_grad=True)  # log(1/T), log(w/T)[, log(v/T)]
 
         def combined(params: torch.Tensor = params, features: list[torch.Tensor] = features) -> torch.Tensor:

@@ -40,6 +40,7 @@ class ClusteredIndex:
         self._centroids: Floats | None = None  # the quantizer never changes after construction
         self.writes = 0  # bumped by every add/remove: a key for what callers derive from the lists
         self._where: tuple[int, Ints, Ints] | None = None  # (writes, ids sorted, their lists)
+        self._sizes: tuple[int, Ints] | None = None  # (writes, vectors per list)
 
     # ---- construction -------------------------------------------------------------------
 
@@ -94,8 +95,7 @@ class ClusteredIndex:
         if clusters is None:
             return self.nlist, self.ntotal
         lists = self._valid_lists(clusters)
-        invlists = self._ivf.invlists
-        return len(lists), sum(int(invlists.list_size(int(c))) for c in lists)
+        return len(lists), int(self.list_sizes()[lists].sum())
 
     def probe_budget(self, wanted: int) -> int:
         """Lists a side probe may scan (the gate's vote, the route's check): at most 1/8 of them."""
@@ -106,13 +106,20 @@ class ClusteredIndex:
         lists = self._valid_lists(clusters)
         if nprobe <= 0 or lists.size <= nprobe:
             return lists
-        scores = self.centroids()[lists] @ np.asarray(q, dtype=np.float32)  # [L]
+        scores = (self.centroids() @ np.asarray(q, dtype=np.float32))[lists]  # [L]; no copy of their centroids
         return np.sort(lists[np.argpartition(-scores, nprobe - 1)[:nprobe]])
 
     def list_sizes(self) -> Ints:
-        """[C] vectors per cluster"""
-        invlists = self._ivf.invlists
-        return np.array([invlists.list_size(c) for c in range(self.nlist)], dtype=np.int64)
+        """[C] vectors per cluster (read-only; counted again after a write, as `clusters_of` is)."""
+        cached = self._sizes
+        if cached is None or cached[0] != self.writes:
+            writes = self.writes
+            with self._lock:
+                invlists = self._ivf.invlists
+                sizes = np.array([invlists.list_size(c) for c in range(self.nlist)], dtype=np.int64)
+            sizes.setflags(write=False)
+            cached = self._sizes = (writes, sizes)
+        return cached[1]
 
     def assignments(self) -> tuple[Ints, Ints]:
         """(ids [N], clusters [N]) of every vector in the index, sorted by id."""
@@ -214,8 +221,7 @@ class ClusteredIndex:
             probe = np.full((nq, self.nlist), -1, dtype=np.int64)  # [Q, C], -1 = no list
             probe[:, :nprobe] = nearest
             scores, ids = self._ivf.search_preassigned(q, k, probe, None)
-            invlists = self._ivf.invlists
-            scanned = sum(int(invlists.list_size(int(c))) for c in nearest.ravel() if c >= 0)
+        scanned = int(self.list_sizes()[nearest[nearest >= 0]].sum())
         return scores, ids, scanned
 
     # ---- persistence -------------------------------------------------------------------------

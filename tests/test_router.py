@@ -172,15 +172,15 @@ def test_held_out_documents_are_whole_and_every_expert_keeps_training_documents(
 def test_vote_evidence_shares_and_empty_rows() -> None:
     from engine.router import vote_evidence
 
-    scores = torch.tensor([[0.9, 0.9, 0.5], [0.8, -torch.inf, -torch.inf], [-torch.inf, -torch.inf, -torch.inf]])
-    classes = torch.tensor([[0, 1, 1], [2, -1, -1], [-1, -1, -1]])
-    share = vote_evidence(scores, classes, 3, sharpness=10.0, alpha=0.0 + 1e-9).exp()  # [3, 3]
+    scores = np.array([[0.9, 0.9, 0.5], [0.8, -np.inf, -np.inf], [-np.inf, -np.inf, -np.inf]], dtype=np.float32)
+    classes = np.array([[0, 1, 1], [2, -1, -1], [-1, -1, -1]])
+    share = np.exp(vote_evidence(scores, classes, 3, sharpness=10.0, alpha=0.0 + 1e-9))  # [3, 3]
     far = float(np.exp(-4.0))  # 0.5 is 0.4 below the best: weight e^(-10 * 0.4)
     assert share[0].tolist() == pytest.approx([1 / (2 + far), (1 + far) / (2 + far), 0.0], abs=1e-6)
     assert share[1].tolist() == pytest.approx([0.0, 0.0, 1.0], abs=1e-6)  # empty slots do not vote
     assert share[2].tolist() == pytest.approx([1 / 3] * 3)  # no hits: uniform, which the softmax ignores
-    smoothed = vote_evidence(scores, classes, 3, sharpness=10.0, alpha=0.5).exp()
-    assert float(smoothed[1, 0]) == pytest.approx(0.5 / 2.5) and torch.allclose(smoothed.sum(1), torch.ones(3))
+    smoothed = np.exp(vote_evidence(scores, classes, 3, sharpness=10.0, alpha=0.5))
+    assert float(smoothed[1, 0]) == pytest.approx(0.5 / 2.5) and np.allclose(smoothed.sum(1), np.ones(3))
 
 
 def test_without_self_drops_the_own_id_or_the_last() -> None:
@@ -224,11 +224,11 @@ def test_bm25_hits_hold_half_of_the_vote_and_veto_nothing() -> None:
     net.vote_params[4] = 1e-6  # (almost) no smoothing: shares read plainly
     dense = (np.full((2, 3), 0.8, dtype=np.float32), np.zeros((2, 3), dtype=np.int64))  # [Q, M]
     bm25 = (np.array([[9.0, 4.5, 0.0], [0.0, 0.0, 0.0]], dtype=np.float32), np.array([[1, 1, -1], [-1, -1, -1]]))
-    shares = net.votes(dense, bm25).exp()  # [2, 3]
+    shares = np.exp(net.votes(dense, bm25))  # [2, 3]
     assert shares[0].tolist() == pytest.approx([0.5, 0.5, 0.0], abs=1e-4)  # pooled: both classes stay possible
-    assert shares[1].tolist() == pytest.approx(net.votes(dense)[1].exp().tolist())  # no hits: the dense vote alone
+    assert shares[1].tolist() == pytest.approx(np.exp(net.votes(dense)[1]).tolist())  # no hits: the dense vote alone
     scaled = net.votes(dense, (bm25[0] * 7, bm25[1]))
-    assert torch.allclose(scaled, net.votes(dense, bm25))  # BM25 counts relative to the row's best
+    assert np.allclose(scaled, net.votes(dense, bm25))  # BM25 counts relative to the row's best
 
 
 def test_bm25_hits_share_the_fitted_vote_and_travel_with_the_router() -> None:
