@@ -245,8 +245,9 @@ def cmd_router_eval(args: argparse.Namespace) -> None:
             labels.append(position[eid])
             texts.append(r["question"])
         q = rt.embedder.encode(texts)  # [Q, D]
-        neighbours, _ = router.probe(rt.indexes.index, q)
-        logits = router.logits(q, neighbours)  # [Q, E+1]
+        bm25 = rt.lexical.current()
+        queries = [bm25.query(t) for t in texts] if bm25 is not None else None
+        logits = router.served_logits(rt.indexes.index, q, queries)  # [Q, E+1], BM25's vote included as served
         metrics = evaluate(logits, torch.tensor(labels), router.temperature, rt.settings.route_threshold)
         keep = ("accuracy", "ece_before", "ece_after", "coverage_at_threshold", "accuracy_at_threshold")
         print(json.dumps({"questions": len(rows), "router_version": router.version_id} | {k: metrics[k] for k in keep}))

@@ -59,7 +59,7 @@ async def load_level(
     """`clients` closed-loop clients (one request in flight each) for `seconds` (or `requests` sent), one loop."""
     feed = itertools.islice(itertools.cycle(questions), requests) if requests else itertools.cycle(questions)
     latencies: list[float] = []
-    embed_ms: list[float] = []
+    stage_ms: dict[str, list[float]] = {"embed": [], "route": [], "retrieve": []}  # moerag's own timings
     paths: Counter[str] = Counter()
     errors: Counter[str] = Counter()
     limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
@@ -84,7 +84,8 @@ async def load_level(
                 body = r.json()
                 if "route" in body:  # moerag
                     paths[body["route"]["path"]] += 1
-                    embed_ms.append(body["timings_ms"].get("embed", 0.0))
+                    for stage, values in stage_ms.items():
+                        values.append(body["timings_ms"].get(stage, 0.0))
 
         cpu0, t0 = time.process_time(), time.perf_counter()
         await asyncio.gather(*(client() for _ in range(clients)))
@@ -99,7 +100,7 @@ async def load_level(
         "p50_ms": percentile(latencies, 50),
         "p95_ms": percentile(latencies, 95),
         "p99_ms": percentile(latencies, 99),
-        "embed_ms_mean": round(statistics.mean(embed_ms), 2) if embed_ms else None,
+        **{f"{stage}_ms_mean": round(statistics.mean(v), 2) if v else None for stage, v in stage_ms.items()},
         "paths": dict(paths),
         "loadgen_cpu_share": round(cpu / (elapsed * (os.cpu_count() or 1)), 3),  # of the whole machine
     }

@@ -64,10 +64,9 @@ def router_figures(
     router = rt.routers.current()
     position = {e: i for i, e in enumerate(router.expert_ids)}
     labels = torch.tensor([position[ids[q["domain"]]] for q in questions])
-    neighbours, _ = router.probe(rt.indexes.index, q_vecs)
     bm25 = rt.lexical.current()
-    lexical = router.lexical_probe(rt.indexes.index, [bm25.query(q["question"]) for q in questions]) if bm25 else None
-    logits = router.logits(q_vecs, neighbours, lexical)  # [Q, C], as the served gate computes them
+    queries = [bm25.query(q["question"]) for q in questions] if bm25 is not None else None
+    logits = router.served_logits(rt.indexes.index, q_vecs, queries)  # [Q, C], as the served gate computes them
     quality = evaluate_router(logits, labels, router.temperature, rt.settings.route_threshold)
     conf = torch.softmax(logits / router.temperature, -1).max(-1).values  # [Q]
     floor = ece_noise_floor(conf)

@@ -217,6 +217,15 @@ class Router:
                 torch.from_numpy(np.array(q, dtype=np.float32)), votes
             )  # [Q, C]; a copy: q may be read-only
 
+    def served_logits(
+        self, index: ClusteredIndex, q: npt.NDArray[np.float32], queries: Sequence[LexicalQuery] | None
+    ) -> torch.Tensor:
+        """q [Q, D] and each question's BM25 query (None: no BM25 index) -> [Q, C] as `/ask`'s gate
+        computes them: with its IVF probe's vote and BM25's share of it, for evaluating on labelled questions."""
+        neighbours, _ = self.probe(index, q)
+        lexical = self.lexical_probe(index, queries) if queries is not None else None
+        return self.logits(q, neighbours, lexical)
+
     def route(
         self,
         q: npt.NDArray[np.float32],

@@ -319,3 +319,25 @@ def test_bm25_rebuilds_are_spaced_to_a_share_of_the_time(runtime) -> None:  # ty
     assert not manager.refresh()  # clean
     manager.mark_dirty()
     assert manager.refresh(force=True)  # forced: at once
+
+
+def test_served_logits_carry_the_probe_and_bm25_votes_as_ask_does() -> None:
+    """`moerag router eval` and the routing report score the gate with both votes, as /ask does."""
+    from engine.lexical import LexicalIndex
+    from engine.router import GateNet
+    from index import ClusteredIndex
+
+    index = ClusteredIndex.create(np.eye(2, 4, dtype=np.float32), "v")
+    index.add(np.eye(6, 4, dtype=np.float32)[[0, 0, 0, 1, 1, 1]], np.arange(6), np.array([0, 0, 0, 1, 1, 1]))
+    bm25 = LexicalIndex(range(6), ["git a", "git b", "git c", "wal a", "wal b", "wal c"])
+    net = GateNet(4, 3, hidden=4, n_lists=2)
+    net.set_lists(np.eye(2, 4, dtype=np.float32), np.array([0, 1]))
+    net.vote_params[:3] = torch.tensor([1.0, 2.0, 3.0])  # the vote counts: 2 lists probed, 3 chunks voting
+    net.lexical_params[:2] = torch.tensor([1.0, 3.0])  # BM25's 3 best chunks share it
+    router = Router(net, 1.0, expert_ids=[10, 20])
+    q = np.eye(1, 4, dtype=np.float32)  # nearest list 0 (class 0); the words point at class 1
+    served = router.served_logits(index, q, [bm25.query("wal")])  # [1, 3]
+    neighbours, _ = router.probe(index, q)
+    assert torch.allclose(served, router.logits(q, neighbours, router.lexical_probe(index, [bm25.query("wal")])))
+    assert float(served[0, 1] - router.logits(q, neighbours)[0, 1]) > 0.5  # BM25's share moved class 1 up
+    assert torch.allclose(router.served_logits(index, q, None), router.logits(q, neighbours))  # no BM25 index
