@@ -341,3 +341,16 @@ def test_served_logits_carry_the_probe_and_bm25_votes_as_ask_does() -> None:
     assert torch.allclose(served, router.logits(q, neighbours, router.lexical_probe(index, [bm25.query("wal")])))
     assert float(served[0, 1] - router.logits(q, neighbours)[0, 1]) > 0.5  # BM25's share moved class 1 up
     assert torch.allclose(router.served_logits(index, q, None), router.logits(q, neighbours))  # no BM25 index
+
+
+def test_lists_map_to_the_routers_own_classes_and_unknown_lists_to_none() -> None:
+    """-1 slots and lists the router never saw (an index reclustered with more lists) vote for no class."""
+    from engine.router import GateNet
+
+    net = GateNet(4, 3, hidden=4, n_lists=3)
+    net.set_lists(np.eye(3, 4, dtype=np.float32), np.array([2, 0, 1]))
+    assert net.classes_of(np.array([[0, 1, 2], [-1, 3, 99]])).tolist() == [[2, 0, 1], [-1, -1, -1]]
+    bare = GateNet(4, 3, hidden=4)  # a router trained without lists: every list is unknown
+    assert bare.classes_of(np.array([[0, -1]])).tolist() == [[-1, -1]]
+    assert net.evidence(np.eye(1, 4, dtype=np.float32)).shape == (1, 3)
+    assert float(bare.evidence(np.eye(1, 4, dtype=np.float32)).max()) == -1.0  # no class owns a list
