@@ -90,8 +90,8 @@ class GateNet(nn.Module):
         """[Q, M] list ids (-1: none) -> [Q, M] class positions by the router's own mapping (-1: none)."""
         list_class = self.list_class.numpy()  # [L]
         n = list_class.shape[0]
-        # -1 and lists beyond the router's own (a newer index) both land on the trailing -1
-        return np.append(list_class, -1)[np.minimum(np.asarray(lists, dtype=np.int64), n)]
+        # any negative id and lists beyond the router's own (a newer index) land on the trailing -1
+        return np.append(list_class, -1)[np.clip(np.asarray(lists, dtype=np.int64), -1, n)]
 
     def votes(self, neighbours: Neighbours, lexical: Neighbours | None = None) -> npt.NDArray[np.float32]:
         """The nearest chunks' (scores, lists) [Q, M] -> [Q, C] log vote shares by the router's own mapping.

@@ -91,7 +91,7 @@ class ClusteredIndex:
         return lists[(lists >= 0) & (lists < self.nlist)]
 
     def scan_size(self, clusters: Iterable[int] | None = None) -> tuple[int, int]:
-        """(lists, vectors) a search over `clusters` scans (None: every list), without sizing the others."""
+        """(lists, vectors) a search over `clusters` scans (None: every list), from the cached `list_sizes`."""
         if clusters is None:
             return self.nlist, self.ntotal
         lists = self._valid_lists(clusters)

@@ -349,7 +349,11 @@ def test_lists_map_to_the_routers_own_classes_and_unknown_lists_to_none() -> Non
 
     net = GateNet(4, 3, hidden=4, n_lists=3)
     net.set_lists(np.eye(3, 4, dtype=np.float32), np.array([2, 0, 1]))
-    assert net.classes_of(np.array([[0, 1, 2], [-1, 3, 99]])).tolist() == [[2, 0, 1], [-1, -1, -1]]
+    assert net.classes_of(np.array([[0, 1, 2], [-1, 3, 99], [-2, -3, 0]])).tolist() == [
+        [2, 0, 1],
+        [-1, -1, -1],
+        [-1, -1, 2],  # any negative id is no list, not a count from the end
+    ]
     bare = GateNet(4, 3, hidden=4)  # a router trained without lists: every list is unknown
     assert bare.classes_of(np.array([[0, -1]])).tolist() == [[-1, -1]]
     assert net.evidence(np.eye(1, 4, dtype=np.float32)).shape == (1, 3)
