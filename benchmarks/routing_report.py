@@ -58,7 +58,7 @@ def router_figures(
     rt: Any, questions: list[dict[str, str]], q_vecs: np.ndarray, ids: dict[str, int], routes: list[Any]
 ) -> dict[str, Any]:
     """The active router on the questions: accuracy, calibration, the expert path's share and precision."""
-    from engine.calibration import ece_noise_floor
+    from engine.calibration import ece_noise_floor, lowest_ece_by_temperature
     from engine.router_training import evaluate as evaluate_router
 
     router = rt.routers.current()
@@ -70,6 +70,7 @@ def router_figures(
     quality = evaluate_router(logits, labels, router.temperature, rt.settings.route_threshold)
     conf = torch.softmax(logits / router.temperature, -1).max(-1).values  # [Q]
     floor = ece_noise_floor(conf)
+    bound = lowest_ece_by_temperature(logits, labels)  # T chosen on these questions: a bound, not served
     per_domain_share = {}
     for d in sorted({q["domain"] for q in questions}):
         pick = [i for i, q in enumerate(questions) if q["domain"] == d]
@@ -87,6 +88,8 @@ def router_figures(
         # What a perfectly calibrated gate with these confidences would show on this many questions.
         "ece_if_calibrated": {k: round(v, 4) for k, v in floor.items()},
         "temperature": round(router.temperature, 3),
+        # The lowest ECE any one temperature reaches on these questions (and that T), chosen on them.
+        "ece_best_temperature": {"ece": round(bound["ece"], 4), "temperature": round(bound["temperature"], 3)},
         "coverage_at_threshold": round(quality["coverage_at_threshold"], 3),
         "accuracy_at_threshold": round(quality["accuracy_at_threshold"], 3),
         "expert_path_share": share,
@@ -95,6 +98,11 @@ def router_figures(
         "per_domain": per_domain_share,
         "training": {k: v for k, v in router.metrics.items() if isinstance(v, int | float)},
     }
+
+
+def _bound(router: dict[str, Any]) -> str:
+    b = router.get("ece_best_temperature")
+    return f"{b['ece']} ({b['temperature']})" if b else ""
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -108,9 +116,9 @@ def markdown(result: dict[str, Any]) -> str:
     lines += [
         "",
         "| router | accuracy | mean confidence | expert-path share | right on path | ECE "
-        "| ECE if calibrated (mean, p95) | T |",
+        "| ECE if calibrated (mean, p95) | T | lowest ECE of any T on these questions (its T) |",
     ]
-    lines += ["|---|---|---|---|---|---|---|---|"]
+    lines += ["|---|---|---|---|---|---|---|---|---|"]
     for key in ("router", "router_faq_blind"):
         if key in result:
             r = result[key]
@@ -118,7 +126,7 @@ def markdown(result: dict[str, Any]) -> str:
                 f"| {key} | {r['accuracy']} | {r.get('mean_confidence', '')} | {r['expert_path_share']} | "
                 f"{r['expert_path_accuracy']} | "
                 f"{r['ece_after']} | {r['ece_if_calibrated']['mean']}, {r['ece_if_calibrated']['p95']} | "
-                f"{r['temperature']} |"
+                f"{r['temperature']} | {_bound(r)} |"
             )
     domains = result["per_domain_hit@10"]
     names = [n for n in next(iter(domains.values())) if n != "questions"]

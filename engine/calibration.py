@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 
 import torch
 
@@ -62,6 +63,25 @@ def ece_noise_floor(conf: torch.Tensor, rounds: int = 2000, seed: int = 0) -> di
         [confidence_ece(conf, (torch.rand(len(conf), generator=g) < conf).float()) for _ in range(rounds)]
     )  # [rounds]
     return {"mean": float(draws.mean()), "p95": float(torch.quantile(draws, 0.95))}
+
+
+def lowest_ece_by_temperature(
+    logits: torch.Tensor, labels: torch.Tensor, temperatures: Sequence[float] | None = None
+) -> dict[str, float]:
+    """The lowest ECE any single temperature reaches on logits [N, C] against labels [N], and that T.
+
+    A diagnostic bound, never a fit to serve: the temperature is chosen on the very rows it is
+    scored on. When even this is above an ECE aim, no temperature fitted elsewhere can meet the
+    aim on these rows; the gate itself must be sharper where it is right.
+    Grid: 41 temperatures spaced evenly in log T over [0.5, 20] unless given; ties: the lower T.
+    """
+    grid = temperatures if temperatures is not None else torch.logspace(math.log10(0.5), math.log10(20), 41).tolist()
+    best = (float("inf"), 1.0)
+    for t in grid:
+        ece = expected_calibration_error(torch.softmax(logits / t, dim=-1), labels)
+        if ece < best[0]:
+            best = (ece, float(t))
+    return {"ece": best[0], "temperature": best[1]}
 
 
 def reliability(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS) -> list[dict[str, float]]:

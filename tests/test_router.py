@@ -300,6 +300,21 @@ def test_ece_noise_floor_shrinks_with_more_questions() -> None:
     assert 0.02 < few["mean"] < 0.1 and many["mean"] < 0.01 and few["p95"] >= few["mean"]
 
 
+def test_lowest_ece_by_temperature_finds_the_temperature_that_matches_accuracy() -> None:
+    """Four rows alike, three right: the T giving confidence 0.75 (2 / T = ln 3) has ECE 0."""
+    import math
+
+    from engine.calibration import expected_calibration_error, lowest_ece_by_temperature
+
+    logits = torch.tensor([[2.0, 0.0]] * 4)  # [4, 2]
+    labels = torch.tensor([0, 0, 0, 1])
+    exact = 2 / math.log(3)
+    bound = lowest_ece_by_temperature(logits, labels, [1.0, exact, 4.0])
+    assert bound["temperature"] == exact and bound["ece"] == pytest.approx(0.0, abs=1e-6)
+    at_one = expected_calibration_error(torch.softmax(logits, -1), labels)  # 0.88 said, 0.75 right
+    assert 0 < lowest_ece_by_temperature(logits, labels)["ece"] < at_one  # the default grid gets close
+
+
 def test_bm25_rebuilds_are_spaced_to_a_share_of_the_time(runtime) -> None:  # type: ignore[no-untyped-def]
     """The soak found BM25 rebuilt over every chunk at each checkpoint under steady ingestion."""
     from app.services.lexical import LexicalManager
