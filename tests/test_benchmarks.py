@@ -181,3 +181,21 @@ def test_compare_runs_every_stage(tmp_path: Path) -> None:
     for png in merged["plots"]:
         assert (results / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "LangChain" in (results / "compare.md").read_text()
+
+
+def test_the_load_summary_sets_the_p95_aim_beside_littles_law() -> None:
+    """8 closed-loop clients at twice one client's throughput wait four times as long on average."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.load import summary
+
+    def row(clients: int, rps: float, p50: float, p95: float, **kw: float) -> dict[str, object]:
+        return {"target": "moerag, batching", "clients": clients, "round": 1, "throughput_rps": rps} | {
+            "p50_ms": p50,
+            "p95_ms": p95,
+            **kw,
+        }
+
+    out = summary([row(1, 50.0, 20.0, 25.0, bare_p50_ms=15.0), row(8, 100.0, 80.0, 100.0)], {"p50_ms": 14.0})
+    assert out["p50_at_1_client_over_bare_ms"] == 5.0 and out["p95_8_over_p95_1"] == 4.0
+    assert out["throughput_8_over_1"] == 2.0 and out["mean_latency_8_over_1_by_littles_law"] == 4.0
+    assert "ratio_at_8_clients" not in out  # no LangChain rows
