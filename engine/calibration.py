@@ -73,7 +73,8 @@ def lowest_ece_by_temperature(
     A diagnostic bound, never a fit to serve: the temperature is chosen on the very rows it is
     scored on. When even this is above an ECE aim, no temperature fitted elsewhere can meet the
     aim on these rows; the gate itself must be sharper where it is right.
-    Grid: 41 temperatures spaced evenly in log T over [0.5, 20] unless given; ties: the lower T.
+    Grid: 41 temperatures spaced evenly in log T over [0.5, 20] unless given; ties: the first in
+    the grid (the lower T, for the default one).
     """
     grid = temperatures if temperatures is not None else torch.logspace(math.log10(0.5), math.log10(20), 41).tolist()
     best = (float("inf"), 1.0)
