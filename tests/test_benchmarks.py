@@ -185,15 +185,11 @@ def test_compare_runs_every_stage(tmp_path: Path) -> None:
 
 def test_the_load_summary_sets_the_p95_aim_beside_littles_law() -> None:
     """8 closed-loop clients at twice one client's throughput wait four times as long on average."""
-    sys.path.insert(0, str(ROOT))
-    from benchmarks.load import summary
+    from benchmarks.load import summary  # the repository root is on the path: tests/ is a package
 
     def row(clients: int, rps: float, p50: float, p95: float, **kw: float) -> dict[str, object]:
-        return {"target": "moerag, batching", "clients": clients, "round": 1, "throughput_rps": rps} | {
-            "p50_ms": p50,
-            "p95_ms": p95,
-            **kw,
-        }
+        return {"target": "moerag, batching", "clients": clients, "round": 1, "throughput_rps": rps,
+                "p50_ms": p50, "p95_ms": p95, **kw}  # fmt: skip
 
     out = summary([row(1, 50.0, 20.0, 25.0, bare_p50_ms=15.0), row(8, 100.0, 80.0, 100.0)], {"p50_ms": 14.0})
     assert out["p50_at_1_client_over_bare_ms"] == 5.0 and out["p95_8_over_p95_1"] == 4.0
