@@ -8,6 +8,7 @@ import re
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,6 +157,11 @@ class Runtime:
     def answers(self) -> AnswerCache:
         return self.services.answers
 
+    def retrieval_vector(self) -> Callable[[np.ndarray], np.ndarray] | None:
+        """The question as retrieval reads it: the active router's query adapter (None: the model's vector)."""
+        router = self._serving[1] if self.settings.query_adapter else None
+        return router.retrieval_vector if router is not None and router.adapter is not None else None
+
     @property
     def kernel_search(self) -> bool:
         mode = self.settings.scoped_search
@@ -275,6 +281,7 @@ class Runtime:
                     expert_nprobe=s.expert_nprobe,
                     expert_verify_lists=s.expert_verify_lists,
                     expert_verify_lexical_slack=s.expert_verify_lexical_slack,
+                    query_adapter=s.query_adapter,
                 ),
                 matrix=self.expert_matrix,
                 submit_question=questions.submit,

@@ -100,6 +100,17 @@ class Settings(BaseSettings):
         0.3, gt=0, lt=1, description="Share of documents held out (per expert) to calibrate the router on."
     )
     router_seed: int = 0
+    query_adapter: bool = Field(
+        True,
+        description="Retrieval reads the question through the active router version's query adapter (a linear "
+        "map learnt from the corpus's headings with the router); false: the model's vector as it is.",
+    )
+    query_adapter_queries: int = Field(
+        20000,
+        ge=0,
+        description="Heading questions a router training learns its query adapter from (embedded once per "
+        "training); 0 = train no adapter.",
+    )
     catalogue_poll_seconds: float = Field(
         0.5, gt=0, description="How often a process asks for catalogue changes (PostgreSQL also wakes it at once)."
     )

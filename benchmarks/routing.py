@@ -181,7 +181,10 @@ def evaluate(
     index = rt.indexes.index
     sizes = index.list_sizes()
 
-    q_vecs = rt.embedder.encode([q["question"] for q in questions])  # [Q, D]
+    q_vecs = rt.embedder.encode([q["question"] for q in questions])  # [Q, D] the gate's input
+    active = rt.routers.current()
+    adapted = active is not None and active.adapter is not None and rt.pipeline.config.query_adapter
+    r_vecs = active.retrieval_vector(q_vecs) if adapted and active is not None else q_vecs  # [Q, D] retrieval's
     store = rt.pipeline.store
 
     def resolve(hit_ids: np.ndarray) -> list[tuple[str, str]]:
@@ -190,10 +193,11 @@ def evaluate(
         return [(rows[i].text, rows[i].source) for i in found if i in rows]
 
     # Global dense (exact) and the dense oracle (every list of the true domain).
-    _, global_ids = index.search(q_vecs, 10)
+    _, global_ids = index.search(r_vecs, 10)
     global_dense = [resolve(r) for r in global_ids]
+    bare_dense = [resolve(r) for r in index.search(q_vecs, 10)[1]] if adapted else None
     oracle_dense = [
-        resolve(index.search(q_vecs[i : i + 1], 10, domain_clusters[q["domain"]])[1][0])
+        resolve(index.search(r_vecs[i : i + 1], 10, domain_clusters[q["domain"]])[1][0])
         for i, q in enumerate(questions)
     ]
     # The pipeline as served: routed; forced fallback (global hybrid); the expert path of the true domain.
@@ -216,15 +220,16 @@ def evaluate(
     # scanned as the expert path scans on average.
     scanned_expert = [r.vectors_scanned for r in routes if r.path == "expert"]
     budget = statistics.mean(scanned_expert) if scanned_expert else float(sizes.sum())
-    order = np.argsort(-(q_vecs @ index.centroids().T), axis=1)  # [Q, C] nearest lists first
+    order = np.argsort(-(r_vecs @ index.centroids().T), axis=1)  # [Q, C] nearest lists first
     ivf, ivf_scanned = [], []
     for i in range(len(questions)):
         cum = np.cumsum(sizes[order[i]])
         nprobe = int(np.searchsorted(cum, budget) + 1)
         ivf_scanned.append(int(cum[min(nprobe, len(cum)) - 1]))
-        ivf.append(resolve(index.search(q_vecs[i : i + 1], 10, order[i, :nprobe])[1][0]))
+        ivf.append(resolve(index.search(r_vecs[i : i + 1], 10, order[i, :nprobe])[1][0]))
 
     router = router_figures(rt, questions, q_vecs, ids, routes)
+    router |= {k: v for k, v in (active.metrics if active is not None else {}).items() if k.startswith("adapter")}
 
     # /ask latency through HTTP (in-process client), extractive generator.
     # No `with`: the app's lifespan would close the runtime this evaluation goes on using.
@@ -248,6 +253,8 @@ def evaluate(
         "oracle dense (every list of the true domain)": oracle_dense,
         "FAISS IVF, nearest lists up to the expert path's scan": ivf,
     }
+    if bare_dense is not None:
+        ranked["global dense, no query adapter"] = bare_dense
     if reference is not None:
         ranked["plain reference (200-word windows, flat)"] = reference
     router["train_seconds"] = round(train_s, 1)
@@ -296,6 +303,7 @@ def evaluate(
         result["retrieval"][ROUTED + ", FAQ-blind router"] = metrics_for(blind_ranked, questions)
         result["router_faq_blind"] = router_figures(rt, questions, q_vecs, ids, [p.route for p in blind_preps])
         result["router_faq_blind"]["trained_on"] = {k: info.get(k) for k in ("chunks", "samples", "held_out_documents")}
+        result["router_faq_blind"] |= {k: v for k, v in info.items() if k.startswith("adapter")}
         rt.routers.activate(full_version)
         rt.catalogue.sync()
     result["per_domain_hit@10"] = per_domain(ranked, questions)

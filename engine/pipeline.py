@@ -130,6 +130,9 @@ class PipelineConfig:
     # expert too, an outside chunk within this much of the best inside is enough (0 = off).
     # Chosen on dev (README): with it, 1 confident misroute of 141 instead of 6 of 150.
     expert_verify_lexical_slack: float = 0.06
+    # Retrieval (both paths and the route's check) reads the question through the active router's
+    # query adapter, when it has one (engine.adapter); the gate reads the model's vector either way.
+    query_adapter: bool = True
 
 
 class AskPipeline:
@@ -179,8 +182,11 @@ class AskPipeline:
 
         t = time.perf_counter()
         index = self.index()
-        route = self._route(q, req, terms)
+        serving = self.serving()
+        route = self._route(q, req, terms, serving)
         route.catalogue_version = version
+        router = serving[1]
+        q = router.retrieval_vector(q) if router is not None and cfg.query_adapter else q  # [1, D]
         timings["route"] = (time.perf_counter() - t) * 1000
 
         t = time.perf_counter()
@@ -228,9 +234,15 @@ class AskPipeline:
         system_prompt = expert.system_prompt if expert and expert.system_prompt else GENERIC_SYSTEM_PROMPT
         return Prepared(req.question, route, citations, generator, system_prompt, timings, started)
 
-    def _route(self, q: np.ndarray, req: AskRequest, terms: LexicalQuery | None = None) -> Route:
+    def _route(
+        self,
+        q: np.ndarray,
+        req: AskRequest,
+        terms: LexicalQuery | None = None,
+        serving: tuple[dict[int, ExpertProfile], Router | None] | None = None,
+    ) -> Route:
         cfg = self.config
-        experts, router = self.serving()
+        experts, router = serving or self.serving()
         neighbours, probed, hits = None, 0, None
         if router is not None and req.mode != "fallback":  # the gate's votes: a small IVF probe, BM25's best
             index = self.index()

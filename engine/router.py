@@ -17,12 +17,14 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
+from engine.adapter import adapt
 from engine.lexical import LexicalQuery
 from index.store import ClusteredIndex
 from kernels import gate_topk
 
 VOTE_CHUNKS = 5  # nearest chunks that vote in the gate (5 of the 8 nearest lists: best on dev, of 5/10/20)
 LEXICAL_VOTE_CHUNKS = 5  # BM25's best chunks that share the vote, as many as the dense neighbours
+ADAPTER_KEY = "query_adapter"  # the query adapter's [D, D] in a version's stored state
 Neighbours = tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]  # scores [Q, M], their lists [Q, M] (-1: none)
 
 
@@ -168,9 +170,15 @@ class Router:
     expert_ids: list[int]  # class position -> expert id
     version_id: int = 0
     metrics: dict[str, Any] = field(default_factory=dict)
+    adapter: npt.NDArray[np.float32] | None = None  # [D, D] the query adapter trained with it (engine.adapter)
 
     def __post_init__(self) -> None:
         self.net.eval()  # once, not per question: the switch walks every module
+
+    def retrieval_vector(self, q: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """q [Q, D] -> [Q, D] the question as retrieval sees it: through this version's query adapter
+        when it has one. The gate itself reads q as it came from the model."""
+        return adapt(self.adapter, q)
 
     @property
     def none_class(self) -> int:
@@ -245,8 +253,11 @@ class Router:
     # ---- persistence ---------------------------------------------------------------------------------
 
     def state_bytes(self) -> bytes:
+        state = dict(self.net.state_dict())
+        if self.adapter is not None:
+            state[ADAPTER_KEY] = torch.from_numpy(self.adapter)
         buf = io.BytesIO()
-        torch.save(self.net.state_dict(), buf)
+        torch.save(state, buf)
         return buf.getvalue()
 
     @classmethod
@@ -261,6 +272,7 @@ class Router:
         version_id: int = 0,
     ) -> Router:
         weights = torch.load(io.BytesIO(state), weights_only=True)
+        adapter = weights.pop(ADAPTER_KEY, None)  # versions trained before the adapter have none
         n_lists = int(weights["centroids"].shape[0]) if "centroids" in weights else 0
         net = GateNet(dim, len(expert_ids) + 1, hidden, n_lists)
         # Versions trained before an evidence term lack its buffers: that term's weight stays 0.
@@ -278,4 +290,6 @@ class Router:
                 f"unexpected {sorted(result.unexpected_keys)}"
             )
         net.eval()
-        return cls(net, temperature, list(expert_ids), version_id)
+        return cls(
+            net, temperature, list(expert_ids), version_id, adapter=adapter.numpy() if adapter is not None else None
+        )

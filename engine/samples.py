@@ -78,3 +78,25 @@ def held_out_documents(documents: Sequence[int], labels: Sequence[int], share: f
         n = min(round(share * len(docs)), len(docs) - 1)
         held.update(docs[:n])
     return held
+
+
+def heading_queries(
+    headings: Sequence[str], documents: Sequence[int], limit: int, seed: int = 0
+) -> tuple[list[str], list[list[int]]]:
+    """Questions made of headings, each with the chunks it heads: training pairs for the query adapter.
+
+    One question per (document, heading): its last part in a question template ("How does {}
+    work?"), or bare. Its positives are the positions of every chunk under that heading in that
+    document. Generic headings (Synopsis, Examples, ...) and chunks without one give none. At
+    most `limit` questions, a seeded sample when there are more.
+    """
+    groups: dict[tuple[int, str], list[int]] = {}
+    for i, (heading, doc) in enumerate(zip(headings, documents, strict=True)):
+        tail = _heading_tail(heading) if heading else ""
+        if tail:
+            groups.setdefault((doc, tail), []).append(i)
+    rng = random.Random(seed)
+    keys = sorted(groups)
+    if len(keys) > limit:
+        keys = sorted(rng.sample(keys, limit))
+    return [rng.choice(_TEMPLATES).format(tail) for _, tail in keys], [groups[k] for k in keys]

@@ -75,7 +75,7 @@ async def search_chunks(body: SearchIn, rt: RuntimeDep) -> SearchOut:
 
 def run_search(rt: Runtime, body: SearchIn) -> SearchOut:
     """The search as the API answers it (the CLI's local `search` prints the same)."""
-    result = search(rt.sessions, rt.embedder, rt.indexes, body.query, body.k, body.clusters)
+    result = search(rt.sessions, rt.embedder, rt.indexes, body.query, body.k, body.clusters, rt.retrieval_vector())
     hits = [
         SearchHit(
             chunk_id=h.chunk.id,

@@ -16,12 +16,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.models import Chunk, Cluster, Expert, RouterExample, RouterVersion, stack
 from app.services.paging import scalar_page
 from app.settings import Settings
+from engine.adapter import AdapterConfig, fit
 from engine.embedder import Embedder
 from engine.errors import NotTrainable
 from engine.lexical import LexicalIndex
 from engine.router import LEXICAL_VOTE_CHUNKS, VOTE_CHUNKS, Router, bm25_hits
 from engine.router_training import TrainConfig, TrainingSet, train, without_self
-from engine.samples import Sample, held_out_documents, query_like_samples
+from engine.samples import Sample, heading_queries, held_out_documents, query_like_samples
 from index.store import ClusteredIndex
 
 log = logging.getLogger(__name__)
@@ -265,14 +266,18 @@ class RouterManager:
         """Train a version; with `activate`, it goes live unless it is worse than the active one on
         held-out metrics (`held_back` in the result says by how much; `force` activates anyway)."""
         report = progress or (lambda d, t: None)
-        # Progress: embedding the samples is the first half, the epochs the second.
+        # Progress: embedding the samples 0-40%, the epochs 40-70%, the query adapter 70-100%.
         data, expert_ids, info = self.training_set(
-            lambda d, t: report(d * 50 // max(t, 1), 100), exclude_documents=exclude_documents
+            lambda d, t: report(d * 40 // max(t, 1), 100), exclude_documents=exclude_documents
         )
         cfg = TrainConfig(threshold=self.settings.route_threshold, seed=self.settings.router_seed)
-        net, temperature, metrics = train(data, cfg, lambda d, t: report(50 + d * 50 // t, 100))
+        net, temperature, metrics = train(data, cfg, lambda d, t: report(40 + d * 30 // t, 100))
         metrics.update(info)
-        router = Router(net, temperature, expert_ids)
+        adapter, adapter_metrics = self.fit_adapter(
+            exclude_documents, lambda d, t: report(70 + d * 30 // max(t, 1), 100)
+        )
+        metrics.update(adapter_metrics)
+        router = Router(net, temperature, expert_ids, adapter=adapter)
         held_back = None if force or not activate else self.worse_than_active(metrics)
         if held_back is not None:
             metrics["held_back"] = held_back  # the console shows why it waits, beside its figures
@@ -305,6 +310,33 @@ class RouterManager:
         )
         result = {"version": version_id, "active": activate, **{k: v for k, v in metrics.items() if _scalar(v)}}
         return result | ({"held_back": held_back} if held_back is not None else {})
+
+    def fit_adapter(
+        self, exclude_documents: Collection[int] = (), progress: Progress | None = None
+    ) -> tuple[npt.NDArray[np.float32] | None, dict[str, Any]]:
+        """The query adapter for a new version (engine.adapter): heading questions of the same
+        documents the router trains on, embedded (half the progress), then fitted."""
+        report = progress or (lambda d, t: None)
+        limit = self.settings.query_adapter_queries
+        if limit <= 0:
+            return None, {"adapter": False}
+        with self.sessions() as s:
+            query = select(Chunk.heading, Chunk.document_id, Chunk.embedding).order_by(Chunk.id)
+            if exclude_documents:
+                query = query.where(Chunk.document_id.not_in(list(exclude_documents)))
+            rows = s.execute(query).all()
+        texts, positives = heading_queries(
+            [r[0] for r in rows], [r[1] for r in rows], limit, seed=self.settings.router_seed
+        )
+        if not texts:
+            return None, {"adapter": False, "adapter_queries": 0}
+        vectors = []
+        for start in range(0, len(texts), 256):
+            vectors.append(self.embedder.encode(texts[start : start + 256]))  # [<=256, D]
+            report(min(start + 256, len(texts)) * 50 // len(texts), 100)
+        chunks = stack((r[2] for r in rows), self.embedder.dim)  # [M, D]
+        config = AdapterConfig(seed=self.settings.router_seed)
+        return fit(np.concatenate(vectors), chunks, positives, config, lambda d, t: report(50 + d * 50 // t, 100))
 
     def worse_than_active(self, metrics: dict[str, Any]) -> dict[str, Any] | None:
         """Why a new version should wait instead of replacing the active one, or None.

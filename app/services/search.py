@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload, sessionmaker
 
@@ -33,9 +34,12 @@ def search(
     query: str,
     k: int,
     clusters: Sequence[int] | None,
+    retrieval_vector: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> SearchResult:
-    """Each hit's chunk comes with its document loaded (usable after the session closed)."""
+    """Each hit's chunk comes with its document loaded (usable after the session closed).
+    retrieval_vector: the question as retrieval reads it (the active router's query adapter), as /ask does."""
     q = embedder.encode([query])  # [1, D]
+    q = retrieval_vector(q) if retrieval_vector is not None else q  # [1, D]
     index = indexes.index
     scores, ids = index.search(q, k, clusters)  # [1, K], [1, K]
     scanned_lists, scanned = index.scan_size(clusters)
