@@ -157,10 +157,10 @@ class Runtime:
     def answers(self) -> AnswerCache:
         return self.services.answers
 
-    def retrieval_vector(self) -> Callable[[np.ndarray], np.ndarray] | None:
-        """The question as retrieval reads it: the active router's query adapter (None: the model's vector)."""
-        router = self._serving[1] if self.settings.query_adapter else None
-        return router.retrieval_vector if router is not None and router.adapter is not None else None
+    def retrieval_vector(self) -> Callable[[np.ndarray], np.ndarray]:
+        """The question as retrieval reads it, as /ask does: through the active router's query adapter."""
+        router = self._serving[1]
+        return lambda q: self.pipeline.retrieval_vector(q, router)
 
     @property
     def kernel_search(self) -> bool:

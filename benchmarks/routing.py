@@ -183,8 +183,8 @@ def evaluate(
 
     q_vecs = rt.embedder.encode([q["question"] for q in questions])  # [Q, D] the gate's input
     active = rt.routers.current()
-    adapted = active is not None and active.adapter is not None and rt.pipeline.config.query_adapter
-    r_vecs = active.retrieval_vector(q_vecs) if adapted and active is not None else q_vecs  # [Q, D] retrieval's
+    r_vecs = rt.pipeline.retrieval_vector(q_vecs, active)  # [Q, D] retrieval's, as served
+    adapted = r_vecs is not q_vecs
     store = rt.pipeline.store
 
     def resolve(hit_ids: np.ndarray) -> list[tuple[str, str]]:

@@ -83,7 +83,6 @@ def fit(
     metrics: dict[str, float | int | bool] = {"adapter_queries": int(n)}
     if len(train) < 2 * cfg.batch or n_held == 0 or m < 2:
         return None, metrics | {"adapter": False}
-    torch.manual_seed(cfg.seed)
     dim = queries.shape[1]
     eye = torch.eye(dim)
     w = eye.clone().requires_grad_(True)

@@ -185,8 +185,7 @@ class AskPipeline:
         serving = self.serving()
         route = self._route(q, req, terms, serving)
         route.catalogue_version = version
-        router = serving[1]
-        q = router.retrieval_vector(q) if router is not None and cfg.query_adapter else q  # [1, D]
+        q = self.retrieval_vector(q, serving[1])  # [1, D]
         timings["route"] = (time.perf_counter() - t) * 1000
 
         t = time.perf_counter()
@@ -233,6 +232,11 @@ class AskPipeline:
         generator = self.generator(expert.generator if expert and expert.generator else "extractive")
         system_prompt = expert.system_prompt if expert and expert.system_prompt else GENERIC_SYSTEM_PROMPT
         return Prepared(req.question, route, citations, generator, system_prompt, timings, started)
+
+    def retrieval_vector(self, q: np.ndarray, router: Router | None) -> np.ndarray:
+        """q [Q, D] -> [Q, D] as retrieval reads it: through `router`'s query adapter unless it is
+        switched off (`PipelineConfig.query_adapter`) or the version has none."""
+        return router.retrieval_vector(q) if router is not None and self.config.query_adapter else q
 
     def _route(
         self,

@@ -170,7 +170,7 @@ class RouterManager:
         return samples, calib, [corpus.expert_of(int(corpus.labels[smp.source])) for smp in samples]
 
     def training_set(
-        self, progress: Progress | None = None, exclude_documents: Collection[int] = ()
+        self, progress: Progress | None = None, exclude_documents: Collection[int] = (), corpus: _Corpus | None = None
     ) -> tuple[TrainingSet, list[int], dict[str, int]]:
         """Chunks labelled by their cluster's expert, query-like samples from them, labelled questions.
 
@@ -178,7 +178,7 @@ class RouterManager:
         evaluation can then ask about documents the router never saw).
         """
         report = progress or (lambda d, t: None)
-        corpus = self._corpus(exclude_documents)
+        corpus = corpus or self._corpus(exclude_documents)
         rows, labels, examples = corpus.rows, corpus.labels, corpus.examples
         position = {e: i for i, e in enumerate(corpus.expert_ids)}
         none = len(corpus.expert_ids)
@@ -267,15 +267,13 @@ class RouterManager:
         held-out metrics (`held_back` in the result says by how much; `force` activates anyway)."""
         report = progress or (lambda d, t: None)
         # Progress: embedding the samples 0-40%, the epochs 40-70%, the query adapter 70-100%.
-        data, expert_ids, info = self.training_set(
-            lambda d, t: report(d * 40 // max(t, 1), 100), exclude_documents=exclude_documents
-        )
+        corpus = self._corpus(exclude_documents)  # one read serves the gate and the adapter
+        data, expert_ids, info = self.training_set(lambda d, t: report(d * 40 // max(t, 1), 100), corpus=corpus)
         cfg = TrainConfig(threshold=self.settings.route_threshold, seed=self.settings.router_seed)
         net, temperature, metrics = train(data, cfg, lambda d, t: report(40 + d * 30 // t, 100))
         metrics.update(info)
-        adapter, adapter_metrics = self.fit_adapter(
-            exclude_documents, lambda d, t: report(70 + d * 30 // max(t, 1), 100)
-        )
+        chunks = data.x[: len(corpus.rows)]  # [M, D] the chunk rows lead the training matrix
+        adapter, adapter_metrics = self.fit_adapter(corpus, chunks, lambda d, t: report(70 + d * 30 // max(t, 1), 100))
         metrics.update(adapter_metrics)
         router = Router(net, temperature, expert_ids, adapter=adapter)
         held_back = None if force or not activate else self.worse_than_active(metrics)
@@ -312,29 +310,22 @@ class RouterManager:
         return result | ({"held_back": held_back} if held_back is not None else {})
 
     def fit_adapter(
-        self, exclude_documents: Collection[int] = (), progress: Progress | None = None
+        self, corpus: _Corpus, chunks: npt.NDArray[np.float32], progress: Progress | None = None
     ) -> tuple[npt.NDArray[np.float32] | None, dict[str, Any]]:
-        """The query adapter for a new version (engine.adapter): heading questions of the same
-        documents the router trains on, embedded (half the progress), then fitted."""
+        """The query adapter for a new version (engine.adapter): heading questions of the corpus the
+        router trains on (its chunk rows [M, D] as the store), embedded (half the progress), then fitted."""
         report = progress or (lambda d, t: None)
         limit = self.settings.query_adapter_queries
         if limit <= 0:
             return None, {"adapter": False}
-        with self.sessions() as s:
-            query = select(Chunk.heading, Chunk.document_id, Chunk.embedding).order_by(Chunk.id)
-            if exclude_documents:
-                query = query.where(Chunk.document_id.not_in(list(exclude_documents)))
-            rows = s.execute(query).all()
-        texts, positives = heading_queries(
-            [r[0] for r in rows], [r[1] for r in rows], limit, seed=self.settings.router_seed
-        )
+        rows = corpus.rows
+        texts, positives = heading_queries([r[3] for r in rows], [r[4] for r in rows], limit, self.settings.router_seed)
         if not texts:
             return None, {"adapter": False, "adapter_queries": 0}
         vectors = []
         for start in range(0, len(texts), 256):
             vectors.append(self.embedder.encode(texts[start : start + 256]))  # [<=256, D]
             report(min(start + 256, len(texts)) * 50 // len(texts), 100)
-        chunks = stack((r[2] for r in rows), self.embedder.dim)  # [M, D]
         config = AdapterConfig(seed=self.settings.router_seed)
         return fit(np.concatenate(vectors), chunks, positives, config, lambda d, t: report(50 + d * 50 // t, 100))
 
