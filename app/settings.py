@@ -10,6 +10,7 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engine.lexical import Fusion
+from index.clustering import KMEANS_SEED
 
 
 class Settings(BaseSettings):
@@ -49,6 +50,9 @@ class Settings(BaseSettings):
         20_000, ge=1, description="A document that makes more chunks is refused whole (413 document_too_large)."
     )
     clusters: int = Field(0, ge=0, description="IVF lists at recluster; 0 picks sqrt(chunks).")
+    cluster_seed: int = Field(
+        KMEANS_SEED, description="k-means seed at recluster: the same store and seed give the same lists."
+    )
     checkpoint_seconds: float = Field(5.0, gt=0, description="Longest delay before index changes hit disk.")
     index_log_retention_seconds: float = Field(
         600.0,

@@ -27,7 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.evalcorpus import FAQ_PAGES, domain_of, is_hit, load_questions
-from benchmarks.routing_report import DOMAINS, domain_leakage, markdown, router_figures
+from benchmarks.routing_report import DOMAINS, domain_leakage, markdown, page_experts, router_figures
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROUTED = "routed (served pipeline)"
@@ -215,6 +215,12 @@ def evaluate(
     oracle = []
     for q in questions:
         oracle += served(rt, [q], mode="expert", expert_id=ids[q["domain"]])[0]
+    # The expert path of the expert holding the answer's page, where that is not the domain's.
+    pages = page_experts(rt, questions)
+    elsewhere = [i for i, (q, p) in enumerate(zip(questions, pages, strict=True)) if p not in (None, ids[q["domain"]])]
+    page_oracle = list(oracle)
+    for i in elsewhere:
+        page_oracle[i] = served(rt, [questions[i]], mode="expert", expert_id=pages[i])[0][0]
 
     # "Why not just IVF": the same lists, probing the nearest ones until as many vectors are
     # scanned as the expert path scans on average.
@@ -228,7 +234,7 @@ def evaluate(
         ivf_scanned.append(int(cum[min(nprobe, len(cum)) - 1]))
         ivf.append(resolve(index.search(r_vecs[i : i + 1], 10, order[i, :nprobe])[1][0]))
 
-    router = router_figures(rt, questions, q_vecs, ids, routes)
+    router = router_figures(rt, questions, q_vecs, ids, routes, pages)
     router |= {k: v for k, v in (active.metrics if active is not None else {}).items() if k.startswith("adapter")}
 
     # /ask latency through HTTP (in-process client), extractive generator.
@@ -253,6 +259,8 @@ def evaluate(
         "oracle dense (every list of the true domain)": oracle_dense,
         "FAISS IVF, nearest lists up to the expert path's scan": ivf,
     }
+    if elsewhere:
+        ranked["oracle route (served expert path, the expert holding the answer's page)"] = page_oracle
     if bare_dense is not None:
         ranked["global dense, no query adapter"] = bare_dense
     if reference is not None:
@@ -265,6 +273,7 @@ def evaluate(
         "retrieval": {name: metrics_for(r, questions) for name, r in ranked.items()},
         "router": router,
         "leakage": leakage,
+        "answer_pages_outside_their_domain_expert": len(elsewhere),
         "vectors_scanned": {
             "expert path (mean)": round(statistics.mean(scanned_expert), 1) if scanned_expert else None,
             "global": int(sizes.sum()),
@@ -301,7 +310,8 @@ def evaluate(
         blind_ranked, blind_preps = served(rt, questions)
         ranked[ROUTED + ", FAQ-blind router"] = blind_ranked
         result["retrieval"][ROUTED + ", FAQ-blind router"] = metrics_for(blind_ranked, questions)
-        result["router_faq_blind"] = router_figures(rt, questions, q_vecs, ids, [p.route for p in blind_preps])
+        blind_routes = [p.route for p in blind_preps]
+        result["router_faq_blind"] = router_figures(rt, questions, q_vecs, ids, blind_routes, pages)
         result["router_faq_blind"]["trained_on"] = {k: info.get(k) for k in ("chunks", "samples", "held_out_documents")}
         result["router_faq_blind"] |= {k: v for k, v in info.items() if k.startswith("adapter")}
         rt.routers.activate(full_version)

@@ -23,7 +23,10 @@ def auto_cluster_count(n: int, *, requested: int = 0) -> int:
     return max(1, min(round(math.sqrt(n)), n // MIN_POINTS_PER_CLUSTER))
 
 
-def kmeans(x: npt.NDArray[np.float32], k: int, *, seed: int = 20250601, niter: int = 20) -> npt.NDArray[np.float32]:
+KMEANS_SEED = 20250601  # the default seed (MOERAG_CLUSTER_SEED): the same vectors and seed give the same lists
+
+
+def kmeans(x: npt.NDArray[np.float32], k: int, *, seed: int = KMEANS_SEED, niter: int = 20) -> npt.NDArray[np.float32]:
     """Spherical k-means: [N, D] normalised vectors -> [C, D] unit centroids (C = k)."""
     n, d = x.shape
     if k <= 1 or n < 2:

@@ -195,3 +195,17 @@ def test_the_load_summary_sets_the_p95_aim_beside_littles_law() -> None:
     assert out["p50_at_1_client_over_bare_ms"] == 5.0 and out["p95_8_over_p95_1"] == 4.0
     assert out["throughput_8_over_1"] == 2.0 and out["mean_latency_8_over_1_by_littles_law"] == 4.0
     assert "ratio_at_8_clients" not in out  # no LangChain rows
+
+
+def test_the_expert_path_is_right_where_the_answer_page_sits() -> None:
+    """A route counts as right on the page's expert, whatever the domain; fallbacks do not count."""
+    from types import SimpleNamespace
+
+    from benchmarks.routing_report import right_page_on_path
+
+    def route(path: str, expert: int | None) -> SimpleNamespace:
+        return SimpleNamespace(path=path, expert=SimpleNamespace(id=expert) if expert is not None else None)
+
+    routes = [route("expert", 3), route("expert", 2), route("fallback", None), route("expert", 4)]
+    assert right_page_on_path(routes, [3, 5, 2, 4]) == round(2 / 3, 3)
+    assert right_page_on_path([route("fallback", None)], [1]) == 0.0

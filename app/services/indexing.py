@@ -335,7 +335,7 @@ class IndexManager:
             ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=n)
             x = stack((r[2] for r in rows), self.dim)
             k = auto_cluster_count(n, requested=self.settings.clusters)
-            centroids = kmeans(x, k)  # [C, D]
+            centroids = kmeans(x, k, seed=self.settings.cluster_seed)  # [C, D]
             fresh = ClusteredIndex.create(centroids, uuid.uuid4().hex)
             nearest = fresh.assign(x)  # [N]
             report(2, 4)
