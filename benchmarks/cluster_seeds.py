@@ -6,9 +6,10 @@ retrained on each, every mode scored on the same questions.
 
 Chunks, embeddings and questions stay the same; only `MOERAG_CLUSTER_SEED` changes, and with it
 the lists, their experts (each list to the domain holding most of its chunks, documents
-re-placed), the router trained on them and its query adapter. What differs between seeds is
-what one build's figures cannot tell from luck. One JSON line per seed, then each figure's
-minimum, mean and maximum; all of it in benchmarks/results/NAME.{json,md}.
+re-placed) and the router trained on them; the query adapter does not read the lists, so global
+dense stays put. What differs between seeds is what one build's figures cannot tell from luck.
+One JSON line per seed, then each figure's minimum, mean and maximum; all of it in
+benchmarks/results/NAME.{json,md}.
 """
 
 from __future__ import annotations

@@ -27,9 +27,7 @@ def chunk_experts(rt: Any, sources: Collection[str] | None = None) -> list[tuple
         .join(Cluster, Cluster.id == Chunk.cluster_id)
     )
     with rt.sessions() as s:
-        return [
-            (src, e) for src, e in s.execute(query if sources is None else query.where(Document.source.in_(sources)))
-        ]
+        return list(s.execute(query if sources is None else query.where(Document.source.in_(sources))).tuples())
 
 
 def domain_leakage(rt: Any, ids: dict[str, int]) -> dict[str, Any]:

@@ -189,3 +189,27 @@ def test_kmeans_is_seeded() -> None:
     a, b, c = kmeans(x, 12, seed=1), kmeans(x, 12, seed=1), kmeans(x, 12, seed=2)
     assert np.array_equal(a, b)
     assert not np.allclose(np.sort(a, axis=0), np.sort(c, axis=0))
+
+
+def test_recluster_draws_its_lists_with_the_configured_seed(tmp_path, embedder, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`MOERAG_CLUSTER_SEED` reaches k-means; its default is the index's own seed."""
+    from app.runtime import Runtime
+    from app.services import indexing
+    from app.services.documents import Upload
+    from app.settings import Settings
+    from index.clustering import KMEANS_SEED
+    from tests.helpers import TOPICS, topic_doc
+
+    assert Settings(data_dir=tmp_path / "default").cluster_seed == KMEANS_SEED
+    seeds: list[int] = []
+    real = indexing.kmeans
+    monkeypatch.setattr(indexing, "kmeans", lambda x, k, **kw: seeds.append(kw["seed"]) or real(x, k, **kw))
+    rt = Runtime(Settings(data_dir=tmp_path / "data", clusters=4, cluster_seed=7), embedder=embedder)
+    rt.start(run_jobs=False)
+    try:
+        for t in TOPICS:
+            rt.ingestor.ingest(Upload(data=topic_doc(t, 0, 4).encode(), source=f"{t}.md"))
+        rt.indexes.recluster()
+    finally:
+        rt.close()
+    assert seeds == [7]

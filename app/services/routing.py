@@ -170,15 +170,10 @@ class RouterManager:
         return samples, calib, [corpus.expert_of(int(corpus.labels[smp.source])) for smp in samples]
 
     def training_set(
-        self, progress: Progress | None = None, exclude_documents: Collection[int] = (), corpus: _Corpus | None = None
+        self, corpus: _Corpus, progress: Progress | None = None
     ) -> tuple[TrainingSet, list[int], dict[str, int]]:
-        """Chunks labelled by their cluster's expert, query-like samples from them, labelled questions.
-
-        `exclude_documents` keeps those documents out of training and calibration alike (an
-        evaluation can then ask about documents the router never saw).
-        """
+        """Chunks labelled by their cluster's expert, query-like samples from them, labelled questions."""
         report = progress or (lambda d, t: None)
-        corpus = corpus or self._corpus(exclude_documents)
         rows, labels, examples = corpus.rows, corpus.labels, corpus.examples
         position = {e: i for i, e in enumerate(corpus.expert_ids)}
         none = len(corpus.expert_ids)
@@ -264,11 +259,13 @@ class RouterManager:
         force: bool = False,
     ) -> dict[str, Any]:
         """Train a version; with `activate`, it goes live unless it is worse than the active one on
-        held-out metrics (`held_back` in the result says by how much; `force` activates anyway)."""
+        held-out metrics (`held_back` in the result says by how much; `force` activates anyway).
+        `exclude_documents` keeps those documents out of training and calibration alike (an
+        evaluation can then ask about documents the router never saw)."""
         report = progress or (lambda d, t: None)
         # Progress: embedding the samples 0-40%, the epochs 40-70%, the query adapter 70-100%.
         corpus = self._corpus(exclude_documents)  # one read serves the gate and the adapter
-        data, expert_ids, info = self.training_set(lambda d, t: report(d * 40 // max(t, 1), 100), corpus=corpus)
+        data, expert_ids, info = self.training_set(corpus, lambda d, t: report(d * 40 // max(t, 1), 100))
         cfg = TrainConfig(threshold=self.settings.route_threshold, seed=self.settings.router_seed)
         net, temperature, metrics = train(data, cfg, lambda d, t: report(40 + d * 30 // t, 100))
         metrics.update(info)
