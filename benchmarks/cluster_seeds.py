@@ -34,8 +34,19 @@ MODES = {
 }
 
 
-def seed_row(seed: int, result: dict[str, Any]) -> dict[str, Any]:
-    """One seed's figures from a `routing.evaluate` result."""
+# The trained version's own figures on its held-out documents (no question in them): what a
+# build could choose among clusterings by, were any of them to follow the dev figures.
+HELD_OUT = {
+    "held-out accuracy": "accuracy",
+    "held-out coverage at the threshold": "coverage_at_threshold",
+    "held-out right on the path": "accuracy_at_threshold",
+    "held-out ECE": "ece_after",
+}
+
+
+def seed_row(seed: int, result: dict[str, Any], trained: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One seed's figures from a `routing.evaluate` result, with the trained router version's
+    held-out metrics (`RouterVersion.metrics`) when given."""
     row: dict[str, Any] = {"seed": seed}
     for short, name in MODES.items():
         row[f"{short} hit@10"] = result["retrieval"][name]["hit@10"]
@@ -49,6 +60,8 @@ def seed_row(seed: int, result: dict[str, Any]) -> dict[str, Any]:
         "vectors scanned": result["vectors_scanned"]["expert path share of global"],
         "FAQ-page chunks outside their expert": result["leakage"]["faq_page_chunks_outside"],
     }
+    if trained is not None:
+        row |= {short: round(float(trained[key]), 4) for short, key in HELD_OUT.items()}
     return row
 
 
@@ -82,6 +95,9 @@ def main() -> None:
     ap.add_argument("--name", default="cluster-seeds", help="results file stem under benchmarks/results/")
     args = ap.parse_args()
 
+    from sqlalchemy import select
+
+    from app.models import RouterVersion
     from app.runtime import Runtime
     from app.settings import Settings
 
@@ -93,9 +109,11 @@ def main() -> None:
         try:
             print(json.dumps({"seed": seed, "recluster": rt.indexes.recluster()}, default=str), flush=True)
             result = evaluate(rt, questions, train=True, latency_questions=0).result
+            with rt.sessions() as session:
+                trained = session.scalars(select(RouterVersion.metrics).where(RouterVersion.active)).first()
         finally:
             rt.close()
-        rows.append(seed_row(seed, result))
+        rows.append(seed_row(seed, result, trained))
         print(json.dumps(rows[-1]), flush=True)
     summary = spread(rows)
     out = {"seeds": rows, "spread": summary, "questions": len(questions), "command": " ".join(["python", *sys.argv])}

@@ -69,10 +69,14 @@ def fit(
     positives: Sequence[Sequence[int]],
     config: AdapterConfig | None = None,
     progress: Callable[[int, int], None] | None = None,
+    init: npt.NDArray[np.float32] | None = None,
 ) -> tuple[npt.NDArray[np.float32] | None, dict[str, float | int | bool]]:
     """queries [N, D] (unit rows), chunks [M, D] (unit rows), each query's positive chunk rows ->
     (W [D, D] or None, metrics). None when the adapter does not beat the bare model on the held-out
-    queries (recall@10), or when there is too little to learn from."""
+    queries (recall@10), or when there is too little to learn from.
+
+    init [D, D]: W starts there and is pulled towards it instead of the identity (a narrower
+    adapter grown from a broader one; `benchmarks/adapter_variants.py`)."""
     cfg = config or AdapterConfig()
     report = progress or (lambda d, t: None)
     n, m = len(queries), len(chunks)
@@ -84,8 +88,8 @@ def fit(
     if len(train) < 2 * cfg.batch or n_held == 0 or m < 2:
         return None, metrics | {"adapter": False}
     dim = queries.shape[1]
-    eye = torch.eye(dim)
-    w = eye.clone().requires_grad_(True)
+    anchor = torch.eye(dim) if init is None else torch.from_numpy(np.array(init, dtype=np.float32))  # [D, D]
+    w = anchor.clone().requires_grad_(True)
     opt = torch.optim.Adam([w], lr=cfg.lr)
     store = torch.from_numpy(np.ascontiguousarray(chunks, dtype=np.float32))  # [M, D]
     qs = torch.from_numpy(np.ascontiguousarray(queries, dtype=np.float32))  # [N, D]
@@ -100,7 +104,7 @@ def fit(
         q = torch.nn.functional.normalize(qs[batch] @ w.T, dim=1)  # [B, D]
         logits = q @ store[cols].T / cfg.temperature  # [B, S]
         nll = torch.logsumexp(logits, 1) - torch.logsumexp(logits.masked_fill(~mask, float("-inf")), 1)  # [B]
-        loss = nll.mean() + cfg.pull * ((w - eye) ** 2).sum()
+        loss = nll.mean() + cfg.pull * ((w - anchor) ** 2).sum()
         opt.zero_grad()
         loss.backward()
         opt.step()

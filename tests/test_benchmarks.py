@@ -209,3 +209,28 @@ def test_the_expert_path_is_right_where_the_answer_page_sits() -> None:
     routes = [route("expert", 3), route("expert", 2), route("fallback", None), route("expert", 4)]
     assert right_page_on_path(routes, [3, 5, 2, 4]) == round(2 / 3, 3)
     assert right_page_on_path([route("fallback", None)], [1]) == 0.0
+
+
+def test_a_seed_row_carries_the_trained_versions_held_out_figures() -> None:
+    """What a build could choose among clusterings by sits beside the dev figures of each seed."""
+    from benchmarks.cluster_seeds import MODES, seed_row
+
+    retrieval = {name: {"hit@10": 0.8, "mrr@10": 0.6} for name in MODES.values()}
+    router = {"expert_path_share": 0.8, "expert_path_accuracy": 0.99, "accuracy": 0.9, "ece_after": 0.08}
+    result = {"retrieval": retrieval, "router": router, "vectors_scanned": {"expert path share of global": 0.2},
+              "leakage": {"faq_page_chunks_outside": 0}}  # fmt: skip
+    trained = {"accuracy": 0.95612, "coverage_at_threshold": 0.9, "accuracy_at_threshold": 0.97, "ece_after": 0.009}
+    row = seed_row(7, result, trained)
+    assert row["seed"] == 7 and row["routed hit@10"] == 0.8 and row["held-out accuracy"] == 0.9561
+    assert row["held-out ECE"] == 0.009 and "held-out ECE" not in seed_row(7, result)
+
+
+def test_adapter_variants_report_every_set_and_variant() -> None:
+    from benchmarks.adapter_variants import figures, markdown
+
+    assert figures([1, None, 2, None]) == {"hit@10": 0.5, "mrr@10": 0.375}
+    cell = {"hit@10": 0.5, "mrr@10": 0.375}
+    result = {"global": {"bare model": {"dev": cell, "extra": cell}},
+              "oracle scope": {"dev": {"global adapter": cell}, "extra": {"global adapter": cell}}}  # fmt: skip
+    text = markdown(result)
+    assert "| bare model | 0.5 (0.375) | 0.5 (0.375) |" in text and "| global adapter | 0.5 (0.375) |" in text

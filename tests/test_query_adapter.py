@@ -39,6 +39,18 @@ def test_the_adapter_learns_what_the_bare_model_misses_and_is_kept() -> None:
     assert again is not None and np.array_equal(w, again)
 
 
+def test_an_adapter_grown_from_another_starts_there_and_is_pulled_back_to_it() -> None:
+    queries, chunks, positives = distorted()
+    cfg = AdapterConfig(steps=300, batch=64, negatives=256, pull=0.001, lr=0.01, held_out=0.2)
+    broad, _ = fit(queries, chunks, positives, cfg)
+    assert broad is not None
+    # Nothing left to learn and a strong pull: the narrower adapter stays where it started.
+    held = AdapterConfig(steps=20, batch=64, negatives=256, pull=10.0, lr=0.01, held_out=0.2)
+    narrow, metrics = fit(queries, chunks, positives, held, init=broad)
+    assert narrow is not None and metrics["adapter"] is True
+    assert np.abs(narrow - broad).max() < np.abs(broad - np.eye(16)).max() / 10
+
+
 def test_an_adapter_that_does_not_beat_the_bare_model_is_dropped() -> None:
     _, chunks, positives = distorted()
     w, metrics = fit(chunks.copy(), chunks, positives, AdapterConfig(steps=20, batch=64, negatives=256))
