@@ -125,8 +125,11 @@ def main() -> None:
             print(json.dumps({name: result["global"][name]}), flush=True)
 
         # Per expert: its heading questions (every positive inside it), its chunks as the candidates.
+        # An expert whose own adapter is not kept (no better than the bare model) keeps the global one.
         served_pull = AdapterConfig().pull
-        w_global, _ = fit(heading_vecs, chunks, positives, config(served_pull))
+        w_global = adapters.get(f"global adapter, pull {served_pull}")
+        if w_global is None:
+            w_global, _ = fit(heading_vecs, chunks, positives, config(served_pull))
         per_expert: dict[str, dict[int, Vectors | None]] = {"from the identity": {}, "from the global adapter": {}}
         for expert in sorted(set(by_name.values())):
             inside = np.flatnonzero(chunk_expert == expert)
