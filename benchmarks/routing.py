@@ -27,7 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.evalcorpus import FAQ_PAGES, domain_of, is_hit, load_questions
-from benchmarks.routing_report import DOMAINS, domain_leakage, markdown, page_experts, router_figures
+from benchmarks.routing_report import DOMAINS, domain_leakage, markdown, page_experts, route_losses, router_figures
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROUTED = "routed (served pipeline)"
@@ -318,6 +318,8 @@ def evaluate(
         rt.catalogue.sync()
     result["per_domain_hit@10"] = per_domain(ranked, questions)
     routed_first = first_hits(routed, questions)
+    firsts = {"routed": routed_first, "hybrid": first_hits(hybrid, questions), "oracle": first_hits(oracle, questions)}
+    result["route_losses"] = route_losses(questions, routes, firsts)
     result["routed_minus"] = {
         name: paired_difference(routed_first, first_hits(r, questions)) for name, r in ranked.items() if name != ROUTED
     }

@@ -74,6 +74,33 @@ def right_page_on_path(routes: list[Any], pages: list[int | None]) -> float:
     return round(sum(on_path) / max(len(on_path), 1), 3)
 
 
+def route_losses(
+    questions: list[dict[str, str]],
+    routes: list[Any],
+    first: dict[str, list[int | None]],
+) -> list[dict[str, Any]]:
+    """The questions where routed and global hybrid or the oracle route disagree on hit@10, each
+    with the route it took, so every loss (and gain) of the expert path can be read.
+
+    first: the rank of the first hit (None: none in the top 10) per question for "routed",
+    "hybrid" and "oracle".
+    """
+    out = []
+    for i, (q, route) in enumerate(zip(questions, routes, strict=True)):
+        found = {name: ranks[i] for name, ranks in first.items()}
+        if len({rank is not None for rank in found.values()}) == 1:
+            continue  # all three agree
+        expert = route.expert.name if route.expert is not None else None
+        top = [(e.name if e is not None else None, round(p, 3)) for e, p in route.top]
+        out.append(
+            {"id": q["id"], "domain": q["domain"], "question": q["question"], "path": route.path,
+             "reason": route.reason, "expert": expert,
+             "confidence": round(route.confidence, 3) if route.confidence is not None else None,
+             "top": top, "first_hit": found}
+        )  # fmt: skip
+    return out
+
+
 def path_figures(routes: list[Any], questions: list[dict[str, str]]) -> tuple[float, float]:
     """(share of questions on the expert path, share of those sent to their own domain's expert)."""
     on_path = [r.expert is not None and r.expert.name == q["domain"] for r, q in zip(routes, questions, strict=True)

@@ -234,3 +234,23 @@ def test_adapter_variants_report_every_set_and_variant() -> None:
               "oracle scope": {"dev": {"global adapter": cell}, "extra": {"global adapter": cell}}}  # fmt: skip
     text = markdown(result)
     assert "| bare model | 0.5 (0.375) | 0.5 (0.375) |" in text and "| global adapter | 0.5 (0.375) |" in text
+
+
+def test_route_losses_list_the_questions_the_modes_disagree_on_with_their_route() -> None:
+    from types import SimpleNamespace
+
+    from benchmarks.routing_report import route_losses
+
+    python, sqlite = SimpleNamespace(name="python"), SimpleNamespace(name="sqlite")
+    confident = SimpleNamespace(path="expert", reason="confident", expert=sqlite, confidence=0.7661,
+                                top=[(sqlite, 0.7661), (python, 0.2)])  # fmt: skip
+    unsure = SimpleNamespace(path="fallback", reason="low_confidence", expert=None, confidence=0.5, top=[(None, 0.5)])
+    questions = [{"id": f"q{i}", "domain": "python", "question": f"question {i}"} for i in range(3)]
+    firsts = {"routed": [None, 3, 1], "hybrid": [2, 3, 1], "oracle": [2, 3, 1]}
+    (loss,) = route_losses(questions, [confident, unsure, unsure], firsts)  # q1 and q2: all agree
+    assert loss["id"] == "q0" and loss["expert"] == "sqlite" and loss["confidence"] == 0.766
+    assert loss["top"] == [("sqlite", 0.766), ("python", 0.2)] and loss["first_hit"] == {
+        "routed": None,
+        "hybrid": 2,
+        "oracle": 2,
+    }
