@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -240,13 +241,15 @@ class Runtime:
             )
             emb = self._embedder or Embedder(s.model_path, dtype=s.embed_dtype, batch_size=s.embed_batch_size)
             if s.trace_questions and run_jobs:  # serving: the model call without the GIL (one-shots skip it)
-                self.question_model = emb.compile_questions(s.question_runtime)
+                lone = s.question_lone_threads or os.cpu_count() or 1
+                self.question_model = emb.compile_questions(s.question_runtime, wide_threads=lone)
             questions = QuestionEncoder(
                 emb.encode_questions,
                 max_batch=s.question_batch,
                 max_wait_ms=s.question_batch_wait_ms,
                 cache_size=s.question_cache,
                 workers=s.question_workers or os.cpu_count() or 1,
+                encode_wide=partial(emb.encode_questions, wide=True) if emb.has_wide_questions else None,
             )
             indexes = IndexManager(s, self.sessions, emb.dim, emb.name)
             indexes.snapshot_writer = self.snapshot_lease.held

@@ -145,6 +145,13 @@ class Settings(BaseSettings):
         "Runtime; pip install 'moerag[onnx]'), or auto: onnxruntime when the model runs in float32 on a CPU and "
         "the extra is installed, else torch.",
     )
+    question_lone_threads: int = Field(
+        0,
+        ge=0,
+        le=256,
+        description="ONNX Runtime threads for a question embedded while no other is being answered (the other "
+        "cores idle; the same vector); 0 = one per core, 1 = off.",
+    )
     question_cache: int = Field(1024, ge=0, description="Question vectors remembered by exact text; 0 = no cache.")
     answer_cache: int = Field(
         256, ge=0, description="Routes and citations of repeated questions, kept until the catalogue changes; 0 = off."

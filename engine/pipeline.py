@@ -7,6 +7,7 @@ never an exception.
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -147,13 +148,16 @@ class AskPipeline:
         generator: Callable[[str], Generator],
         config: PipelineConfig | None = None,
         matrix: Callable[[], ExpertMatrix | None] | None = None,
-        submit_question: Callable[[str], Future[np.ndarray]] | None = None,
+        submit_question: Callable[[str, bool], Future[np.ndarray]] | None = None,
         catalogue_version: Callable[[], int] | None = None,
     ) -> None:
         self.embedder, self.index, self.lexical = embedder, index, lexical
-        # question -> its [1, D] vector to come; the server passes a QuestionEncoder's (cache +
-        # dynamic batching, the model in a batch thread); by default embedded here, at once.
-        self.submit_question = submit_question or (lambda text: done_future(embedder.encode([text])))
+        # (question, alone: no other question being prepared) -> its [1, D] vector to come; the
+        # server passes a QuestionEncoder's (cache + dynamic batching, the model in a batch thread,
+        # on every core when alone); by default embedded here, at once.
+        self.submit_question = submit_question or (lambda text, alone: done_future(embedder.encode([text])))
+        self._preparing = 0  # questions in `prepare` now (guarded by the lock)
+        self._preparing_lock = threading.Lock()
         self.matrix = matrix or (lambda: None)
         self.catalogue_version = catalogue_version or (lambda: 0)  # read before any state: a lower bound
         self.store, self.generator = store, generator
@@ -166,13 +170,23 @@ class AskPipeline:
         self._masks = weakref.WeakKeyDictionary()
 
     def prepare(self, req: AskRequest) -> Prepared:
+        with self._preparing_lock:
+            self._preparing += 1
+            alone = self._preparing == 1
+        try:
+            return self._prepare(req, alone)
+        finally:
+            with self._preparing_lock:
+                self._preparing -= 1
+
+    def _prepare(self, req: AskRequest, alone: bool) -> Prepared:
         cfg = self.config
         started = time.perf_counter()
         timings: dict[str, float] = {}
         version = self.catalogue_version()
 
         t = time.perf_counter()
-        pending = self.submit_question(req.question)  # [1, D] to come
+        pending = self.submit_question(req.question, alone)  # [1, D] to come
         lexical = self.lexical()  # one BM25 index per question; its scores computed once
         terms = lexical.query(req.question) if lexical is not None else None
         if terms is not None:

@@ -12,7 +12,11 @@ for eight). So, as serving systems do (Triton Inference Server's dynamic batcher
   two single questions) run at once, each on one torch thread (`Embedder.encode_questions`
   takes no lock);
 - each caller gets its own row back as soon as its batch is done;
-- a batch that fails is retried one question at a time, so only the failing question fails.
+- a batch that fails is retried one question at a time, so only the failing question fails;
+- a question its caller says is answered alone (`submit(alone=True)`: no other answer in
+  flight), that finds the other workers idle and nobody queued, runs on `encode_wide` (the
+  model on several intra-op threads, where the runtime has one): the lone question of one
+  client uses the cores the batching would otherwise leave idle.
 
 The cache maps the exact question text to its vector. The model is fixed for the life of the
 process, so an entry is never stale whatever the catalogue does (no invalidation to get wrong).
@@ -43,15 +47,18 @@ Encode = Callable[[Sequence[str]], Vectors]  # [N] texts -> [N, D]
 
 @dataclass
 class BatchStats:
-    """Counters since start: calls to the model, questions embedded, cache hits, largest batch."""
+    """Counters since start: calls to the model (wide: on several threads), questions embedded,
+    cache hits, largest batch."""
 
     batches: int = 0
     questions: int = 0
     cache_hits: int = 0
     largest: int = 0
+    wide: int = 0
 
-    def add(self, n: int) -> None:
+    def add(self, n: int, wide: bool = False) -> None:
         self.batches += 1
+        self.wide += wide
         self.questions += n
         self.largest = max(self.largest, n)
 
@@ -60,6 +67,7 @@ class BatchStats:
 class _Pending:
     text: str
     future: Future[Vectors]
+    alone: bool = False
 
 
 class QuestionEncoder:
@@ -70,6 +78,7 @@ class QuestionEncoder:
     max_wait_ms: how long a batch waits for more questions once a worker is free (0: none).
     cache_size: questions remembered (exact text); 0 turns the cache off.
     workers: batch threads (model calls at once).
+    encode_wide: the model on several threads, for a question embedded alone (None: never).
     """
 
     def __init__(
@@ -80,11 +89,13 @@ class QuestionEncoder:
         max_wait_ms: float = 0.0,
         cache_size: int = 1024,
         workers: int = 1,
+        encode_wide: Encode | None = None,
     ) -> None:
         if max_batch < 1 or workers < 1:
             raise ValueError("max_batch and workers must be at least 1")
         self.workers = workers
-        self._encode = encode
+        self._encode, self._encode_wide = encode, encode_wide
+        self._running = 0  # model calls under way (guarded by _cond)
         self.max_batch, self.max_wait = max_batch, max_wait_ms / 1000
         self.cache_size = cache_size
         self._cache: OrderedDict[str, Vectors] = OrderedDict()
@@ -99,17 +110,25 @@ class QuestionEncoder:
         """[1, D] float32, L2-normalised; from the cache, or embedded (batched with others in flight)."""
         return self.submit(question).result()
 
-    def submit(self, question: str) -> Future[Vectors]:
+    def submit(self, question: str, alone: bool = False) -> Future[Vectors]:
         """The question's [1, D] vector, to come: the caller may work while a batch thread runs the
-        model (done already on a cache hit, or with batching off: then embedded in this thread)."""
+        model (done already on a cache hit, or with batching off: then embedded in this thread).
+        alone: no other answer is in flight, so the model may take every core (`encode_wide`)."""
         hit = self._cached(question)
         if hit is not None:
             return done_future(hit)
         if self.max_batch > 1:
-            return self._submit(question)  # the batch thread remembers it
-        vec = self._encode([question])  # [1, D]
+            return self._submit(_Pending(question, Future(), alone))  # the batch thread remembers it
         with self._cond:
-            self.stats.add(1)
+            wide = self._widen(1, alone)
+            self._running += 1
+        try:
+            vec = (self._encode_wide if wide and self._encode_wide else self._encode)([question])  # [1, D]
+        finally:
+            with self._cond:
+                self._running -= 1
+        with self._cond:
+            self.stats.add(1, wide)
         self._remember(question, vec)
         return done_future(vec)
 
@@ -146,8 +165,12 @@ class QuestionEncoder:
 
     # -- batching ---------------------------------------------------------------------------
 
-    def _submit(self, question: str) -> Future[Vectors]:
-        pending = _Pending(question, Future())
+    def _widen(self, n: int, alone: bool) -> bool:
+        """Whether a call of `n` questions runs wide: one question, alone, nothing else running or
+        queued (called holding _cond)."""
+        return self._encode_wide is not None and n == 1 and alone and self._running == 0 and not self._queue
+
+    def _submit(self, pending: _Pending) -> Future[Vectors]:
         with self._cond:
             if self._closed:
                 raise RuntimeError("the question encoder is closed")
@@ -160,7 +183,8 @@ class QuestionEncoder:
             self._cond.notify()
         return pending.future
 
-    def _next_batch(self) -> list[_Pending] | None:
+    def _next_batch(self) -> tuple[list[_Pending], bool] | None:
+        """The next batch and whether it runs wide; counted as running until `_run_batch` ends."""
         with self._cond:
             while not self._queue and not self._closed:
                 self._cond.wait()
@@ -175,15 +199,22 @@ class QuestionEncoder:
                     self._cond.wait(left)
             batch = self._queue[: self.max_batch]
             del self._queue[: self.max_batch]
-            return batch
+            wide = self._widen(len(batch), batch[0].alone)
+            self._running += 1
+            return batch, wide
 
     def _run(self) -> None:
-        while (batch := self._next_batch()) is not None:
-            self._run_batch(batch)
+        while (next_batch := self._next_batch()) is not None:
+            try:
+                self._run_batch(*next_batch)
+            finally:
+                with self._cond:
+                    self._running -= 1
 
-    def _run_batch(self, batch: list[_Pending]) -> None:
+    def _run_batch(self, batch: list[_Pending], wide: bool = False) -> None:
         try:
-            vecs = self._encode([p.text for p in batch])  # [B, D]
+            encode = self._encode_wide if wide and self._encode_wide else self._encode
+            vecs = encode([p.text for p in batch])  # [B, D]
         except Exception as exc:  # isolate the failing question below
             if len(batch) == 1:
                 batch[0].future.set_exception(exc)
@@ -193,7 +224,7 @@ class QuestionEncoder:
                 self._run_batch([p])
             return
         with self._cond:
-            self.stats.add(len(batch))
+            self.stats.add(len(batch), wide)
         for i, p in enumerate(batch):
             vec = np.ascontiguousarray(vecs[i : i + 1])  # [1, D]
             self._remember(p.text, vec)

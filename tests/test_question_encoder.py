@@ -14,7 +14,7 @@ import pytest
 from app.runtime import Runtime
 from app.settings import Settings
 from engine.embedder import Embedder
-from engine.pipeline import AskRequest
+from engine.pipeline import AskPipeline, AskRequest
 from engine.question_encoder import QuestionEncoder, done_future
 from tests.conftest import TOKEN
 from tests.helpers import TOPICS, topic_doc
@@ -164,8 +164,8 @@ def test_batched_answers_equal_unbatched_ones_on_the_real_pipeline(tmp_path: Pat
         vectors: dict[str, Future[np.ndarray]] = {}
         served = rt.pipeline.submit_question
 
-        def recorded(text: str) -> Future[np.ndarray]:
-            vectors[text] = served(text)  # still to come: the pipeline scores BM25 meanwhile, as served
+        def recorded(text: str, alone: bool) -> Future[np.ndarray]:
+            vectors[text] = served(text, alone)  # still to come: the pipeline scores BM25 meanwhile, as served
             return vectors[text]
 
         rt.pipeline.submit_question = recorded
@@ -188,7 +188,7 @@ def test_batched_answers_equal_unbatched_ones_on_the_real_pipeline(tmp_path: Pat
             th.join(60)
         assert rt.questions is not None and rt.questions.stats.largest > 1  # they really were batched
         emb, index = rt.embedder, rt.indexes.index
-        rt.pipeline.submit_question = lambda text: done_future(emb.encode([text]))  # one at a time, no batcher
+        rt.pipeline.submit_question = lambda text, alone: done_future(emb.encode([text]))  # one at a time, no batcher
         for q in questions:
             alone = answer(q)
             # The answer's chunks, in order, with their fused scores: exact ids; the scores carry the
@@ -227,6 +227,71 @@ def test_each_question_runtime_gives_the_eager_vectors(runtime: str) -> None:
     assert np.abs(np.vstack([emb.encode_questions([t]) for t in texts]) - eager).max() < 1e-4
 
 
+def test_onnxruntime_on_several_threads_gives_the_same_vectors() -> None:
+    """The wide session (a lone question on every core) serves exactly the one-thread session's vectors."""
+    emb = Embedder(dtype="float32")
+    assert emb.compile_questions("onnxruntime", wide_threads=2).startswith("onnxruntime")
+    assert emb.has_wide_questions
+    texts = ["What is a rebase?", "How do I make sqlite write a checkpoint after every transaction commit?", "x"]
+    narrow = np.vstack([emb.encode_questions([t]) for t in texts])  # [3, D]
+    wide = np.vstack([emb.encode_questions([t], wide=True) for t in texts])  # [3, D]
+    assert np.array_equal(narrow, wide)
+    assert np.abs(emb.encode_questions(texts, wide=True) - emb.encode(texts)).max() < 1e-4
+    traced = Embedder(dtype="float32")
+    traced.compile_questions("torch", wide_threads=2)
+    assert not traced.has_wide_questions  # torch threads are the process's: no second way
+
+
+@pytest.mark.parametrize("max_batch", [16, 1])
+def test_a_lone_question_runs_wide_and_one_in_company_does_not(max_batch: int) -> None:
+    narrow, wide = _Fake(delay=0.2), _Fake(delay=0.2)
+    qe = QuestionEncoder(narrow, max_batch=max_batch, workers=2, cache_size=0, encode_wide=wide)
+    assert qe.submit("alone", alone=True).result().tolist() == [[5, ord("a"), 1.0]]
+    assert qe.submit("not alone").result() is not None  # its caller has company: one thread
+    assert wide.batches == [["alone"]] and narrow.batches == [["not alone"]]
+    out: dict[str, object] = {}
+    first = threading.Thread(target=lambda: out.setdefault("a", qe.submit("a first", alone=True).result()))
+    first.start()
+    time.sleep(0.05)  # the first is in the model: the second finds a call running
+    out["b"] = qe.submit("b second", alone=True).result()
+    first.join(5)
+    assert wide.batches == [["alone"], ["a first"]] and narrow.batches[-1] == ["b second"]
+    assert qe.stats.wide == 2 and qe.stats.questions == 4
+    qe.close()
+
+
+def test_the_pipeline_says_whether_a_question_is_prepared_alone() -> None:
+    """`alone` goes with the question to the encoder: True only while no other question is prepared."""
+    seen: list[tuple[str, bool]] = []
+    second_in = threading.Event()
+
+    def submit(text: str, alone: bool) -> Future[np.ndarray]:
+        seen.append((text, alone))
+        if text == "first":
+            second_in.wait(5)  # the first waits for its vector while the second is prepared
+        else:
+            second_in.set()
+        raise RuntimeError("stop here")  # the route is not under test
+
+    p = AskPipeline(
+        embedder=None, index=None, lexical=lambda: None, serving=None, store=None,  # type: ignore[arg-type]
+        generator=None, submit_question=submit,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+    def ask(q: str) -> None:
+        with pytest.raises(RuntimeError):
+            p.prepare(AskRequest(q))
+
+    first = threading.Thread(target=ask, args=("first",))
+    first.start()
+    while not seen:
+        time.sleep(0.01)
+    ask("second")
+    first.join(5)
+    ask("third")  # both done: alone again
+    assert seen == [("first", True), ("second", False), ("third", True)]
+
+
 def test_onnxruntime_without_its_extra_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
@@ -245,7 +310,7 @@ def test_auto_falls_back_to_the_trace_when_onnxruntime_fails_its_check(monkeypat
     emb = Embedder(dtype="float32")
     calls: list[int] = []
 
-    def failing() -> str:
+    def failing(wide_threads: int = 1) -> str:
         calls.append(1)
         return "eager (onnxruntime off by 0.1)"
 
