@@ -98,6 +98,9 @@ class Runtime:
         self._services: Services | None = None
         self.announce_url: str | None = None  # set by `moerag serve`: its address, for the CLI
         self.question_model = "eager"
+        # /ask requests from their handler's start to its reply: counted on the event loop (one
+        # thread), read by the pipeline to tell a lone question (engine.question_encoder).
+        self.asking = 0
         self._matrix: tuple[int, ExpertMatrix] | None = None  # (catalogue version it was built at, matrix)
         self._matrix_lock = threading.Lock()
         self._serving: tuple[dict[int, ExpertProfile], Router | None] = ({}, None)  # swapped whole
@@ -289,6 +292,7 @@ class Runtime:
                 matrix=self.expert_matrix,
                 submit_question=questions.submit,
                 catalogue_version=lambda: self.catalogue.version,
+                in_flight=lambda: self.asking,
             )
             answers = AnswerCache(
                 s.answer_cache, lambda: (self.catalogue.version, indexes.position, self.lexical.builds)

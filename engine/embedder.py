@@ -239,10 +239,12 @@ class Embedder:
         the trace must. Raises NotConfigured without the `onnx` extra; any other failure keeps eager.
         Idempotent.
 
-        wide_threads > 1: a second session of the same graph with that many intra-op threads,
-        spinning between parallel sections (without spinning, waking the second thread ate the
-        gain), for a question embedded alone. On a 2-core AMD EPYC, one dev question: p50 7.6 ->
-        5.6 ms with 2 threads (7.9 ms without spinning), the same vectors to the bit.
+        wide_threads > 1: a second session of the same graph with that many intra-op threads, for a
+        question embedded alone. Its threads spin between the parallel sections of a call (without
+        spinning, waking the second thread ate the gain) and stop when the call ends (spinning on
+        after it cost the server's tail at one client: p95 +1.5 to +5.9 ms). On a 2-core AMD
+        EPYC, one dev question: p50 7.6 -> 5.6 ms with 2 threads (7.9 ms without spinning), the
+        same vectors to the bit.
         """
         if "onnxruntime" in self._compiled:
             return self._use("onnxruntime")
@@ -280,7 +282,9 @@ class Embedder:
                 session = onnxruntime.InferenceSession(str(path), options(1), providers=cpu)
                 wide = None
                 if wide_threads > 1:
-                    wide = onnxruntime.InferenceSession(str(path), options(wide_threads), providers=cpu)
+                    opts = options(wide_threads)
+                    opts.add_session_config_entry("session.force_spinning_stop", "1")  # no spinning between calls
+                    wide = onnxruntime.InferenceSession(str(path), opts, providers=cpu)
             return self._adopt(_OnnxHidden(session, wide), "onnxruntime")
         except Exception as exc:
             log.warning("question model not exported to ONNX (%s: %s); eager PyTorch serves", type(exc).__name__, exc)

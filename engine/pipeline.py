@@ -150,12 +150,17 @@ class AskPipeline:
         matrix: Callable[[], ExpertMatrix | None] | None = None,
         submit_question: Callable[[str, bool], Future[np.ndarray]] | None = None,
         catalogue_version: Callable[[], int] | None = None,
+        in_flight: Callable[[], int] | None = None,
     ) -> None:
         self.embedder, self.index, self.lexical = embedder, index, lexical
         # (question, alone: no other question being prepared) -> its [1, D] vector to come; the
         # server passes a QuestionEncoder's (cache + dynamic batching, the model in a batch thread,
         # on every core when alone); by default embedded here, at once.
         self.submit_question = submit_question or (lambda text, alone: done_future(embedder.encode([text])))
+        # A question is alone when it is the only one in `prepare` and, where the server counts
+        # requests from arrival to reply (`in_flight`), the only one there: one that is between
+        # its answer and its reply still needs a core.
+        self.in_flight = in_flight or (lambda: 0)
         self._preparing = 0  # questions in `prepare` now (guarded by the lock)
         self._preparing_lock = threading.Lock()
         self.matrix = matrix or (lambda: None)
@@ -172,7 +177,7 @@ class AskPipeline:
     def prepare(self, req: AskRequest) -> Prepared:
         with self._preparing_lock:
             self._preparing += 1
-            alone = self._preparing == 1
+            alone = self._preparing == 1 and self.in_flight() <= 1
         try:
             return self._prepare(req, alone)
         finally:
@@ -189,7 +194,7 @@ class AskPipeline:
         pending = self.submit_question(req.question, alone)  # [1, D] to come
         lexical = self.lexical()  # one BM25 index per question; its scores computed once
         terms = lexical.query(req.question) if lexical is not None else None
-        if terms is not None:
+        if terms is not None and not alone:  # alone, the model may run on every core: BM25 waits
             _ = terms.scores  # BM25 over every chunk while the model runs (on another core when idle)
         q = pending.result()  # [1, D]
         timings["embed"] = (time.perf_counter() - t) * 1000  # the model, BM25's scores overlapped

@@ -86,6 +86,14 @@ def _finish(rt: Runtime, prepared: Prepared) -> int | None:
 )
 async def ask(body: AskIn, request: Request, rt: RuntimeDep) -> Response:
     """Route the question, retrieve, answer with numbered citations; the route says which path and why."""
+    rt.asking += 1  # on the event loop: no other thread writes it
+    try:
+        return await _ask(body, request, rt)
+    finally:
+        rt.asking -= 1
+
+
+async def _ask(body: AskIn, request: Request, rt: Runtime) -> Response:
     if rt.ask_limiter is not None:  # one SQL upsert, off the event loop
         wait = await run_in_threadpool(rt.ask_limiter.take, request.client.host if request.client else "")
         if wait:
