@@ -293,6 +293,7 @@ class Runtime:
                 submit_question=questions.submit,
                 catalogue_version=lambda: self.catalogue.version,
                 in_flight=lambda: self.asking,
+                wide_questions=emb.has_wide_questions,
             )
             answers = AnswerCache(
                 s.answer_cache, lambda: (self.catalogue.version, indexes.position, self.lexical.builds)

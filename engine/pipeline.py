@@ -151,6 +151,7 @@ class AskPipeline:
         submit_question: Callable[[str, bool], Future[np.ndarray]] | None = None,
         catalogue_version: Callable[[], int] | None = None,
         in_flight: Callable[[], int] | None = None,
+        wide_questions: bool = False,
     ) -> None:
         self.embedder, self.index, self.lexical = embedder, index, lexical
         # (question, alone: no other question being prepared) -> its [1, D] vector to come; the
@@ -161,6 +162,7 @@ class AskPipeline:
         # requests from arrival to reply (`in_flight`), the only one there: one that is between
         # its answer and its reply still needs a core.
         self.in_flight = in_flight or (lambda: 0)
+        self.wide_questions = wide_questions  # the encoder runs a lone question on every core
         self._preparing = 0  # questions in `prepare` now (guarded by the lock)
         self._preparing_lock = threading.Lock()
         self.matrix = matrix or (lambda: None)
@@ -194,7 +196,7 @@ class AskPipeline:
         pending = self.submit_question(req.question, alone)  # [1, D] to come
         lexical = self.lexical()  # one BM25 index per question; its scores computed once
         terms = lexical.query(req.question) if lexical is not None else None
-        if terms is not None and not alone:  # alone, the model may run on every core: BM25 waits
+        if terms is not None and not (alone and self.wide_questions):  # the model on every core: BM25 waits
             _ = terms.scores  # BM25 over every chunk while the model runs (on another core when idle)
         q = pending.result()  # [1, D]
         timings["embed"] = (time.perf_counter() - t) * 1000  # the model, BM25's scores overlapped
