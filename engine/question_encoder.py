@@ -123,12 +123,12 @@ class QuestionEncoder:
             wide = self._widen(1, alone)
             self._running += 1
         try:
-            vec = (self._encode_wide if wide and self._encode_wide else self._encode)([question])  # [1, D]
+            vec = self._model(wide)([question])  # [1, D]
+            with self._cond:
+                self.stats.add(1, wide)
         finally:
             with self._cond:
                 self._running -= 1
-        with self._cond:
-            self.stats.add(1, wide)
         self._remember(question, vec)
         return done_future(vec)
 
@@ -169,6 +169,9 @@ class QuestionEncoder:
         """Whether a call of `n` questions runs wide: one question, alone, nothing else running or
         queued (called holding _cond)."""
         return self._encode_wide is not None and n == 1 and alone and self._running == 0 and not self._queue
+
+    def _model(self, wide: bool) -> Encode:
+        return self._encode_wide if wide and self._encode_wide is not None else self._encode
 
     def _submit(self, pending: _Pending) -> Future[Vectors]:
         with self._cond:
@@ -213,8 +216,7 @@ class QuestionEncoder:
 
     def _run_batch(self, batch: list[_Pending], wide: bool = False) -> None:
         try:
-            encode = self._encode_wide if wide and self._encode_wide else self._encode
-            vecs = encode([p.text for p in batch])  # [B, D]
+            vecs = self._model(wide)([p.text for p in batch])  # [B, D]
         except Exception as exc:  # isolate the failing question below
             if len(batch) == 1:
                 batch[0].future.set_exception(exc)
