@@ -2,7 +2,7 @@
 
 The gauges are computed when scraped (`Gauge.set_function`), not on every answer: an answer only
 appends its route to a bounded window (recounting a 1,000-question window on each answer took
-~0.2 ms of the GIL per question).
+~0.2 ms of the GIL per question). The question encoder's counters are read when scraped too.
 """
 
 from __future__ import annotations
@@ -10,18 +10,50 @@ from __future__ import annotations
 import math
 import threading
 from collections import Counter, deque
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PCounter
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 from engine.pipeline import Route
+from engine.question_encoder import BatchStats
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
+class _QuestionModel(Collector):
+    """The question encoder's counters since start (`BatchStats`), read when scraped; none before
+    the encoder exists."""
+
+    def __init__(self, stats: Callable[[], BatchStats | None]) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.stats()
+        if s is None:
+            return
+        calls = CounterMetricFamily(
+            "moerag_question_model_calls",
+            "Calls to the question model: 'wide' ran a lone question on every core, 'one' a batch on one",
+            labels=["threads"],
+        )
+        calls.add_metric(["one"], s.batches - s.wide)
+        calls.add_metric(["wide"], s.wide)
+        yield calls
+        yield CounterMetricFamily("moerag_questions_embedded", "Questions the model embedded", value=s.questions)
+        yield CounterMetricFamily(
+            "moerag_question_cache_hits", "Questions whose vector came from the question cache", value=s.cache_hits
+        )
+        yield GaugeMetricFamily("moerag_question_batch_largest", "Most questions in one model call", value=s.largest)
+
+
 class Metrics:
-    def __init__(self, window: int = 1000) -> None:
+    def __init__(self, window: int = 1000, question_stats: Callable[[], BatchStats | None] | None = None) -> None:
         self.registry = CollectorRegistry()
+        if question_stats is not None:
+            self.registry.register(_QuestionModel(question_stats))
         self.requests = PCounter(
             "moerag_ask_requests",
             "Questions answered, by path and expert",

@@ -112,7 +112,7 @@ class Runtime:
         self.ask_limiter = (
             RateLimiter(self.engine, settings.ask_rate_per_minute) if settings.ask_rate_per_minute else None
         )
-        self.metrics = Metrics()
+        self.metrics = Metrics(question_stats=lambda: self._services.questions.stats if self._services else None)
         self.admin_token = ""
         self.ready = False
         self.phase = "starting"  # what /readyz says before ready: "preparing" (serve --sample), "starting"

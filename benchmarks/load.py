@@ -45,6 +45,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +60,59 @@ from tests.server import Server, free_port  # the same `moerag serve` launcher t
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+class TransportError(Exception):
+    """A request that got no HTTP answer (its message: the client library's exception name)."""
+
+
+Post = Callable[[str], Awaitable[tuple[int, bytes]]]  # question -> (HTTP status, body)
+HTTP_CLIENTS = ("aiohttp", "httpx")  # the load generator's HTTP client; the first is the default
+
+
+@contextlib.asynccontextmanager
+async def _poster(url: str, clients: int, http_client: str) -> AsyncIterator[Post]:
+    """post(question) -> (status, body) over `clients` kept-alive connections; raises `TransportError`.
+
+    aiohttp by default: its C parser costs the load generator ~0.7 ms of CPU an /ask against
+    httpx's ~2.2 ms, time inside every measured latency and taken from the served cores
+    (`benchmarks/results/load-f32-http-clients.json`). httpx stays for comparison with earlier runs.
+    """
+    if http_client == "httpx":
+        limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+        async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as http:
+
+            async def post_httpx(q: str) -> tuple[int, bytes]:
+                try:
+                    r = await http.post("/ask", json={"question": q})
+                except httpx.HTTPError as exc:
+                    raise TransportError(type(exc).__name__) from exc
+                return r.status_code, r.content
+
+            yield post_httpx
+        return
+    if http_client != "aiohttp":
+        raise ValueError(f"http_client must be one of {HTTP_CLIENTS}, not {http_client!r}")
+    import aiohttp  # the `bench` extra
+
+    connector = aiohttp.TCPConnector(limit=clients)
+    async with aiohttp.ClientSession(url, connector=connector, timeout=aiohttp.ClientTimeout(total=60)) as session:
+
+        async def post_aiohttp(q: str) -> tuple[int, bytes]:
+            try:
+                async with session.post("/ask", json={"question": q}) as r:
+                    return r.status, await r.read()
+            except (aiohttp.ClientError, TimeoutError) as exc:
+                raise TransportError(type(exc).__name__) from exc
+
+        yield post_aiohttp
+
+
 async def load_level(
-    url: str, questions: list[str], clients: int, seconds: float, requests: int | None = None
+    url: str,
+    questions: list[str],
+    clients: int,
+    seconds: float,
+    requests: int | None = None,
+    http_client: str = HTTP_CLIENTS[0],
 ) -> dict[str, Any]:
     """`clients` closed-loop clients (one request in flight each) for `seconds` (or `requests` sent), one loop."""
     feed = itertools.islice(itertools.cycle(questions), requests) if requests else itertools.cycle(questions)
@@ -68,26 +120,25 @@ async def load_level(
     stage_ms: dict[str, list[float]] = {"embed": [], "route": [], "retrieve": []}  # moerag's own timings
     paths: Counter[str] = Counter()
     errors: Counter[str] = Counter()
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as http:
+    async with _poster(url, clients, http_client) as post:
         for q in questions[:3]:  # warm-up outside the measurement: lazy imports, first connections
-            await http.post("/ask", json={"question": q})
+            await post(q)
         deadline = time.monotonic() + seconds
 
         async def client() -> None:
             while time.monotonic() < deadline and (q := next(feed, None)) is not None:
                 t = time.perf_counter()
                 try:
-                    r = await http.post("/ask", json={"question": q})
-                except httpx.HTTPError as exc:
-                    errors[type(exc).__name__] += 1
+                    status, content = await post(q)
+                except TransportError as exc:
+                    errors[str(exc)] += 1
                     continue
                 ms = (time.perf_counter() - t) * 1000
-                if r.status_code != 200:
-                    errors[str(r.status_code)] += 1
+                if status != 200:
+                    errors[str(status)] += 1
                     continue
                 latencies.append(ms)
-                body = r.json()
+                body = json.loads(content)
                 if "route" in body:  # moerag
                     paths[body["route"]["path"]] += 1
                     for stage, values in stage_ms.items():
@@ -99,6 +150,7 @@ async def load_level(
     latencies.sort()
     return {
         "clients": clients,
+        "http_client": http_client,
         "requests": len(latencies),
         "errors": dict(errors),
         "seconds": round(elapsed, 1),
@@ -109,6 +161,7 @@ async def load_level(
         **{f"{stage}_ms_mean": round(statistics.mean(v), 2) if v else None for stage, v in stage_ms.items()},
         "paths": dict(paths),
         "loadgen_cpu_share": round(cpu / (elapsed * (os.cpu_count() or 1)), 3),  # of the whole machine
+        "loadgen_cpu_ms_per_request": round(cpu * 1000 / len(latencies), 2) if latencies else None,
     }
 
 
@@ -245,6 +298,7 @@ def run(
     targets: list[str] | None = None,
     pg_url: str | None = None,
     rounds: int = 1,
+    http_clients: tuple[str, ...] = HTTP_CLIENTS[:1],
 ) -> dict[str, Any]:
     """Every target (default: all; LangChain ones need `langchain`, worker ones `pg_url`) at every
     client count, `rounds` times.
@@ -254,6 +308,9 @@ def run(
     ratio between two targets compares measurements seconds apart, not a target measured minutes
     after another while the shared machine's load drifted. The price: every server's memory at
     once, and a copy of the store on disk for each moerag target after the first.
+
+    With several `http_clients`, every target's turn runs once with each (rows carry
+    `http_client`); the summary is the first one's, and `by_http_client` holds each one's.
     """
     if rounds < 1:
         raise ValueError("rounds must be at least 1")
@@ -264,6 +321,7 @@ def run(
         "seconds_per_level": seconds,
         "rounds": rounds,
         "questions": len(questions),
+        "http_clients": list(http_clients),
     }
     print("bare encode + search, in process ...", flush=True)
     floor = BareFloor(data_dir)
@@ -286,12 +344,17 @@ def run(
                 # One client: the floor again, next to this round's rows, and carried by each of them.
                 here = {"bare_p50_ms": floor.best_p50_ms(questions)} if c == 1 else {}
                 for label in labels[r % len(labels) :] + labels[: r % len(labels)]:
-                    print(f"load: {label}, {c} client(s), round {r + 1} ...", flush=True)
-                    level = asyncio.run(load_level(urls[label], questions, c, seconds, requests))
-                    rows.append({"target": label, "round": r + 1, **level, **here})
-                    print(json.dumps(rows[-1]), flush=True)
+                    for lib in http_clients:
+                        print(f"load: {label}, {c} client(s), round {r + 1}, {lib} ...", flush=True)
+                        level = asyncio.run(load_level(urls[label], questions, c, seconds, requests, lib))
+                        rows.append({"target": label, "round": r + 1, **level, **here})
+                        print(json.dumps(rows[-1]), flush=True)
     result["levels"] = rows
-    result.update(summary(rows, bare))
+    result.update(summary([r for r in rows if r["http_client"] == http_clients[0]], bare))
+    if len(http_clients) > 1:
+        result["by_http_client"] = {
+            lib: summary([r for r in rows if r["http_client"] == lib], bare) for lib in http_clients
+        }
     return result
 
 
@@ -350,6 +413,13 @@ def main() -> None:
         help="default: all",
     )
     ap.add_argument("--pg-url", help="PostgreSQL holding a copy of the store (`moerag db copy-to`): worker rows")
+    ap.add_argument(
+        "--http-client",
+        nargs="+",
+        choices=HTTP_CLIENTS,
+        default=HTTP_CLIENTS[:1],
+        help="the load generator's HTTP client; several: each level with each, in turns (the summary is the first's)",
+    )
     ap.add_argument("--log", type=Path, default=Path("load-servers.log"))
     ap.add_argument("--name", default="load", help="results file stem under benchmarks/results/")
     args = ap.parse_args()
@@ -366,6 +436,7 @@ def main() -> None:
         targets=args.targets,
         pg_url=args.pg_url,
         rounds=args.rounds,
+        http_clients=tuple(args.http_client),
     )
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2))

@@ -13,6 +13,7 @@ import weakref
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Literal, Protocol
 
 import numpy as np
@@ -22,6 +23,7 @@ from engine.expert_matrix import ExpertMatrix
 from engine.generators import GENERIC_SYSTEM_PROMPT, Generator, Passage
 from engine.lexical import Fusion, LexicalIndex, LexicalQuery, convex_fusion, reciprocal_rank_fusion
 from engine.question_encoder import done_future
+from engine.route_check import best_outside, lexical_best_outside, overruled
 from engine.router import Router
 from index import ClusteredIndex
 
@@ -232,8 +234,8 @@ class AskPipeline:
             if checked and best < cfg.expert_min_score:
                 route.path, route.reason = "fallback", "weak_expert_results"
                 route.detail = f"best scoped score {best:.2f} < {cfg.expert_min_score:.2f}: searched everything"
-            elif checked and (overruled := self._check_route(q, terms, index, scope, best, route)):
-                route.path, route.reason, route.detail = "fallback", *overruled
+            elif checked and (verdict := self._check_route(q, terms, index, scope, best, route)):
+                route.path, route.reason, route.detail = "fallback", *verdict
             elif cfg.expert_hybrid:  # BM25 over the expert's chunks, fused as on the fallback
                 citations = self._fuse(dense, terms, k, n, index, scope)
             else:
@@ -335,43 +337,17 @@ class AskPipeline:
         best: float,
         route: Route,
     ) -> tuple[str, str] | None:
-        """The route's check: (reason, detail) when the evidence outside the expert overrules it, else None.
-
-        On the dev questions the misroutes the gate is confident of are questions whose best
-        chunks lie elsewhere: a chunk outside beats the best inside, or BM25's best chunk over the
-        whole store lies outside and the best dense chunk outside comes close.
-        """
+        """The route's check (engine.route_check): (reason, detail) when the evidence outside the
+        expert overrules it, else None; what its probe scanned is added to the route's counts."""
         cfg = self.config
-        outside = self._best_outside(q, index, scope, route)
+        outside = best_outside(q, index, scope, cfg.expert_verify_lists)
         if outside is None:
             return None
+        route.vectors_scanned += outside.vectors
+        route.clusters_scanned += outside.lists
         name = route.expert.name if route.expert is not None else "?"
-        if outside > best + cfg.expert_verify_margin:
-            detail = f"a chunk outside expert {name!r} scores {outside:.3f} > {best:.3f}, the best inside"
-            return "nearer_outside_expert", detail + ": searched everything"
-        slack = cfg.expert_verify_lexical_slack
-        if slack > 0 and outside > best - slack and _lexical_best_outside(terms, index, scope):
-            detail = (
-                f"BM25's best chunk lies outside expert {name!r} and a chunk there scores {outside:.3f}, "
-                f"within {slack:.2f} of {best:.3f}, the best inside"
-            )
-            return "lexical_outside_expert", detail + ": searched everything"
-        return None
-
-    def _best_outside(self, q: np.ndarray, index: ClusteredIndex, scope: list[int], route: Route) -> float | None:
-        """The best score in the question's nearest lists *outside* the expert, probed cheaply (None: off)."""
-        probe = index.probe_budget(self.config.expert_verify_lists)
-        if probe <= 0:
-            return None
-        rest = np.ones(index.nlist, dtype=bool)  # [C]: the lists outside the expert
-        rest[scope] = False
-        lists = index.nearest_lists(q[0], np.flatnonzero(rest), probe).tolist()
-        if not lists:
-            return None
-        scores, _ = index.search(q, 1, lists)  # [1, 1]
-        route.vectors_scanned += index.scan_size(lists)[1]
-        route.clusters_scanned += len(lists)
-        return float(scores[0, 0])
+        lexical = partial(lexical_best_outside, terms, index, scope)
+        return overruled(outside.score, best, name, cfg.expert_verify_margin, cfg.expert_verify_lexical_slack, lexical)
 
     def _fuse(
         self,
@@ -407,12 +383,3 @@ class AskPipeline:
                 masks.clear()
             masks[key] = mask
         return mask
-
-
-def _lexical_best_outside(terms: LexicalQuery | None, index: ClusteredIndex, scope: list[int]) -> bool:
-    """Whether BM25's best chunk over the whole store lies outside `scope`'s lists (False: no BM25 hit)."""
-    hits = terms.search(1) if terms is not None else []
-    if not hits:
-        return False
-    (cluster,) = index.clusters_of(np.array([hits[0][0]], dtype=np.int64))
-    return int(cluster) >= 0 and int(cluster) not in scope  # -1: not in the index (yet), no witness

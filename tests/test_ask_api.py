@@ -140,9 +140,29 @@ def test_query_log_metrics_labels_and_streaming(client: TestClient, routed: dict
         "moerag_stage_seconds_bucket",
         "moerag_expert_load_imbalance",
         "moerag_routing_entropy",
+        "moerag_question_model_calls_total",
+        "moerag_questions_embedded_total",
     ):
         assert name in text, name
     assert 'path="expert"' in text
+
+
+def test_metrics_show_how_the_question_model_was_called() -> None:
+    """How often a lone question ran on every core, beside batches, cache hits and the largest batch."""
+    from prometheus_client import generate_latest
+
+    from app.metrics import Metrics
+    from engine.question_encoder import BatchStats
+
+    stats: list[BatchStats] = []
+    metrics = Metrics(question_stats=lambda: stats[0] if stats else None)
+    assert b"moerag_question" not in generate_latest(metrics.registry)  # no encoder yet: no series
+    stats.append(BatchStats(batches=5, questions=9, cache_hits=2, largest=4, wide=3))
+    text = generate_latest(metrics.registry).decode()
+    assert 'moerag_question_model_calls_total{threads="wide"} 3.0' in text
+    assert 'moerag_question_model_calls_total{threads="one"} 2.0' in text
+    assert "moerag_questions_embedded_total 9.0" in text and "moerag_question_cache_hits_total 2.0" in text
+    assert "moerag_question_batch_largest 4.0" in text
 
 
 def test_expert_admin_crud_and_proposals(client: TestClient, routed: dict[str, Any]) -> None:
@@ -305,6 +325,9 @@ def test_a_worse_router_is_trained_but_not_activated(
 def test_a_repeated_question_is_answered_from_the_cache_until_the_catalogue_changes(
     client: TestClient, routed: dict[str, Any]
 ) -> None:
+    # The fixture's last writes leave a BM25 rebuild pending; the checkpoint thread may run it at
+    # any moment, between the two asks below, and a rebuild rightly unfiles every answer: run it now.
+    client.app.state.runtime.lexical.refresh(force=True)  # type: ignore[attr-defined]
     question = {"question": "What does a checkpoint copy back into the database file?", "top_k": 5}
     first = ask(client, **question)
     again = ask(client, **question)

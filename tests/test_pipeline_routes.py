@@ -77,6 +77,7 @@ def test_forced_and_missing_router() -> None:
 def test_a_route_beaten_by_a_chunk_outside_its_expert_is_checked() -> None:
     from engine.lexical import LexicalIndex
     from engine.pipeline import Route
+    from engine.route_check import best_outside
     from index import ClusteredIndex
 
     dim = 16
@@ -89,10 +90,12 @@ def test_a_route_beaten_by_a_chunk_outside_its_expert_is_checked() -> None:
     p.config.expert_verify_lists = 4
     route = Route("expert", "confident", "", EXPERTS[1], 0.9, [], 0.7, 7)
     best = float(q[0] @ inside[0])
-    assert p._best_outside(q, index, [0], route) == pytest.approx(float(q[0] @ outside[0]))
-    assert route.clusters_scanned == 2 and route.vectors_scanned == 1  # 16 // 8 lists probed, one vector there
+    found = best_outside(q, index, [0], 4)
+    assert found is not None and found.score == pytest.approx(float(q[0] @ outside[0]))
+    assert (found.lists, found.vectors) == (2, 1)  # 16 // 8 lists probed, one vector there
     reason, detail = p._check_route(q, None, index, [0], best, route) or ("", "")
     assert reason == "nearer_outside_expert" and "0.900 > 0.436" in detail
+    assert route.clusters_scanned == 2 and route.vectors_scanned == 1  # the check's probe, counted on the route
     # A route whose best chunk is inside its expert stands.
     assert p._check_route(q, None, index, [0, 5], best, route) is None
     # An outside chunk a little *worse* than the best inside: the route stands, unless BM25's

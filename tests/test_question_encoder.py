@@ -26,9 +26,11 @@ class _Fake:
     def __init__(self, delay: float = 0.02, slow: str = "", slow_delay: float = 0.0) -> None:
         self.delay, self.slow, self.slow_delay = delay, slow, slow_delay
         self.batches: list[list[str]] = []
+        self.threads: list[str] = []  # the thread that ran each batch
 
     def __call__(self, texts: Sequence[str]) -> np.ndarray:
         self.batches.append(list(texts))
+        self.threads.append(threading.current_thread().name)
         time.sleep(self.delay + (self.slow_delay if self.slow in texts else 0.0))
         if any("boom" in t for t in texts):
             raise ValueError("cannot embed boom")
@@ -257,6 +259,10 @@ def test_a_lone_question_runs_wide_and_one_in_company_does_not(max_batch: int) -
     first.join(5)
     assert wide.batches == [["alone"], ["a first"]] and narrow.batches[-1] == ["b second"]
     assert qe.stats.wide == 2 and qe.stats.questions == 4
+    # A wide call runs in its caller's thread (nothing to batch, nothing for the caller to do);
+    # one in company, with batching on, on a batch thread.
+    assert wide.threads == [threading.main_thread().name, first.name]
+    assert narrow.threads[-1].startswith("moerag-question-batcher") == (max_batch > 1)
     qe.close()
 
 

@@ -1,0 +1,71 @@
+"""The route's check: does the evidence outside a confident expert overrule the route?
+
+On the dev questions the misroutes the gate is confident of are questions whose best chunks lie
+elsewhere: a chunk outside beats the best inside, or BM25's best chunk over the whole store lies
+outside and the best dense chunk outside comes close. The pipeline asks `overruled` after the
+expert's scoped search; a verdict sends the question to the fallback, with its reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.lexical import LexicalQuery
+from index import ClusteredIndex
+
+
+@dataclass(frozen=True)
+class Outside:
+    """The best score in the lists probed outside the expert, and what the probe scanned."""
+
+    score: float
+    lists: int
+    vectors: int
+
+
+def best_outside(q: np.ndarray, index: ClusteredIndex, scope: list[int], lists: int) -> Outside | None:
+    """q [1, D]: the best chunk in its `lists` nearest lists outside `scope` (None: off or nothing there)."""
+    probe = index.probe_budget(lists)
+    if probe <= 0:
+        return None
+    rest = np.ones(index.nlist, dtype=bool)  # [C]: the lists outside the expert
+    rest[scope] = False
+    nearest = index.nearest_lists(q[0], np.flatnonzero(rest), probe).tolist()
+    if not nearest:
+        return None
+    scores, _ = index.search(q, 1, nearest)  # [1, 1]
+    return Outside(float(scores[0, 0]), len(nearest), index.scan_size(nearest)[1])
+
+
+def lexical_best_outside(terms: LexicalQuery | None, index: ClusteredIndex, scope: list[int]) -> bool:
+    """Whether BM25's best chunk over the whole store lies outside `scope`'s lists (False: no BM25 hit)."""
+    hits = terms.search(1) if terms is not None else []
+    if not hits:
+        return False
+    (cluster,) = index.clusters_of(np.array([hits[0][0]], dtype=np.int64))
+    return int(cluster) >= 0 and int(cluster) not in scope  # -1: not in the index (yet), no witness
+
+
+def overruled(
+    outside: float, best: float, expert: str, margin: float, slack: float, lexical_outside: Callable[[], bool]
+) -> tuple[str, str] | None:
+    """(reason, detail) when `outside` (the best score outside expert `expert`) overrules `best`
+    (the best inside), else None.
+
+    A chunk outside better than the best inside by more than `margin` overrules; so does one
+    within `slack` of it when BM25's best chunk lies outside too (`lexical_outside`, asked only
+    then; 0 slack never asks).
+    """
+    if outside > best + margin:
+        detail = f"a chunk outside expert {expert!r} scores {outside:.3f} > {best:.3f}, the best inside"
+        return "nearer_outside_expert", detail + ": searched everything"
+    if slack <= 0 or outside <= best - slack or not lexical_outside():
+        return None
+    detail = (
+        f"BM25's best chunk lies outside expert {expert!r} and a chunk there scores {outside:.3f}, "
+        f"within {slack:.2f} of {best:.3f}, the best inside"
+    )
+    return "lexical_outside_expert", detail + ": searched everything"
