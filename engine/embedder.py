@@ -5,10 +5,10 @@ from __future__ import annotations
 import copy
 import logging
 import os
-import tempfile
 import threading
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch
 
 from engine.errors import NotConfigured
+from engine.onnx_questions import OnnxQuestions, QuestionTokens, export, has_onnxruntime
 
 log = logging.getLogger(__name__)
 QUESTION_RUNTIMES = ("auto", "torch", "onnxruntime")  # what serves question embeddings (compile_questions)
@@ -161,14 +162,23 @@ class Embedder:
         per-call bookkeeping (mode switch over every module, length sort, sub-batches).
         """
         model = self._question_model
-        if wide and isinstance(model, _OnnxHidden) and model.wide is not None:
-            return self._forward(texts, model.wide_call)
+        if isinstance(model, OnnxQuestions):
+            return self._onnx_forward(texts, model, wide)
         return self._forward(texts, model)
 
     @property
     def has_wide_questions(self) -> bool:
         """Whether `encode_questions(wide=True)` has several threads to run on."""
-        return isinstance(self._question_model, _OnnxHidden) and self._question_model.wide is not None
+        return isinstance(self._question_model, OnnxQuestions) and self._question_model.wide is not None
+
+    def _onnx_forward(self, texts: Sequence[str], model: OnnxQuestions, wide: bool) -> Vectors:
+        """ONNX Runtime from NumPy end to end where it has the tokens (`OnnxQuestions.embed`), else
+        fed by the model's input module as the trace is."""
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        if model.tokens is not None:
+            return _normalised_array(model.embed(texts, wide))
+        return self._forward(texts, model.wide_call if wide else model)
 
     def _forward(self, texts: Sequence[str], traced: Any) -> Vectors:
         if not texts:
@@ -204,7 +214,7 @@ class Embedder:
         if runtime not in QUESTION_RUNTIMES:
             raise ValueError(f"unknown question runtime {runtime!r}; use one of {', '.join(QUESTION_RUNTIMES)}")
         if runtime == "auto":
-            fits = self.torch_dtype == torch.float32 and self.model.device.type == "cpu" and _has_onnxruntime()
+            fits = self.torch_dtype == torch.float32 and self.model.device.type == "cpu" and has_onnxruntime()
             if fits and (decided := self.onnx_questions(wide_threads)).startswith("onnxruntime"):
                 return decided
             return self.trace_questions()  # ONNX Runtime does not fit here, or failed its export or check
@@ -234,58 +244,22 @@ class Embedder:
             return f"eager ({type(exc).__name__})"
 
     def onnx_questions(self, wide_threads: int = 1) -> str:
-        """Export the transformer to ONNX (a temporary file; dynamic batch and length) for ONNX Runtime,
-        one intra-op thread per call (the batcher runs one call per core), if it matches eager as
-        the trace must. Raises NotConfigured without the `onnx` extra; any other failure keeps eager.
-        Idempotent.
+        """Export the transformer to ONNX for ONNX Runtime (`engine.onnx_questions`), one intra-op
+        thread per call (the batcher runs one call per core), tokenized and pooled in NumPy where
+        the model allows, if it matches eager as the trace must. Raises NotConfigured without the
+        `onnx` extra; any other failure keeps eager. Idempotent.
 
         wide_threads > 1: a second session of the same graph with that many intra-op threads, for a
-        question embedded alone. Its threads spin between the parallel sections of a call (without
-        spinning, waking the second thread ate the gain) and stop when the call ends (spinning on
-        after it cost the server's tail at one client: p95 +1.5 to +5.9 ms). On a 2-core AMD
-        EPYC, one dev question: p50 7.6 -> 5.6 ms with 2 threads (7.9 ms without spinning), the
-        same vectors to the bit.
+        question embedded alone. On a 2-core AMD EPYC, one dev question: p50 7.6 -> 5.6 ms with 2
+        threads (7.9 ms without spinning inside a call), the same vectors to the bit.
         """
         if "onnxruntime" in self._compiled:
             return self._use("onnxruntime")
+        if not has_onnxruntime():
+            raise NotConfigured("the onnxruntime question runtime needs the onnx extra: pip install 'moerag[onnx]'")
         try:
-            import onnx  # noqa: F401 - torch's exporter needs it
-            import onnxruntime
-        except ImportError:
-            raise NotConfigured(
-                "the onnxruntime question runtime needs the onnx extra: pip install 'moerag[onnx]'"
-            ) from None
-        try:
-            ids, mask = self._example()
-            axes = {0: "batch", 1: "tokens"}
-
-            def options(threads: int) -> Any:
-                opts = onnxruntime.SessionOptions()
-                opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-                opts.log_severity_level = 3  # errors only
-                return opts
-
-            with tempfile.TemporaryDirectory() as tmp, torch.inference_mode(), warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # the exporter's notes on shape branches: checked below instead
-                path = Path(tmp) / "question-model.onnx"
-                torch.onnx.export(
-                    _Hidden(self._transformer()).eval(),
-                    (ids, mask),
-                    path,
-                    input_names=["ids", "mask"],
-                    output_names=["hidden"],
-                    dynamic_axes={"ids": axes, "mask": axes, "hidden": axes},
-                    opset_version=17,
-                    dynamo=False,
-                )
-                cpu = ["CPUExecutionProvider"]
-                session = onnxruntime.InferenceSession(str(path), options(1), providers=cpu)
-                wide = None
-                if wide_threads > 1:
-                    opts = options(wide_threads)
-                    opts.add_session_config_entry("session.force_spinning_stop", "1")  # no spinning between calls
-                    wide = onnxruntime.InferenceSession(str(path), opts, providers=cpu)
-            return self._adopt(_OnnxHidden(session, wide), "onnxruntime")
+            session, wide = export(_Hidden(self._transformer()).eval(), *self._example(), wide_threads)
+            return self._adopt(OnnxQuestions(session, wide, QuestionTokens.of(self.model)), "onnxruntime")
         except Exception as exc:
             log.warning("question model not exported to ONNX (%s: %s); eager PyTorch serves", type(exc).__name__, exc)
             return f"eager ({type(exc).__name__})"
@@ -305,10 +279,14 @@ class Embedder:
         to 300 words, alone and together; returns what was decided, for the log."""
         probes = ["hi", "How do I undo the last commit but keep my changes?", "word " * 300]
         eager = np.vstack([self.encode([p]) for p in probes] + [self.encode(probes)])  # [2P, D]
-        runs = [candidate] + ([candidate.wide_call] if isinstance(candidate, _OnnxHidden) and candidate.wide else [])
+        runs: list[Callable[[Sequence[str]], Vectors]] = [partial(self._forward, traced=candidate)]
+        if isinstance(candidate, OnnxQuestions):  # as `encode_questions` serves, one thread and wide
+            runs = [
+                partial(self._onnx_forward, model=candidate, wide=w) for w in (False, True)[: 1 + bool(candidate.wide)]
+            ]
         diff = 0.0
         for run in runs:  # each way the candidate serves must match
-            got = np.vstack([self._forward([p], run) for p in probes] + [self._forward(probes, run)])
+            got = np.vstack([run([p]) for p in probes] + [run(probes)])
             diff = max(diff, float(np.abs(got - eager).max()))
         tolerance = 1e-4 if self.torch_dtype == torch.float32 else 1e-2
         if diff > tolerance:
@@ -346,33 +324,12 @@ class _Hidden(torch.nn.Module):
         return self.bert(input_ids=ids, attention_mask=mask).last_hidden_state  # [N, L, H]
 
 
-class _OnnxHidden:
-    """`_Hidden` run by an ONNX Runtime session (thread-safe; it releases the GIL while it runs);
-    `wide_call` runs the same graph on `wide`, a session with several intra-op threads, if any."""
-
-    def __init__(self, session: Any, wide: Any = None) -> None:
-        self.session, self.wide = session, wide
-
-    def __call__(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return _run_onnx(self.session, ids, mask)
-
-    def wide_call(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return _run_onnx(self.wide or self.session, ids, mask)
-
-
-def _run_onnx(session: Any, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    feeds = {"ids": ids.numpy().astype(np.int64), "mask": mask.numpy().astype(np.int64)}  # [N, L] each
-    return torch.from_numpy(session.run(None, feeds)[0])  # [N, L, H]
-
-
-def _has_onnxruntime() -> bool:
-    import importlib.util
-
-    return all(importlib.util.find_spec(m) is not None for m in ("onnx", "onnxruntime"))
-
-
 def _normalised(out: torch.Tensor) -> Vectors:
     """[N, D] model output -> float32 numpy, L2-normalised (inner product = cosine)."""
-    vecs = out.float().cpu().numpy()  # [N, D]
+    return _normalised_array(out.float().cpu().numpy())
+
+
+def _normalised_array(vecs: npt.NDArray[np.float32]) -> Vectors:
+    """[N, D] -> float32, L2-normalised."""
     norms = np.linalg.norm(vecs, axis=1, keepdims=True)  # [N, 1]
     return np.ascontiguousarray(vecs / np.maximum(norms, 1e-12), dtype=np.float32)

@@ -116,8 +116,8 @@ class QuestionEncoder:
         runs wide).
         alone: no other answer is in flight, so the model may take every core (`encode_wide`). A
         wide call has no batch to wait for and its caller nothing to do meanwhile, so it runs in
-        the caller's thread: handing it to a batch thread and back cost ~0.3 ms (p50 5.37 ms
-        against 4.62, `benchmarks/question_model.py --hop`)."""
+        the caller's thread: handing it to a batch thread and back cost ~0.3 ms a question
+        (`benchmarks/question_path.py`)."""
         hit = self._cached(question)
         if hit is not None:
             return done_future(hit)

@@ -229,6 +229,30 @@ def test_each_question_runtime_gives_the_eager_vectors(runtime: str) -> None:
     assert np.abs(np.vstack([emb.encode_questions([t]) for t in texts]) - eager).max() < 1e-4
 
 
+def test_the_numpy_question_path_reads_the_text_as_the_model_does() -> None:
+    """ONNX Runtime is fed by the model's Rust tokenizer, set up once: the same ids and mask as the
+    input module makes (truncated to the window, padded to the longest), and NumPy's mean pooling
+    gives the input module + torch pooling's vectors."""
+    from engine.onnx_questions import OnnxQuestions, QuestionTokens
+
+    emb = Embedder(dtype="float32")
+    assert emb.compile_questions("onnxruntime").startswith("onnxruntime")
+    model = emb._question_model
+    assert isinstance(model, OnnxQuestions) and model.tokens is not None  # all-MiniLM: mean pooling, a Rust tokenizer
+    texts = ["", "  What IS a rebase?\n", "Ünïcödé — naïve café?", "a\tb", "word " * 300, "git rebase -i HEAD~3"]
+    made = emb._input_module().preprocess(texts)
+    ids, mask = model.tokens(texts)  # [N, L] each
+    assert ids.shape == (len(texts), 256)  # the 300 words truncated to the window, the rest padded to it
+    assert np.array_equal(ids, made["input_ids"].numpy()) and np.array_equal(mask, made["attention_mask"].numpy())
+    assert np.abs(emb.encode_questions(texts) - emb._forward(texts, model)).max() < 1e-6  # NumPy vs torch pooling
+    # A model that pools otherwise keeps the input module's path.
+    emb.model[1].pooling_mode = "cls"
+    try:
+        assert QuestionTokens.of(emb.model) is None
+    finally:
+        emb.model[1].pooling_mode = "mean"
+
+
 def test_onnxruntime_on_several_threads_gives_the_same_vectors() -> None:
     """The wide session (a lone question on every core) serves exactly the one-thread session's vectors."""
     emb = Embedder(dtype="float32")
