@@ -281,9 +281,8 @@ class Embedder:
         eager = np.vstack([self.encode([p]) for p in probes] + [self.encode(probes)])  # [2P, D]
         runs: list[Callable[[Sequence[str]], Vectors]] = [partial(self._forward, traced=candidate)]
         if isinstance(candidate, OnnxQuestions):  # as `encode_questions` serves, one thread and wide
-            runs = [
-                partial(self._onnx_forward, model=candidate, wide=w) for w in (False, True)[: 1 + bool(candidate.wide)]
-            ]
+            ways = (False, True) if candidate.wide is not None else (False,)
+            runs = [partial(self._onnx_forward, model=candidate, wide=w) for w in ways]
         diff = 0.0
         for run in runs:  # each way the candidate serves must match
             got = np.vstack([run([p]) for p in probes] + [run(probes)])

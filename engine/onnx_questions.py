@@ -31,17 +31,20 @@ def has_onnxruntime() -> bool:
 class QuestionTokens:
     """texts -> (ids, mask) [N, L] int64, as the model's input module would make them.
 
-    A copy of the model's Rust tokenizer (`tokenizers.Tokenizer`) set up once for serving: no
-    per-call reconfiguration (which made the Python tokenizer state per call), so threads share it.
+    A copy of the model's Rust tokenizer (`tokenizers.Tokenizer`) set up once for serving (its
+    truncation to the window), so threads share it: the Python wrapper reconfigured it on every
+    call. Each text is encoded alone and the batch padded here: `encode_batch` hands even eight
+    short questions to its thread pool (0.48 ms against 0.28 ms for eight `encode` calls, and the
+    pool's threads take the core the other batch runs on).
     """
 
-    def __init__(self, backend: Any, max_length: int, pad_id: int, pad_token: str, lower: bool) -> None:
+    def __init__(self, backend: Any, max_length: int, pad_id: int, lower: bool) -> None:
         from tokenizers import Tokenizer
 
         self.tokenizer = Tokenizer.from_str(backend.to_str())  # its own copy: settings below are its own
+        self.tokenizer.no_padding()
         self.tokenizer.enable_truncation(max_length=max_length)
-        self.tokenizer.enable_padding(pad_id=pad_id, pad_token=pad_token)
-        self.lower = lower
+        self.pad_id, self.lower = pad_id, lower
 
     @classmethod
     def of(cls, model: Any) -> QuestionTokens | None:
@@ -53,17 +56,20 @@ class QuestionTokens:
         first, pooling = model[0], model[1]
         tok: Any = getattr(first, "tokenizer", None)
         backend = getattr(tok, "backend_tokenizer", None)
-        if getattr(pooling, "pooling_mode", None) != "mean" or backend is None or tok.pad_token is None:
+        if getattr(pooling, "pooling_mode", None) != "mean" or backend is None or tok.pad_token_id is None:
             return None
         lower = bool(getattr(first, "do_lower_case", False))
-        return cls(backend, int(first.max_seq_length), int(tok.pad_token_id), str(tok.pad_token), lower)
+        return cls(backend, int(first.max_seq_length), int(tok.pad_token_id), lower)
 
     def __call__(self, texts: Sequence[str]) -> tuple[Ids, Ids]:
         # As the input module prepares them: stripped, lower-cased where the model says so.
-        prepared = [t.strip().lower() if self.lower else t.strip() for t in texts]
-        enc = self.tokenizer.encode_batch(prepared)
-        ids = np.array([e.ids for e in enc], dtype=np.int64)  # [N, L]
-        mask = np.array([e.attention_mask for e in enc], dtype=np.int64)  # [N, L]
+        rows = [self.tokenizer.encode(t.strip().lower() if self.lower else t.strip()).ids for t in texts]
+        width = max((len(r) for r in rows), default=0)
+        ids = np.full((len(rows), width), self.pad_id, dtype=np.int64)  # [N, L], padded on the right
+        mask = np.zeros((len(rows), width), dtype=np.int64)  # [N, L]
+        for i, row in enumerate(rows):
+            ids[i, : len(row)] = row
+            mask[i, : len(row)] = 1
         return ids, mask
 
 
