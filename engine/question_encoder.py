@@ -195,17 +195,20 @@ class QuestionEncoder:
     def _next_batch(self) -> tuple[list[_Pending], bool] | None:
         """The next batch and whether it runs wide; counted as running until `_run_batch` ends."""
         with self._cond:
-            while not self._queue and not self._closed:
-                self._cond.wait()
-            if not self._queue:
-                return None  # closed and drained
-            if self.max_wait > 0:
-                deadline = time.monotonic() + self.max_wait
-                while len(self._queue) < self.max_batch and not self._closed:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._cond.wait(left)
+            while True:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:
+                    return None  # closed and drained
+                if self.max_wait > 0:
+                    deadline = time.monotonic() + self.max_wait
+                    while len(self._queue) < self.max_batch and not self._closed:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            break
+                        self._cond.wait(left)
+                if self._queue:  # another worker may have taken them all while this one waited for more
+                    break
             batch = self._queue[: self.max_batch]
             del self._queue[: self.max_batch]
             wide = self._widen(len(batch), batch[0].alone)

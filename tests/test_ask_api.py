@@ -325,9 +325,10 @@ def test_a_worse_router_is_trained_but_not_activated(
 def test_a_repeated_question_is_answered_from_the_cache_until_the_catalogue_changes(
     client: TestClient, routed: dict[str, Any]
 ) -> None:
-    # The fixture's last writes leave a BM25 rebuild pending; the checkpoint thread may run it at
-    # any moment, between the two asks below, and a rebuild rightly unfiles every answer: run it now.
-    client.app.state.runtime.lexical.refresh(force=True)  # type: ignore[attr-defined]
+    # Writes leave a BM25 rebuild pending; the checkpoint thread may run it at any moment, between
+    # two asks below, and a rebuild rightly unfiles every answer: run it at once after each write.
+    settle = client.app.state.runtime.lexical.refresh  # type: ignore[attr-defined]
+    settle(force=True)
     question = {"question": "What does a checkpoint copy back into the database file?", "top_k": 5}
     first = ask(client, **question)
     again = ask(client, **question)
@@ -338,6 +339,7 @@ def test_a_repeated_question_is_answered_from_the_cache_until_the_catalogue_chan
     # Any catalogue change (here a new document) makes every older entry unreachable.
     doc = topic_doc("sqlite", 77, 2).replace("SQLite", "The checkpoint copies the WAL back. SQLite")
     assert client.post("/documents", json={"text": doc, "source": "new.md"}, headers=AUTH).status_code == 201
+    settle(force=True)
     fresh = ask(client, **question)
     assert "embed" in fresh["timings_ms"] and fresh["route"]["catalogue_version"] > first["route"]["catalogue_version"]
     assert "cached" in ask(client, **question)["timings_ms"]  # and the new state is cached in turn

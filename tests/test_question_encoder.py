@@ -108,6 +108,21 @@ def test_the_cache_answers_repeats_without_the_model_and_shares_no_writable_arra
     assert len(fake.batches) == 4
 
 
+def test_a_worker_that_waited_for_more_and_found_none_left_waits_again() -> None:
+    """Two workers waiting for a batch to fill: the first to time out takes every question; the
+    other finds the queue empty and must wait again, not die (it did: IndexError, its thread gone)."""
+    fake = _Fake(delay=0.0)
+    qe = QuestionEncoder(fake, max_batch=8, max_wait_ms=100, cache_size=0, workers=2)
+    first = qe.submit("first")
+    time.sleep(0.01)  # the first worker is waiting for more; the second wakes for this one, waits too
+    second = qe.submit("second")
+    assert first.result(5) is not None and second.result(5) is not None
+    time.sleep(0.25)  # past both deadlines
+    assert all(t.is_alive() for t in qe._threads)
+    assert qe.submit("third").result(5) is not None
+    qe.close()
+
+
 def test_a_submitted_question_leaves_its_caller_free_until_the_vector_is_needed() -> None:
     fake = _Fake(delay=0.2)
     qe = QuestionEncoder(fake, max_batch=4, cache_size=4)
