@@ -1,11 +1,11 @@
 """The question model on ONNX Runtime, fed and pooled in NumPy (the `onnx` extra).
 
 `Embedder.onnx_questions` exports the transformer once (`export`) and serves questions from an
-`OnnxQuestions`: the model's own Rust tokenizer, configured once (truncation to the window,
-padding to the longest text), ONNX Runtime on the NumPy arrays, and the model's mean pooling in
-NumPy. sentence-transformers' input module and its torch pooling cost ~0.9 ms a call on two
-AMD EPYC cores (p50 7.27 against 6.34 ms for one question), all of it under the GIL; the ids
-are the same and the vectors within 6e-8 (`Embedder._adopt` checks every way against eager).
+`OnnxQuestions`: the model's own Rust tokenizer, configured once (`QuestionTokens`), ONNX Runtime
+on the NumPy arrays, and the model's mean pooling in NumPy. sentence-transformers' input module
+and its torch pooling cost ~1 ms a question more on two AMD EPYC cores (p50 7.89 against 6.81
+ms, paired: `benchmarks/question_path.py`), all of it under the GIL; the ids are the same and
+the vectors within 6e-8 (`Embedder._adopt` checks every way against eager).
 """
 
 from __future__ import annotations
