@@ -350,11 +350,10 @@ def run(
                         rows.append({"target": label, "round": r + 1, **level, **here})
                         print(json.dumps(rows[-1]), flush=True)
     result["levels"] = rows
-    result.update(summary([r for r in rows if r["http_client"] == http_clients[0]], bare))
+    by_client = {lib: summary([r for r in rows if r["http_client"] == lib], bare) for lib in http_clients}
+    result.update(by_client[http_clients[0]])
     if len(http_clients) > 1:
-        result["by_http_client"] = {
-            lib: summary([r for r in rows if r["http_client"] == lib], bare) for lib in http_clients
-        }
+        result["by_http_client"] = by_client
     return result
 
 

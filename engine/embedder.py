@@ -154,8 +154,9 @@ class Embedder:
         `onnx_questions` built one (`wide_threads` > 1); for a question embedded while nothing
         else runs, so the other cores are idle. The same vectors either way (checked at start).
 
-        Takes no lock: each thread tokenizes with its own copy of the input module, and an
-        inference-mode forward pass changes no state, so several threads run the model at once.
+        Takes no lock: ONNX Runtime is fed by one Rust tokenizer set up once (`QuestionTokens`),
+        any other model by each thread's own copy of the input module, and an inference-mode
+        forward pass changes no state, so several threads run the model at once.
         The transformer runs as a frozen TorchScript trace when `trace_questions()` built one
         (the whole forward in C++: it holds the GIL for none of it, where eager PyTorch held
         it for most of a one-question pass); otherwise eager, skipping `SentenceTransformer.encode`'s

@@ -82,21 +82,22 @@ class OnnxQuestions:
         self.session, self.wide, self.tokens = session, wide, tokens
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(self._run(self.session, ids.numpy(), mask.numpy()))
+        return torch.from_numpy(self.hidden(ids.numpy(), mask.numpy()))
 
     def wide_call(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return torch.from_numpy(self._run(self.wide or self.session, ids.numpy(), mask.numpy()))
+        return torch.from_numpy(self.hidden(ids.numpy(), mask.numpy(), wide=True))
 
     def embed(self, texts: Sequence[str], wide: bool = False) -> npt.NDArray[np.float32]:
         """texts -> [N, H] mean of each text's token states (not normalised); needs `tokens`."""
         assert self.tokens is not None, "no tokenizer for the NumPy path"
         ids, mask = self.tokens(texts)  # [N, L] each
-        hidden = self._run(self.wide or self.session if wide else self.session, ids, mask)  # [N, L, H]
+        hidden = self.hidden(ids, mask, wide)  # [N, L, H]
         weights = mask[:, :, None].astype(np.float32)  # [N, L, 1]
         return (hidden * weights).sum(1) / np.maximum(weights.sum(1), 1e-9)  # [N, H]
 
-    @staticmethod
-    def _run(session: Any, ids: npt.NDArray[Any], mask: npt.NDArray[Any]) -> npt.NDArray[np.float32]:
+    def hidden(self, ids: npt.NDArray[Any], mask: npt.NDArray[Any], wide: bool = False) -> npt.NDArray[np.float32]:
+        """(ids, mask) [N, L] -> hidden states [N, L, H], on the wide session when asked and built."""
+        session = self.wide if wide and self.wide is not None else self.session
         feeds = {"ids": ids.astype(np.int64, copy=False), "mask": mask.astype(np.int64, copy=False)}  # [N, L]
         return np.asarray(session.run(None, feeds)[0])  # [N, L, H]
 

@@ -122,19 +122,22 @@ class QuestionEncoder:
         if hit is not None:
             return done_future(hit)
         with self._cond:
+            if self._closed:
+                raise RuntimeError("the question encoder is closed")
             wide = self._widen(1, alone)
             here = wide or self.max_batch == 1
             if here:
                 self._running += 1
         if not here:
             return self._submit(_Pending(question, Future(), alone))  # the batch thread remembers it
+        vec = None
         try:
             vec = self._model(wide)([question])  # [1, D]
-            with self._cond:
-                self.stats.add(1, wide)
         finally:
-            with self._cond:
+            with self._cond:  # one lock for both: the count, and the stats of a call that returned
                 self._running -= 1
+                if vec is not None:
+                    self.stats.add(1, wide)
         self._remember(question, vec)
         return done_future(vec)
 
@@ -200,13 +203,7 @@ class QuestionEncoder:
                     self._cond.wait()
                 if not self._queue:
                     return None  # closed and drained
-                if self.max_wait > 0:
-                    deadline = time.monotonic() + self.max_wait
-                    while len(self._queue) < self.max_batch and not self._closed:
-                        left = deadline - time.monotonic()
-                        if left <= 0:
-                            break
-                        self._cond.wait(left)
+                self._wait_for_more()
                 if self._queue:  # another worker may have taken them all while this one waited for more
                     break
             batch = self._queue[: self.max_batch]
@@ -214,6 +211,15 @@ class QuestionEncoder:
             wide = self._widen(len(batch), batch[0].alone)
             self._running += 1
             return batch, wide
+
+    def _wait_for_more(self) -> None:
+        """Up to `max_wait` for the queue to fill a batch (called holding _cond, which waiting releases)."""
+        deadline = time.monotonic() + self.max_wait
+        while len(self._queue) < self.max_batch and not self._closed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._cond.wait(left)
 
     def _run(self) -> None:
         while (next_batch := self._next_batch()) is not None:

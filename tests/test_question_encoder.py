@@ -136,12 +136,16 @@ def test_a_submitted_question_leaves_its_caller_free_until_the_vector_is_needed(
     qe.close()
 
 
-def test_closed_encoder_refuses_new_questions() -> None:
-    qe = QuestionEncoder(_Fake(delay=0), max_batch=4)
+@pytest.mark.parametrize("max_batch", [4, 1])
+def test_closed_encoder_refuses_new_questions(max_batch: int) -> None:
+    """Whichever thread would run it: a batch thread, the caller's (no batching, or a lone question)."""
+    qe = QuestionEncoder(_Fake(delay=0), max_batch=max_batch, encode_wide=_Fake(delay=0))
     assert qe.encode("x")[0, 0] == 1
     qe.close()
     with pytest.raises(RuntimeError):
         qe.encode("new question")
+    with pytest.raises(RuntimeError):
+        qe.submit("a lone new question", alone=True)
 
 
 def test_batched_answers_equal_unbatched_ones_on_the_real_pipeline(tmp_path: Path) -> None:
