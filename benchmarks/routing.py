@@ -30,6 +30,7 @@ from benchmarks.evalcorpus import FAQ_PAGES, domain_of, is_hit, load_questions
 from benchmarks.routing_report import DOMAINS, domain_leakage, markdown, page_experts, route_losses, router_figures
 
 RESULTS = Path(__file__).resolve().parent / "results"
+QUESTION_SETS = Path(__file__).resolve().parent / "questions"  # written by hand, never used to choose (README there)
 ROUTED = "routed (served pipeline)"
 
 
@@ -326,6 +327,14 @@ def evaluate(
     return Evaluation(result, ranked, q_vecs, domain_clusters, hybrid, resolve, rt)
 
 
+def also(rt: Any, path: Path) -> dict[str, Any]:
+    """One more question set, scored as the main one is, on the router the main run left active."""
+    print(f"scoring {path} ...", flush=True)
+    result = evaluate(rt, load_questions(path), train=False, latency_questions=0).result
+    result["questions_file"] = str(path)
+    return result
+
+
 def percentile(sorted_values: list[float], p: float) -> float:
     """Nearest-rank percentile of an ascending list."""
     if not sorted_values:
@@ -361,7 +370,16 @@ def main() -> None:
     )
     ap.add_argument("--latency-questions", type=int, default=100)
     ap.add_argument("--lexical-weights", default="", help="BM25 weights to sweep, e.g. 0,0.1,0.25,0.5")
-    ap.add_argument("--name", default="routing", help="results file stem under benchmarks/results/")
+    ap.add_argument("--name", default="routing", help="results file stem")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="where the results go (default benchmarks/results/)")
+    ap.add_argument(
+        "--also",
+        type=Path,
+        nargs="*",
+        default=sorted(QUESTION_SETS.glob("*.jsonl")),
+        help="more question sets scored in the same run, on the same store and router, after the main set "
+        "(results under `also`); default: benchmarks/questions/*.jsonl, none with a bare --also",
+    )
     args = ap.parse_args()
 
     from app.runtime import Runtime
@@ -399,16 +417,17 @@ def main() -> None:
             lexical_weights=tuple(float(w) for w in args.lexical_weights.split(",") if w),
         )
         result = ev.result
+        result["also"] = {path.stem: also(rt, path) for path in args.also}
         result["ingest"] = ingest
         result["reference"] = ref_info
         result["model"] = {"name": embedder.name, "dtype": embedder.dtype_name}
         result["command"] = " ".join(["python", *sys.argv])
     finally:
         rt.close()
-    RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2))
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / f"{args.name}.json").write_text(json.dumps(result, indent=2))
     report = markdown(result) + "\n\n```json\n" + json.dumps(result, indent=2) + "\n```\n"
-    (RESULTS / f"{args.name}.md").write_text(report)
+    (args.results / f"{args.name}.md").write_text(report)
     print(markdown(result))
 
 

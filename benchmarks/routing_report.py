@@ -205,4 +205,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines += ["", "| domain (questions) | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for d, row in domains.items():
         lines.append(f"| {d} ({row['questions']}) | " + " | ".join(str(row[n]) for n in names) + " |")
+    for name, sub in result.get("also", {}).items():
+        lines += ["", f"### Also: {name} ({sub['corpus']['questions']} questions, the same store and router)", ""]
+        lines.append(markdown(sub))
     return "\n".join(lines)

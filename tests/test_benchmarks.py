@@ -254,3 +254,27 @@ def test_route_losses_list_the_questions_the_modes_disagree_on_with_their_route(
         "hybrid": 2,
         "oracle": 2,
     }
+
+
+def test_routing_scores_more_question_sets_in_the_same_run(tmp_path: Path) -> None:
+    """`routing.py --also`: another question set, scored on the same store and router after the main one."""
+    corpus = write_corpus(tmp_path)
+    questions = tmp_path / "questions.jsonl"
+    also = tmp_path / "unseen-tiny.jsonl"
+    also.write_text("".join(line for line in questions.read_text().splitlines(keepends=True)[:2]))
+    results = tmp_path / "results"
+    cmd = [sys.executable, "benchmarks/routing.py", "--data-dir", str(tmp_path / "data"), "--corpus", str(corpus)]
+    cmd += ["--questions", str(questions), "--no-faq-blind", "--no-reference", "--latency-questions", "0"]
+    cmd += ["--name", "tiny", "--results", str(results), "--also", str(also)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MOERAG_CLUSTERS": "3", "MOERAG_ROUTER_SAMPLES": "300"}
+    run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+
+    result = json.loads((results / "tiny.json").read_text())
+    assert result["corpus"]["questions"] == len(QUESTIONS)
+    (name, sub), *rest = result["also"].items()
+    assert name == "unseen-tiny" and not rest and sub["questions_file"] == str(also)
+    assert sub["corpus"]["questions"] == 2 and sub["corpus"]["chunks"] == result["corpus"]["chunks"]
+    assert sub["router"]["version"] == result["router"]["version"]  # the router the main run trained
+    assert sub["retrieval"]["global dense (exact)"]["hit@10"] == 1.0  # one short section each: found
+    assert "### Also: unseen-tiny (2 questions" in (results / "tiny.md").read_text()
