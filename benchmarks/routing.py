@@ -378,7 +378,8 @@ def main() -> None:
         nargs="*",
         default=sorted(QUESTION_SETS.glob("*.jsonl")),
         help="more question sets scored in the same run, on the same store and router, after the main set "
-        "(results under `also`); default: benchmarks/questions/*.jsonl, none with a bare --also",
+        "(results under `also`; the main set itself is skipped); default: benchmarks/questions/*.jsonl, none "
+        "with a bare --also",
     )
     args = ap.parse_args()
 
@@ -417,7 +418,8 @@ def main() -> None:
             lexical_weights=tuple(float(w) for w in args.lexical_weights.split(",") if w),
         )
         result = ev.result
-        result["also"] = {path.stem: also(rt, path) for path in args.also}
+        again = args.questions.resolve() if args.questions is not None else None  # scored already
+        result["also"] = {path.stem: also(rt, path) for path in args.also if path.resolve() != again}
         result["ingest"] = ingest
         result["reference"] = ref_info
         result["model"] = {"name": embedder.name, "dtype": embedder.dtype_name}

@@ -265,7 +265,7 @@ def test_routing_scores_more_question_sets_in_the_same_run(tmp_path: Path) -> No
     results = tmp_path / "results"
     cmd = [sys.executable, "benchmarks/routing.py", "--data-dir", str(tmp_path / "data"), "--corpus", str(corpus)]
     cmd += ["--questions", str(questions), "--no-faq-blind", "--no-reference", "--latency-questions", "0"]
-    cmd += ["--name", "tiny", "--results", str(results), "--also", str(also)]
+    cmd += ["--name", "tiny", "--results", str(results), "--also", str(also), str(questions)]  # itself: skipped
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "MOERAG_CLUSTERS": "3", "MOERAG_ROUTER_SAMPLES": "300"}
     run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
