@@ -122,6 +122,7 @@ class Evaluation:
     hybrid: list[list[tuple[str, str]]]
     resolve: Callable[[np.ndarray], list[tuple[str, str]]]
     rt: Any
+    experts: dict[str, int]  # domain -> its expert's id, as `setup_experts` mapped the store
 
 
 def served(rt: Any, questions: list[dict[str, str]], **kw: Any) -> tuple[list[list[tuple[str, str]]], list[Any]]:
@@ -150,12 +151,16 @@ def evaluate(
     reference: list[list[tuple[str, str]]] | None = None,
     faq_blind: bool = False,
     lexical_weights: tuple[float, ...] = (),
+    experts: dict[str, int] | None = None,
 ) -> Evaluation:
     """Every moerag retrieval mode, the router's quality and /ask latency, on a started Runtime.
 
     reference: the plain reference pipeline's top 10 per question (benchmarks/reference.py).
     faq_blind: also train a router with the FAQ pages left out of its data and score it again.
     lexical_weights: BM25 weights to sweep (routed, fallback and oracle hit@10 for each).
+    experts: each domain's expert, when an earlier evaluation of this run mapped the store (its
+    `experts`): the store is neither mapped again (a read and placement of every chunk) nor its
+    leakage measured again (`leakage` is None; the earlier result has it).
     """
     from fastapi.testclient import TestClient
 
@@ -168,9 +173,10 @@ def evaluate(
         rt.indexes.recluster()
         stats = rt.stats()
     print(f"{stats['chunks']} chunks in {stats['clusters']} clusters", flush=True)
-    ids = setup_experts(rt)
-    leakage = domain_leakage(rt, ids)
-    print(json.dumps({"leakage": leakage}), flush=True)
+    ids = experts if experts is not None else setup_experts(rt)
+    leakage = domain_leakage(rt, ids) if experts is None else None
+    if leakage is not None:
+        print(json.dumps({"leakage": leakage}), flush=True)
     t0 = time.perf_counter()
     if train:
         print("training the router ...", flush=True)
@@ -324,13 +330,14 @@ def evaluate(
     result["routed_minus"] = {
         name: paired_difference(routed_first, first_hits(r, questions)) for name, r in ranked.items() if name != ROUTED
     }
-    return Evaluation(result, ranked, q_vecs, domain_clusters, hybrid, resolve, rt)
+    return Evaluation(result, ranked, q_vecs, domain_clusters, hybrid, resolve, rt, ids)
 
 
-def also(rt: Any, path: Path) -> dict[str, Any]:
-    """One more question set, scored as the main one is, on the router the main run left active."""
+def also(rt: Any, path: Path, experts: dict[str, int]) -> dict[str, Any]:
+    """One more question set, scored as the main one is, on the store as the main run mapped it
+    (`experts`) and the router it left active."""
     print(f"scoring {path} ...", flush=True)
-    result = evaluate(rt, load_questions(path), train=False, latency_questions=0).result
+    result = evaluate(rt, load_questions(path), train=False, latency_questions=0, experts=experts).result
     result["questions_file"] = str(path)
     return result
 
@@ -382,6 +389,10 @@ def main() -> None:
         "with a bare --also",
     )
     args = ap.parse_args()
+    again = args.questions.resolve() if args.questions is not None else None  # the main set: scored already
+    also_sets = [path for path in args.also if path.resolve() != again]
+    if len({path.stem for path in also_sets}) < len(also_sets):  # results are keyed by file name
+        ap.error(f"--also: two sets share a file name: {[str(p) for p in also_sets]}")
 
     from app.runtime import Runtime
     from app.settings import Settings
@@ -418,8 +429,7 @@ def main() -> None:
             lexical_weights=tuple(float(w) for w in args.lexical_weights.split(",") if w),
         )
         result = ev.result
-        again = args.questions.resolve() if args.questions is not None else None  # scored already
-        result["also"] = {path.stem: also(rt, path) for path in args.also if path.resolve() != again}
+        result["also"] = {path.stem: also(rt, path, ev.experts) for path in also_sets}
         result["ingest"] = ingest
         result["reference"] = ref_info
         result["model"] = {"name": embedder.name, "dtype": embedder.dtype_name}

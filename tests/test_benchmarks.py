@@ -276,5 +276,15 @@ def test_routing_scores_more_question_sets_in_the_same_run(tmp_path: Path) -> No
     assert name == "unseen-tiny" and not rest and sub["questions_file"] == str(also)
     assert sub["corpus"]["questions"] == 2 and sub["corpus"]["chunks"] == result["corpus"]["chunks"]
     assert sub["router"]["version"] == result["router"]["version"]  # the router the main run trained
+    assert result["leakage"] is not None and sub["leakage"] is None  # the store was mapped and measured once
     assert sub["retrieval"]["global dense (exact)"]["hit@10"] == 1.0  # one short section each: found
     assert "### Also: unseen-tiny (2 questions" in (results / "tiny.md").read_text()
+
+
+def test_routing_refuses_two_question_sets_of_one_name_before_any_work(tmp_path: Path) -> None:
+    """Results are keyed by file name: a second `x.jsonl` would silently replace the first."""
+    sets = [tmp_path / d / "x.jsonl" for d in ("a", "b")]
+    cmd = [sys.executable, "benchmarks/routing.py", "--data-dir", str(tmp_path / "data"), "--also", *map(str, sets)]
+    run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "two sets share a file name" in run.stderr
+    assert not (tmp_path / "data").exists()  # refused before a store was opened
