@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import torch
+from scipy.special import erf
 from torch import nn
 
 from engine.adapter import adapt
@@ -25,6 +26,7 @@ from kernels import gate_topk
 VOTE_CHUNKS = 5  # nearest chunks that vote in the gate (5 of the 8 nearest lists: best on dev, of 5/10/20)
 LEXICAL_VOTE_CHUNKS = 5  # BM25's best chunks that share the vote, as many as the dense neighbours
 ADAPTER_KEY = "query_adapter"  # the query adapter's [D, D] in a version's stored state
+SQRT_HALF = 0.7071067811865476  # GELU(x) = x/2 (1 + erf(x / sqrt 2))
 Neighbours = tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]  # scores [Q, M], their lists [Q, M] (-1: none)
 
 
@@ -66,15 +68,23 @@ class GateNet(nn.Module):
         The MLP runs in torch (it is what training fits); the retrieval-side terms are NumPy over
         the arrays the probes return, as FAISS's and BM25's results are: for one question each
         small torch op cost several NumPy ones (`Router.route`, one question: 1.1-1.4 -> 0.8 ms).
+        A served router reads the same sum through `FrozenMlp` (`Router.logits`).
         """
         logits = self.net(x)  # [Q, D] -> [Q, C]
+        extra = self.retrieval_terms(x.detach().numpy(), votes)  # [Q, C] or None
+        return logits if extra is None else logits + torch.from_numpy(extra)
+
+    def retrieval_terms(
+        self, x: npt.NDArray[np.float32], votes: npt.ArrayLike | None
+    ) -> npt.NDArray[np.float32] | None:
+        """x [Q, D], votes [Q, C] or None -> [Q, C] w * evidence(x) + v * votes; None: both weights 0."""
         w, v = float(self.evidence_params[0]), float(self.vote_params[0])
         extra: npt.NDArray[np.float32] | None = None  # [Q, C]
         if w != 0.0 and self.centroids.shape[0] > 0:
-            extra = w * self.evidence(x.detach().numpy())
+            extra = w * self.evidence(x)
         if v != 0.0 and votes is not None:
             extra = v * np.asarray(votes, dtype=np.float32) + (0.0 if extra is None else extra)
-        return logits if extra is None else logits + torch.from_numpy(np.asarray(extra, dtype=np.float32))
+        return None if extra is None else np.asarray(extra, dtype=np.float32)
 
     def evidence(self, x: npt.ArrayLike, sharpness: float | None = None) -> npt.NDArray[np.float32]:
         """[Q, D] -> [Q, C] soft max of q.centroid over each class's lists (-1 where a class has none)."""
@@ -120,6 +130,36 @@ class GateNet(nn.Module):
 def _one_hot(classes: npt.NDArray[np.int64], n_classes: int) -> npt.NDArray[np.float32]:
     """[N] class positions (-1: none) -> [N, C] float32 rows (all zero for -1)."""
     return (classes[:, None] == np.arange(n_classes)).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class FrozenMlp:
+    """The gate's trained MLP as NumPy arrays, for serving (its torch twin is `GateNet.net`, in eval mode).
+
+    Linear [D -> H], exact GELU (erf, as `nn.GELU()`), dropout off, Linear [H -> C]. One question
+    through torch's module calls cost ~85 us, through these arrays ~18 us; the logits agree to
+    float32 rounding (a test holds them to 1e-5).
+    """
+
+    w1: npt.NDArray[np.float32]  # [H, D]
+    b1: npt.NDArray[np.float32]  # [H]
+    w2: npt.NDArray[np.float32]  # [C, H]
+    b2: npt.NDArray[np.float32]  # [C]
+
+    @classmethod
+    def of(cls, mlp: nn.Sequential) -> FrozenMlp:
+        first, act, last = mlp[0], mlp[1], mlp[-1]
+        if not (isinstance(first, nn.Linear) and isinstance(last, nn.Linear) and isinstance(act, nn.GELU)):
+            raise TypeError(f"FrozenMlp serves Linear, GELU, [Dropout,] Linear; got {mlp}")
+        if act.approximate != "none" or len(mlp) not in (3, 4):
+            raise TypeError(f"FrozenMlp serves the exact GELU between two Linear layers; got {mlp}")
+        arrays = (first.weight, first.bias, last.weight, last.bias)
+        return cls(*(a.detach().numpy().copy() for a in arrays))  # copies: later training cannot reach them
+
+    def __call__(self, x: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        h = x @ self.w1.T + self.b1  # [Q, D] -> [Q, H]
+        h = 0.5 * h * (1.0 + erf(h * np.float32(SQRT_HALF)))  # exact GELU
+        return np.asarray(h @ self.w2.T + self.b2, dtype=np.float32)  # [Q, C]
 
 
 def bm25_hits(queries: Sequence[LexicalQuery | None], m: int) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
@@ -171,9 +211,11 @@ class Router:
     version_id: int = 0
     metrics: dict[str, Any] = field(default_factory=dict)
     adapter: npt.NDArray[np.float32] | None = None  # [D, D] the query adapter trained with it (engine.adapter)
+    mlp: FrozenMlp = field(init=False, repr=False)  # the net's MLP, frozen for serving
 
     def __post_init__(self) -> None:
         self.net.eval()  # once, not per question: the switch walks every module
+        self.mlp = FrozenMlp.of(self.net.net)  # a router serves one trained version: its weights, frozen
 
     def retrieval_vector(self, q: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         """q [Q, D] -> [Q, D] the question as retrieval sees it: through this version's query adapter
@@ -218,12 +260,15 @@ class Router:
     def logits(
         self, q: npt.NDArray[np.float32], neighbours: Neighbours | None = None, lexical: Neighbours | None = None
     ) -> torch.Tensor:
-        """q [Q, D]; neighbours from `probe` and lexical from `lexical_probe` (None: not searched) -> [Q, C]."""
-        with torch.inference_mode():
-            votes = self.net.votes(neighbours, lexical) if neighbours is not None else None  # [Q, C]
-            return self.net(
-                torch.from_numpy(np.array(q, dtype=np.float32)), votes
-            )  # [Q, C]; a copy: q may be read-only
+        """q [Q, D]; neighbours from `probe` and lexical from `lexical_probe` (None: not searched) -> [Q, C].
+
+        `GateNet.forward`'s sum, in NumPy: the frozen MLP plus the retrieval-side terms.
+        """
+        x = np.asarray(q, dtype=np.float32)  # [Q, D]
+        votes = self.net.votes(neighbours, lexical) if neighbours is not None else None  # [Q, C]
+        extra = self.net.retrieval_terms(x, votes)  # [Q, C] or None
+        logits = self.mlp(x) if extra is None else self.mlp(x) + extra  # [Q, C]
+        return torch.from_numpy(logits)
 
     def served_logits(
         self, index: ClusteredIndex, q: npt.NDArray[np.float32], queries: Sequence[LexicalQuery] | None

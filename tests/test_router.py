@@ -60,6 +60,34 @@ def test_training_learns_separable_experts_and_reports_metrics() -> None:
     assert torch.allclose(restored.logits(x[:3]), router.logits(x[:3]))
 
 
+def test_served_logits_equal_the_trained_torch_forward() -> None:
+    """The router serves its MLP from frozen NumPy arrays (`FrozenMlp`); torch's forward is the twin."""
+    from engine.router import FrozenMlp, GateNet
+
+    x, y = blobs(150, 3, spread=1.5)
+    calib = np.random.default_rng(1).random(len(y)) < 0.4
+    held = int(calib.sum())
+    lists = np.where(np.random.default_rng(2).random((held, 5)) < 0.6, y[calib][:, None], (y[calib][:, None] + 1) % 3)
+    scores = np.full((held, 5), 0.8, dtype=np.float32)
+    data = TrainingSet(x, y, calib, 3, x[:3].copy(), np.arange(3, dtype=np.int64), (scores, lists), (2, 5))
+    net, t, _ = train(data, TrainConfig(hidden=16, epochs=5))
+    router = Router(net, t, expert_ids=[10, 20])
+    neighbours = (scores[:6], lists[:6])
+    with torch.inference_mode():
+        twin = net(torch.from_numpy(x[calib][:6]), net.votes(neighbours))  # [6, 3]
+        mlp_only = net.net(torch.from_numpy(x[:6]))
+    assert torch.allclose(router.logits(x[calib][:6], neighbours), twin, atol=1e-5)  # evidence and votes included
+    assert np.allclose(router.mlp(x[:6]), mlp_only.numpy(), atol=1e-5)
+    before = router.mlp.w1.copy()
+    with torch.no_grad():
+        net.net[0].weight.add_(1.0)  # training the module further cannot reach a served router's copy
+    assert np.array_equal(router.mlp.w1, before)
+    tanh_gelu = GateNet(16, 3, hidden=8)
+    tanh_gelu.net[1] = torch.nn.GELU(approximate="tanh")
+    with pytest.raises(TypeError, match="exact GELU"):
+        FrozenMlp.of(tanh_gelu.net)
+
+
 def test_query_like_samples_come_from_chunks() -> None:
     texts = ["Short. " + "This sentence has enough words to be a sample here." * 1, "tiny"]
     samples = query_like_samples(texts, ["Guide > Install packages", ""], 200, seed=3)
