@@ -148,11 +148,16 @@ class FrozenMlp:
 
     @classmethod
     def of(cls, mlp: nn.Sequential) -> FrozenMlp:
-        first, act, last = mlp[0], mlp[1], mlp[-1]
-        if not (isinstance(first, nn.Linear) and isinstance(last, nn.Linear) and isinstance(act, nn.GELU)):
-            raise TypeError(f"FrozenMlp serves Linear, GELU, [Dropout,] Linear; got {mlp}")
-        if act.approximate != "none" or len(mlp) not in (3, 4):
-            raise TypeError(f"FrozenMlp serves the exact GELU between two Linear layers; got {mlp}")
+        first, act, *dropout, last = mlp
+        if not (
+            isinstance(first, nn.Linear)
+            and isinstance(act, nn.GELU)
+            and act.approximate == "none"
+            and all(isinstance(d, nn.Dropout) for d in dropout)
+            and len(dropout) <= 1
+            and isinstance(last, nn.Linear)
+        ):
+            raise TypeError(f"FrozenMlp serves Linear, the exact GELU, [Dropout,] Linear; got {mlp}")
         arrays = (first.weight, first.bias, last.weight, last.bias)
         return cls(*(a.detach().numpy().copy() for a in arrays))  # copies: later training cannot reach them
 

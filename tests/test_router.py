@@ -84,8 +84,11 @@ def test_served_logits_equal_the_trained_torch_forward() -> None:
     assert np.array_equal(router.mlp.w1, before)
     tanh_gelu = GateNet(16, 3, hidden=8)
     tanh_gelu.net[1] = torch.nn.GELU(approximate="tanh")
-    with pytest.raises(TypeError, match="exact GELU"):
-        FrozenMlp.of(tanh_gelu.net)
+    deeper = GateNet(16, 3, hidden=8)
+    deeper.net[2] = torch.nn.ReLU()  # a layer the copy would skip
+    for unservable in (tanh_gelu.net, deeper.net):
+        with pytest.raises(TypeError, match="exact GELU"):
+            FrozenMlp.of(unservable)
 
 
 def test_query_like_samples_come_from_chunks() -> None:
