@@ -173,10 +173,13 @@ def evaluate(
         rt.indexes.recluster()
         stats = rt.stats()
     print(f"{stats['chunks']} chunks in {stats['clusters']} clusters", flush=True)
-    ids = experts if experts is not None else setup_experts(rt)
-    leakage = domain_leakage(rt, ids) if experts is None else None
-    if leakage is not None:
+    leakage: dict[str, Any] | None = None  # measured where the store is mapped, once a run
+    if experts is None:
+        ids = setup_experts(rt)
+        leakage = domain_leakage(rt, ids)
         print(json.dumps({"leakage": leakage}), flush=True)
+    else:
+        ids = experts
     t0 = time.perf_counter()
     if train:
         print("training the router ...", flush=True)

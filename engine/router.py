@@ -271,8 +271,10 @@ class Router:
         """
         x = np.asarray(q, dtype=np.float32)  # [Q, D]
         votes = self.net.votes(neighbours, lexical) if neighbours is not None else None  # [Q, C]
+        logits = self.mlp(x)  # [Q, C]
         extra = self.net.retrieval_terms(x, votes)  # [Q, C] or None
-        logits = self.mlp(x) if extra is None else self.mlp(x) + extra  # [Q, C]
+        if extra is not None:
+            logits += extra
         return torch.from_numpy(logits)
 
     def served_logits(

@@ -18,6 +18,19 @@ def blobs(
     return x / np.linalg.norm(x, axis=1, keepdims=True), y
 
 
+def voted(share: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, TrainingSet]:
+    """Three overlapping classes (the MLP alone is unsure) and a probe whose 5 neighbours sit in the
+    true class's list with probability `share`: (x, calib, scores, lists, training set)."""
+    x, y = blobs(150, 3, spread=1.5)
+    calib = np.random.default_rng(1).random(len(y)) < 0.4
+    held = int(calib.sum())
+    truth = y[calib][:, None]  # [H, 1]
+    lists = np.where(np.random.default_rng(2).random((held, 5)) < share, truth, (truth + 1) % 3)  # [H, 5]
+    scores = np.full((held, 5), 0.8, dtype=np.float32)
+    data = TrainingSet(x, y, calib, 3, x[:3].copy(), np.arange(3, dtype=np.int64), (scores, lists), (2, 5))
+    return x, calib, scores, lists, data
+
+
 def test_temperature_scaling_lowers_ece_on_held_out_data() -> None:
     g = torch.Generator().manual_seed(0)
     labels = torch.randint(0, 4, (4000,), generator=g)
@@ -64,13 +77,9 @@ def test_served_logits_equal_the_trained_torch_forward() -> None:
     """The router serves its MLP from frozen NumPy arrays (`FrozenMlp`); torch's forward is the twin."""
     from engine.router import FrozenMlp, GateNet
 
-    x, y = blobs(150, 3, spread=1.5)
-    calib = np.random.default_rng(1).random(len(y)) < 0.4
-    held = int(calib.sum())
-    lists = np.where(np.random.default_rng(2).random((held, 5)) < 0.6, y[calib][:, None], (y[calib][:, None] + 1) % 3)
-    scores = np.full((held, 5), 0.8, dtype=np.float32)
-    data = TrainingSet(x, y, calib, 3, x[:3].copy(), np.arange(3, dtype=np.int64), (scores, lists), (2, 5))
-    net, t, _ = train(data, TrainConfig(hidden=16, epochs=5))
+    x, calib, scores, lists, data = voted(share=0.6)
+    net, t, metrics = train(data, TrainConfig(hidden=16, epochs=5))
+    assert metrics["vote_weight"] > 0  # the retrieval-side terms are in the sum the twins compare
     router = Router(net, t, expert_ids=[10, 20])
     neighbours = (scores[:6], lists[:6])
     with torch.inference_mode():
@@ -226,14 +235,7 @@ def test_without_self_drops_the_own_id_or_the_last() -> None:
 
 def test_the_vote_is_fitted_and_travels_with_the_router() -> None:
     """Neighbours whose lists belong to the true class: the fit gives the vote weight, routing uses it."""
-    x, y = blobs(150, 3, spread=1.5)  # overlapping: the MLP alone is unsure
-    calib = np.random.default_rng(1).random(len(y)) < 0.4
-    held = int(calib.sum())
-    lists = np.where(np.random.default_rng(2).random((held, 5)) < 0.8, y[calib][:, None], (y[calib][:, None] + 1) % 3)
-    scores = np.full((held, 5), 0.8, dtype=np.float32)
-    data = TrainingSet(
-        x, y, calib, 3, x[:3].copy(), np.arange(3, dtype=np.int64), neighbours=(scores, lists), probe=(2, 5)
-    )
+    x, calib, scores, lists, data = voted(share=0.8)
     net, t, metrics = train(data, TrainConfig(hidden=16, epochs=5))
     assert metrics["vote_weight"] > 0 and metrics["accuracy"] > 0.9
     router = Router(net, t, expert_ids=[10, 20])
