@@ -27,7 +27,16 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.evalcorpus import FAQ_PAGES, domain_of, is_hit, load_questions
-from benchmarks.routing_report import DOMAINS, domain_leakage, markdown, page_experts, route_losses, router_figures
+from benchmarks.routing_report import (
+    DOMAINS,
+    domain_leakage,
+    markdown,
+    miss_anatomy,
+    page_experts,
+    rank_on_path,
+    route_losses,
+    router_figures,
+)
 
 RESULTS = Path(__file__).resolve().parent / "results"
 QUESTION_SETS = Path(__file__).resolve().parent / "questions"  # written by hand, never used to choose (README there)
@@ -330,6 +339,8 @@ def evaluate(
     routed_first = first_hits(routed, questions)
     firsts = {"routed": routed_first, "hybrid": first_hits(hybrid, questions), "oracle": first_hits(oracle, questions)}
     result["route_losses"] = route_losses(questions, routes, firsts)
+    deeper = {i: rank_on_path(rt, questions[i], routes[i]) for i, r in enumerate(routed_first) if r is None}
+    result["miss_anatomy"] = miss_anatomy(routes, pages, routed_first, deeper)
     result["routed_minus"] = {
         name: paired_difference(routed_first, first_hits(r, questions)) for name, r in ranked.items() if name != ROUTED
     }

@@ -1,4 +1,5 @@
-"""The tables of benchmarks/routing.py: scope leakage by domain, the router's figures, the markdown report."""
+"""The tables of benchmarks/routing.py: scope leakage by domain, the router's figures, where routed's
+misses are, the markdown report."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.evalcorpus import FAQ_PAGES, domain_of
+from benchmarks.evalcorpus import FAQ_PAGES, domain_of, is_hit
 
 DOMAINS = ("debian", "git", "nodejs", "postgresql", "python", "sqlite")
+MISS_DEPTH = 100  # how deep `miss_anatomy` looks for a missed answer on the path the question took
+RANK_BANDS = ((11, 20), (21, 50), (51, MISS_DEPTH))  # beyond the top 10, up to MISS_DEPTH
 
 
 def chunk_experts(rt: Any, sources: Collection[str] | None = None) -> list[tuple[str, int | None]]:
@@ -101,6 +104,61 @@ def route_losses(
     return out
 
 
+def rank_on_path(rt: Any, q: dict[str, str], route: Any, depth: int = MISS_DEPTH) -> int | None:
+    """The first hit's rank in the top `depth` of the path `route` took (its expert, forced, or
+    the fallback), asked again that deep; None: not there."""
+    from engine.pipeline import AskRequest
+
+    on_expert = route.path == "expert" and route.expert is not None
+    req = AskRequest(q["question"], top_k=depth, mode="expert" if on_expert else "fallback",
+                     expert_id=route.expert.id if on_expert else None)  # fmt: skip
+    cited = rt.pipeline.prepare(req).citations
+    return next((n for n, c in enumerate(cited, 1) if is_hit(c.chunk.text, c.chunk.source, q)), None)
+
+
+def miss_anatomy(
+    routes: list[Any],
+    pages: list[int | None],
+    routed_first: list[int | None],
+    deeper: dict[int, int | None],
+) -> dict[str, Any]:
+    """Where routed's misses are: sent to another expert than the one holding the answer's page,
+    answered by the fallback, or sent to the right expert and ranked below the top 10 there.
+
+    routed_first: the first hit's rank in routed's top 10 per question (None: a miss).
+    deeper: per missed question (its index), the first hit's rank in the top MISS_DEPTH of the
+    path it took (the same expert, or the fallback), asked again that deep; None: not there.
+    Each path's misses are counted by rank band: they tell a ranking loss (a reranker's work)
+    from a routing one (the gate's).
+    """
+
+    def bands(ranks: list[int | None]) -> dict[str, int]:
+        out = {f"{a}-{b}": sum(r is not None and a <= r <= b for r in ranks) for a, b in RANK_BANDS}
+        return out | {f"beyond {MISS_DEPTH}": sum(r is None for r in ranks)}
+
+    misses = [i for i, r in enumerate(routed_first) if r is None]
+    misrouted, fallback, right = [], [], []
+    for i in misses:
+        route = routes[i]
+        if route.path != "expert":
+            fallback.append(i)
+        elif route.expert is None or route.expert.id != pages[i]:
+            misrouted.append(i)
+        else:
+            right.append(i)
+    return {
+        "misses": len(misses),
+        "questions": len(routed_first),
+        "misrouted": len(misrouted),
+        "misrouted_ranks_there": bands([deeper.get(i) for i in misrouted]),
+        "fallback": len(fallback),
+        "fallback_reasons": dict(Counter(routes[i].reason for i in fallback)),
+        "fallback_ranks": bands([deeper.get(i) for i in fallback]),
+        "right_expert": len(right),
+        "right_expert_ranks": bands([deeper.get(i) for i in right]),
+    }
+
+
 def path_figures(routes: list[Any], questions: list[dict[str, str]]) -> tuple[float, float]:
     """(share of questions on the expert path, share of those sent to their own domain's expert)."""
     on_path = [r.expert is not None and r.expert.name == q["domain"] for r, q in zip(routes, questions, strict=True)
@@ -175,6 +233,26 @@ def _bound(router: dict[str, Any]) -> str:
     return f"{b['ece']} ({b['temperature']})" if b else ""
 
 
+def _anatomy(a: dict[str, Any]) -> str:
+    """`miss_anatomy` as a table: one row per kind of miss, its ranks on the path it took."""
+    bands = list(a["right_expert_ranks"])
+    lines = [
+        f"| routed's {a['misses']} misses of {a['questions']} | questions | first hit on that path: "
+        + " | ".join(bands)
+        + " |",
+        "|---" * (len(bands) + 2) + "|",
+    ]
+    reasons = ", ".join(f"{k} {v}" for k, v in sorted(a["fallback_reasons"].items()))
+    rows = (
+        ("sent to the expert holding the answer's page", a["right_expert"], a["right_expert_ranks"]),
+        ("sent to another expert", a["misrouted"], a["misrouted_ranks_there"]),
+        (f"answered by the fallback ({reasons or 'none'})", a["fallback"], a["fallback_ranks"]),
+    )
+    for name, n, ranks in rows:
+        lines.append(f"| {name} | {n} | " + " | ".join(str(ranks[b]) for b in bands) + " |")
+    return "\n".join(lines)
+
+
 def markdown(result: dict[str, Any]) -> str:
     lines = ["| retrieval | hit@1 | hit@5 | hit@10 | MRR@10 | top-1 domain |", "|---|---|---|---|---|---|"]
     for name, m in result["retrieval"].items():
@@ -200,6 +278,8 @@ def markdown(result: dict[str, Any]) -> str:
                 f"{r['ece_after']} | {r['ece_if_calibrated']['mean']}, {r['ece_if_calibrated']['p95']} | "
                 f"{r['temperature']} | {_bound(r)} |"
             )
+    if "miss_anatomy" in result:
+        lines += ["", _anatomy(result["miss_anatomy"])]
     domains = result["per_domain_hit@10"]
     names = [n for n in next(iter(domains.values())) if n != "questions"]
     lines += ["", "| domain (questions) | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]

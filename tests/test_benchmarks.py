@@ -256,6 +256,34 @@ def test_route_losses_list_the_questions_the_modes_disagree_on_with_their_route(
     }
 
 
+def test_miss_anatomy_tells_ranking_losses_from_routing_ones() -> None:
+    """Each miss of routed's top 10 is counted once: right expert, another expert or the fallback,
+    by how deep its answer sits on that path; hits are not counted."""
+    from types import SimpleNamespace
+
+    from benchmarks.routing_report import _anatomy, miss_anatomy
+
+    def route(path: str, expert: int | None, reason: str = "confident") -> SimpleNamespace:
+        return SimpleNamespace(path=path, reason=reason, expert=SimpleNamespace(id=expert) if expert else None)
+
+    routes = [route("expert", 1), route("expert", 1), route("expert", 2), route("fallback", None, "low_confidence"),
+              route("expert", 1), route("expert", 2)]  # fmt: skip
+    pages = [1, 1, 1, 2, 1, 1]
+    routed_first = [None, None, None, None, 4, 2]  # the last two are hits: whatever their route, not counted
+    deeper = {0: 12, 1: None, 2: None, 3: 55}
+    a = miss_anatomy(routes, pages, routed_first, deeper)
+    assert (a["misses"], a["questions"], a["right_expert"], a["misrouted"], a["fallback"]) == (4, 6, 2, 1, 1)
+    assert a["right_expert_ranks"] == {"11-20": 1, "21-50": 0, "51-100": 0, "beyond 100": 1}
+    assert a["misrouted_ranks_there"]["beyond 100"] == 1 and a["fallback_ranks"]["51-100"] == 1
+    assert a["fallback_reasons"] == {"low_confidence": 1}
+    table = _anatomy(a)
+    assert (
+        "| routed's 4 misses of 6 | questions | first hit on that path: 11-20 | 21-50 | 51-100 | beyond 100 |" in table
+    )
+    assert "| sent to the expert holding the answer's page | 2 | 1 | 0 | 0 | 1 |" in table
+    assert "| answered by the fallback (low_confidence 1) | 1 | 0 | 0 | 1 | 0 |" in table
+
+
 def test_routing_scores_more_question_sets_in_the_same_run(tmp_path: Path) -> None:
     """`routing.py --also`: another question set, scored on the same store and router after the main one."""
     corpus = write_corpus(tmp_path)
@@ -279,6 +307,11 @@ def test_routing_scores_more_question_sets_in_the_same_run(tmp_path: Path) -> No
     assert result["leakage"] is not None and sub["leakage"] is None  # the store was mapped and measured once
     assert sub["retrieval"]["global dense (exact)"]["hit@10"] == 1.0  # one short section each: found
     assert "### Also: unseen-tiny (2 questions" in (results / "tiny.md").read_text()
+    for r in (result, sub):  # every set says where its misses are, each counted once
+        a = r["miss_anatomy"]
+        assert a["questions"] == r["corpus"]["questions"]
+        assert a["misses"] == a["right_expert"] + a["misrouted"] + a["fallback"]
+        assert a["misses"] == round((1 - r["retrieval"]["routed (served pipeline)"]["hit@10"]) * a["questions"])
 
 
 def test_routing_refuses_two_question_sets_of_one_name_before_any_work(tmp_path: Path) -> None:
