@@ -29,11 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.evalcorpus import FAQ_PAGES, domain_of, is_hit, load_questions
 from benchmarks.routing_report import (
     DOMAINS,
+    MISS_DEPTH,
     domain_leakage,
     markdown,
     miss_anatomy,
     page_experts,
-    rank_on_path,
     route_losses,
     router_figures,
 )
@@ -43,10 +43,12 @@ QUESTION_SETS = Path(__file__).resolve().parent / "questions"  # written by hand
 ROUTED = "routed (served pipeline)"
 
 
-def first_hits(ranked: list[list[tuple[str, str]]], questions: list[dict[str, str]]) -> list[int | None]:
-    """Per question, the rank (1-10) of the first hit, or None."""
+def first_hits(
+    ranked: list[list[tuple[str, str]]], questions: list[dict[str, str]], depth: int = 10
+) -> list[int | None]:
+    """Per question, the rank (1-depth) of the first hit, or None."""
     return [
-        next((r for r, (text, src) in enumerate(chunks[:10], 1) if is_hit(text, src, q)), None)
+        next((r for r, (text, src) in enumerate(chunks[:depth], 1) if is_hit(text, src, q)), None)
         for q, chunks in zip(questions, ranked, strict=True)
     ]
 
@@ -134,12 +136,23 @@ class Evaluation:
     experts: dict[str, int]  # domain -> its expert's id, as `setup_experts` mapped the store
 
 
-def served(rt: Any, questions: list[dict[str, str]], **kw: Any) -> tuple[list[list[tuple[str, str]]], list[Any]]:
-    """The pipeline as served, top 10 per question: (ranked, prepared)."""
+def served(
+    rt: Any, questions: list[dict[str, str]], top_k: int = 10, **kw: Any
+) -> tuple[list[list[tuple[str, str]]], list[Any]]:
+    """The pipeline as served, top `top_k` per question: (ranked, prepared)."""
     from engine.pipeline import AskRequest
 
-    preps = [rt.pipeline.prepare(AskRequest(q["question"], top_k=10, **kw)) for q in questions]
+    preps = [rt.pipeline.prepare(AskRequest(q["question"], top_k=top_k, **kw)) for q in questions]
     return [[(c.chunk.text, c.chunk.source) for c in p.citations] for p in preps], preps
+
+
+def rank_on_path(rt: Any, q: dict[str, str], route: Any) -> int | None:
+    """The first hit's rank in the top MISS_DEPTH of the path `route` took (its expert, forced, or
+    the fallback), asked again that deep; None: not there."""
+    on_expert = route.path == "expert" and route.expert is not None
+    path = {"mode": "expert", "expert_id": route.expert.id} if on_expert else {"mode": "fallback"}
+    ranked, _ = served(rt, [q], top_k=MISS_DEPTH, **path)
+    return first_hits(ranked, [q], depth=MISS_DEPTH)[0]
 
 
 def faq_documents(rt: Any) -> list[int]:

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.evalcorpus import FAQ_PAGES, domain_of, is_hit
+from benchmarks.evalcorpus import FAQ_PAGES, domain_of
 
 DOMAINS = ("debian", "git", "nodejs", "postgresql", "python", "sqlite")
 MISS_DEPTH = 100  # how deep `miss_anatomy` looks for a missed answer on the path the question took
@@ -102,18 +102,6 @@ def route_losses(
              "top": top, "first_hit": found}
         )  # fmt: skip
     return out
-
-
-def rank_on_path(rt: Any, q: dict[str, str], route: Any, depth: int = MISS_DEPTH) -> int | None:
-    """The first hit's rank in the top `depth` of the path `route` took (its expert, forced, or
-    the fallback), asked again that deep; None: not there."""
-    from engine.pipeline import AskRequest
-
-    on_expert = route.path == "expert" and route.expert is not None
-    req = AskRequest(q["question"], top_k=depth, mode="expert" if on_expert else "fallback",
-                     expert_id=route.expert.id if on_expert else None)  # fmt: skip
-    cited = rt.pipeline.prepare(req).citations
-    return next((n for n, c in enumerate(cited, 1) if is_hit(c.chunk.text, c.chunk.source, q)), None)
 
 
 def miss_anatomy(
