@@ -64,6 +64,12 @@ def stack(vectors: Iterable[FloatVector], dim: int) -> FloatVector:
     return np.vstack(rows).astype(np.float32, copy=False) if rows else np.zeros((0, dim), dtype=np.float32)
 
 
+def never_reused() -> dict[str, Any]:
+    """Table options for an id that leaves the server: SQLite hands out a deleted row's id again
+    unless the table is AUTOINCREMENT (PostgreSQL's sequences never do). Migration 0006."""
+    return {"sqlite_autoincrement": True}
+
+
 def utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -74,6 +80,7 @@ class Base(DeclarativeBase):
 
 class Document(Base):
     __tablename__ = "document"
+    __table_args__ = never_reused()
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     source: Mapped[str] = mapped_column(String(1024), index=True)
@@ -96,8 +103,7 @@ class Document(Base):
 
 class Chunk(Base):
     __tablename__ = "chunk"
-    # AUTOINCREMENT: a deleted chunk's id (= its FAISS id) is never handed out again.
-    __table_args__ = {"sqlite_autoincrement": True}  # noqa: RUF012
+    __table_args__ = never_reused()  # a deleted chunk's id (= its FAISS id) never comes back
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     document_id: Mapped[int] = mapped_column(ForeignKey("document.id", ondelete="CASCADE"), index=True)
@@ -115,6 +121,7 @@ class Chunk(Base):
 
 class Expert(Base):
     __tablename__ = "expert"
+    __table_args__ = never_reused()
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
@@ -154,6 +161,7 @@ class IndexState(Base):
 
 class Job(Base):
     __tablename__ = "job"
+    __table_args__ = never_reused()
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     kind: Mapped[str] = mapped_column(String(32))
@@ -171,6 +179,7 @@ class RouterVersion(Base):
     """A trained gate: weights, calibration and the metrics it was accepted on."""
 
     __tablename__ = "router_version"
+    __table_args__ = never_reused()
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     weights: Mapped[bytes] = mapped_column(LargeBinary)  # torch state_dict
@@ -187,6 +196,7 @@ class RouterExample(Base):
     """A labelled question: from the admin API or an operator's correction in the query log."""
 
     __tablename__ = "router_example"
+    __table_args__ = never_reused()
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     question: Mapped[str] = mapped_column(Text)
@@ -197,6 +207,7 @@ class RouterExample(Base):
 
 class QueryLog(Base):
     __tablename__ = "query_log"
+    __table_args__ = never_reused()
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)

@@ -1,7 +1,13 @@
+from pathlib import Path
+
 import numpy as np
 from fastapi.testclient import TestClient
 
-from tests.conftest import AUTH
+from app.main import create_app
+from app.runtime import Runtime
+from app.settings import Settings
+from engine.embedder import Embedder
+from tests.conftest import AUTH, TOKEN
 from tests.helpers import topic_doc, wait_job
 from tests.test_parsing import make_pdf
 
@@ -205,3 +211,17 @@ def test_bulk_job_reports_progress_and_recluster_maps_clusters(client: TestClien
     glob = client.post("/search", json={"query": "packages", "k": 20})
     assert [h["chunk_id"] for h in everything.json()["hits"]] == [h["chunk_id"] for h in glob.json()["hits"]]
     assert np.isclose(glob.json()["hits"][0]["score"], everything.json()["hits"][0]["score"])
+
+
+def test_a_deleted_documents_id_is_never_handed_out_again(db_url: str, tmp_path: Path, embedder: Embedder) -> None:
+    """Deleting the newest document used to give its id to the next upload on SQLite: a retried
+    DELETE then removed somebody else's document. On both databases: a new id, the old one 404."""
+    settings = Settings(data_dir=tmp_path / "ids", database_url=db_url, admin_token=TOKEN)  # type: ignore[arg-type]
+    with TestClient(create_app(settings, runtime=Runtime(settings, embedder=embedder), start_in_background=False)) as c:
+        first = c.post("/documents", json={"text": topic_doc("git", 0)}, headers=AUTH).json()["id"]
+        assert c.delete(f"/documents/{first}", headers=AUTH).status_code == 200
+        second = c.post("/documents", json={"text": topic_doc("sqlite", 0)}, headers=AUTH).json()["id"]
+        assert second > first
+        assert c.get(f"/documents/{first}", headers=AUTH).status_code == 404
+        assert c.delete(f"/documents/{first}", headers=AUTH).status_code == 404  # the retried DELETE
+        assert c.get(f"/documents/{second}", headers=AUTH).status_code == 200
