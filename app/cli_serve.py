@@ -31,6 +31,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         port=args.port,
         log_level=settings.log_level.lower(),
         access_log=settings.access_log,
+        **settings.uvicorn_proxy_options(),  # type: ignore[arg-type]
     )
 
 
@@ -53,6 +54,7 @@ def _serve_workers(args: argparse.Namespace, settings: Settings, url: str) -> No
     lock = DataDirLock(settings.resolved_data_dir)
     try:
         lock.acquire(url)
+        lock.share()  # held with the workers: taken while any process of this server lives
     except DataDirBusy as exc:
         raise SystemExit(f"moerag: {exc}") from None
     from app.auth import load_or_create_token
@@ -71,6 +73,7 @@ def _serve_workers(args: argparse.Namespace, settings: Settings, url: str) -> No
             port=args.port,
             log_level=settings.log_level.lower(),
             access_log=settings.access_log,
+            **settings.uvicorn_proxy_options(),  # type: ignore[arg-type]
         )
     finally:
         lock.release()

@@ -4,18 +4,30 @@ The lock file also says who holds it: the pid, and for `moerag serve` its addres
 commands run on a data directory a server holds can send their work there (`running_server`).
 A holder that dies leaves its record behind, but then nobody holds the lock: the record is
 read only while the lock is busy, so it is never stale.
+
+`moerag serve --workers N` is one server of several processes: the supervisor takes the lock,
+writes its record and turns it into a shared one (`share`), and every worker holds it shared too
+(`join`), so the data dir stays taken while any process of the server lives. Each worker also
+dies with its supervisor (`die_with_parent`): a killed supervisor leaves no orphans serving.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import fcntl
 import json
+import logging
 import os
+import signal
 import threading
+import time
 from pathlib import Path
 from typing import IO, Any
 
 from sqlalchemy import Connection, Engine, text
+
+log = logging.getLogger(__name__)
 
 
 class DataDirBusy(RuntimeError):
@@ -47,11 +59,53 @@ class DataDirLock:
         f.flush()
         self._file = f
 
+    def share(self) -> None:
+        """Keep holding the lock, shared with the server's workers (`join`); the record stays."""
+        assert self._file is not None, "share() after acquire()"
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:  # flock converts by release + take: a one-shot command got in between
+            self.release()
+            raise DataDirBusy(f"data directory {self.path.parent} was taken while starting the workers") from None
+
+    def join(self) -> None:
+        """Hold the lock shared beside the supervisor that holds it (a `serve --workers N` worker)."""
+        f = open(self.path, "a+", encoding="ascii")  # noqa: SIM115 - held for the process lifetime
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            raise DataDirBusy(f"data directory {self.path.parent} is held by a process outside this server") from None
+        self._file = f
+
     def release(self) -> None:
         if self._file is not None:
             fcntl.flock(self._file, fcntl.LOCK_UN)
             self._file.close()
             self._file = None
+
+
+_PR_SET_PDEATHSIG = 1
+_WATCH_SECONDS = 0.5
+
+
+def die_with_parent(parent: int, grace_seconds: float = 10.0) -> None:
+    """SIGTERM this process (a graceful stop) when `parent` is gone, SIGKILL it `grace_seconds`
+    later if it still lives. The kernel sends the SIGTERM at once where it can (Linux's
+    PR_SET_PDEATHSIG); a thread watching the parent pid covers the rest (a parent already gone
+    before this call, other systems) and the grace."""
+    with contextlib.suppress(OSError, AttributeError):  # not Linux: the watch alone
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(_WATCH_SECONDS)
+        log.warning("the supervising process %d is gone: this worker stops", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_seconds)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="moerag-parent-watch", daemon=True).start()
 
 
 def running_server(data_dir: Path) -> str | None:

@@ -17,6 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app import errors
 from app.body_limit import BodyLimit, limit_for
 from app.deps import optional_read_security
+from app.locking import die_with_parent
 from app.routes import admin, ask, console, documents, system
 from app.runtime import Runtime, use_serving_threads
 from app.schemas import ERROR_RESPONSES
@@ -143,8 +144,14 @@ def worker_app() -> FastAPI:
     It starts before it serves: the workers share one socket, and a worker that accepted
     connections while loading would answer them 503 while its siblings were ready (measured:
     232 of the first requests against 4 workers); starting in the lifespan, it does not accept
-    until ready, and the kernel hands connections to the ready ones."""
-    return create_app(Settings(), start_in_background=False)
+    until ready, and the kernel hands connections to the ready ones.
+
+    It dies with the supervisor: a killed supervisor left its workers serving as orphans, the
+    port taken and the data dir's lock free."""
+    settings = Settings()
+    if settings.worker_of:
+        die_with_parent(settings.worker_of)
+    return create_app(settings, start_in_background=False)
 
 
 def _start_quietly(rt: Runtime, prepare: Callable[[], None] | None = None) -> None:

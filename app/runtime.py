@@ -233,7 +233,9 @@ class Runtime:
         try:
             s = self.settings
             s.resolved_data_dir.mkdir(parents=True, exist_ok=True)
-            if not s.worker_of:  # `serve --workers N`: the supervisor holds the data dir for its workers
+            if s.worker_of:  # `serve --workers N`: the supervisor holds the data dir with its workers
+                self._lock.join()
+            else:
                 self._lock.acquire(self.announce_url)  # the address: where CLI commands on this data dir go
             t0 = time.perf_counter()
             upgrade(self.engine)

@@ -6,7 +6,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engine.lexical import Fusion
@@ -163,6 +163,11 @@ class Settings(BaseSettings):
     ask_rate_per_minute: float = Field(
         0, ge=0, description="Questions a client (address) may ask per minute, all workers together; 0 = no limit."
     )
+    trusted_proxies: str = Field(
+        "",
+        description="Proxies whose X-Forwarded-For names the client (comma-separated addresses or networks, "
+        "`*` for any): for the rate limit's key and uvicorn's forwarded_allow_ips. Empty: the peer is the client.",
+    )
     max_top_k: int = Field(50, ge=1)
     openai_base_url: str | None = Field(None, description="OpenAI-compatible server, e.g. http://127.0.0.1:8080/v1")
     openai_model: str = "default"
@@ -175,6 +180,19 @@ class Settings(BaseSettings):
     )
     log_level: str = "INFO"
     access_log: bool = Field(True, description="uvicorn's line per request (questions are also logged in SQL).")
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _proxies(cls, value: str) -> str:
+        from app.proxies import parse_trusted  # refused at start-up, not at the first question
+
+        parse_trusted(value)
+        return value
+
+    def uvicorn_proxy_options(self) -> dict[str, object]:
+        """uvicorn reads X-Forwarded-For (its access log, `request.client`) from the trusted proxies only."""
+        trusted = self.trusted_proxies.strip()
+        return {"proxy_headers": bool(trusted), "forwarded_allow_ips": trusted or ""}
 
     @cached_property
     def resolved_data_dir(self) -> Path:

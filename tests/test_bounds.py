@@ -182,3 +182,29 @@ def test_a_word_where_an_id_goes_is_another_resource_not_a_bad_id(client: TestCl
     r = client.get("/documents/bulk", headers=AUTH)
     assert r.status_code == 405 and r.headers["allow"] == "POST"
     assert client.get("/documents/-1", headers=AUTH).status_code == 404
+
+
+def test_the_client_address_is_the_peer_unless_the_peer_is_a_trusted_proxy() -> None:
+    """A rotating X-Forwarded-For picked a fresh rate-limit bucket each question (uvicorn trusted
+    it from 127.0.0.1 by default). Now only a proxy named in MOERAG_TRUSTED_PROXIES is believed."""
+    from starlette.requests import Request
+
+    from app.proxies import client_address, parse_trusted
+    from app.settings import Settings
+
+    def request(peer: str, *forwarded: str) -> Request:
+        headers = [(b"x-forwarded-for", f.encode()) for f in forwarded]
+        return Request({"type": "http", "client": (peer, 5000), "headers": headers})
+
+    assert client_address(request("127.0.0.1", "10.0.0.1"), "") == "127.0.0.1"  # the default: the peer
+    assert client_address(request("127.0.0.1", "10.0.0.1"), "192.168.0.1") == "127.0.0.1"
+    assert client_address(request("127.0.0.1", "10.0.0.1"), "127.0.0.1") == "10.0.0.1"
+    # The rightmost address that is not a trusted proxy: a client cannot prepend its way out.
+    assert client_address(request("127.0.0.1", "6.6.6.6, 10.0.0.1, 10.1.2.3"), "127.0.0.1, 10.1.0.0/16") == "10.0.0.1"
+    assert client_address(request("127.0.0.1", "6.6.6.6", "10.0.0.1"), "127.0.0.1") == "10.0.0.1"  # two headers
+    assert client_address(request("127.0.0.1"), "127.0.0.1") == "127.0.0.1"  # no header: the peer
+    assert client_address(request("8.8.8.8", "10.0.0.1"), "*") == "10.0.0.1"
+    assert parse_trusted("*") is None
+    with pytest.raises(ValueError, match="not-an-ip"):
+        Settings(trusted_proxies="127.0.0.1, not-an-ip")
+    assert Settings().uvicorn_proxy_options() == {"proxy_headers": False, "forwarded_allow_ips": ""}

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -191,3 +193,70 @@ def test_workers_share_one_catalogue_and_survive_a_killed_worker(tmp_path: Path)
         assert not killed & set(final)  # answered by the new workers, booted from snapshot + log
     finally:
         server.stop()
+
+
+def _alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (a dead child not yet reaped by its new parent)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _rotating_questions(url: str, n: int = 30) -> Counter[int]:
+    with httpx.Client(base_url=url, timeout=60) as c:
+        return Counter(
+            c.post(
+                "/ask", json={"question": "what is git?", "generate": False}, headers={"X-Forwarded-For": f"10.0.{i}.1"}
+            ).status_code
+            for i in range(n)
+        )
+
+
+def test_a_killed_supervisor_takes_its_workers_and_the_forwarded_header_needs_a_trusted_proxy(tmp_path: Path) -> None:
+    """Issue 41 #3 and #5. A rotating X-Forwarded-For picked a new rate-limit bucket each question;
+    now it counts only from a proxy named in MOERAG_TRUSTED_PROXIES. SIGKILL of a `--workers 2`
+    supervisor left both workers serving as orphans (port taken, data-dir lock free); now they go
+    within seconds, the lock is held while any of them lives, and the same command serves again."""
+    from app.locking import DataDirBusy, DataDirLock, running_server
+
+    assert PG_URL
+    engine = make_engine(PG_URL)
+    downgrade(engine, "base")
+    engine.dispose()
+    data = tmp_path / "data"
+    env = {"MOERAG_DATABASE_URL": PG_URL, "MOERAG_ASK_RATE_PER_MINUTE": "20"}  # a burst of 4
+    server = Server(data, "tok", tmp_path / "server.log", **env)
+    client = server.start(180, "--workers", str(WORKERS))
+    restarted: Server | None = None
+    try:
+        statuses = _rotating_questions(server.url)
+        assert statuses[429] >= 25 and statuses[200] <= 5, statuses  # one client, one bucket
+
+        workers = set(every_worker(client, lambda body: True, True))
+        assert len(workers) == WORKERS
+        stopped = next(iter(workers))
+        os.kill(stopped, signal.SIGSTOP)  # it cannot stop yet: the lock must stay taken meanwhile
+        server.kill()
+        assert running_server(data) == server.url  # a CLI command is sent to the live worker
+        with pytest.raises(DataDirBusy):
+            DataDirLock(data).acquire()
+        os.kill(stopped, signal.SIGCONT)
+        deadline = time.monotonic() + 15
+        while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in workers), "workers outlived their supervisor"
+        with socket.socket() as s:  # the port is free again
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", server.port))
+        assert running_server(data) is None
+
+        restarted = Server(data, "tok", tmp_path / "restart.log", **env, MOERAG_TRUSTED_PROXIES="127.0.0.1")
+        restarted.port, restarted.url = server.port, server.url
+        restarted.start(180, "--workers", str(WORKERS))
+        assert _rotating_questions(server.url) == {200: 30}  # a trusted proxy's header is the key
+    finally:
+        server.stop()
+        if restarted is not None:
+            restarted.stop()

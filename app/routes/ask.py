@@ -17,6 +17,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app.deps import ReaderDep, RuntimeDep
 from app.errors import ApiError
+from app.proxies import client_address
 from app.runtime import Runtime
 from app.schemas import AskIn, AskOut, CitationOut
 from app.services.ask import log_question, route_json
@@ -95,7 +96,7 @@ async def ask(body: AskIn, request: Request, rt: RuntimeDep) -> Response:
 
 async def _ask(body: AskIn, request: Request, rt: Runtime) -> Response:
     if rt.ask_limiter is not None:  # one SQL upsert, off the event loop
-        wait = await run_in_threadpool(rt.ask_limiter.take, request.client.host if request.client else "")
+        wait = await run_in_threadpool(rt.ask_limiter.take, client_address(request, rt.settings.trusted_proxies))
         if wait:
             raise ApiError("rate_limited", f"too many questions from this client; retry in {wait:.0f} s",
                 headers={"Retry-After": str(math.ceil(wait))},
