@@ -22,6 +22,7 @@ STATUS: dict[str, int] = {
     "empty_document": 422,
     "document_too_large": 413,
     "undecodable_document": 422,
+    "degenerate_document": 422,
     "corrupt_document": 422,
     "invalid_setting": 422,
     "not_found": 404,

@@ -20,7 +20,7 @@ from app.deps import optional_read_security
 from app.locking import die_with_parent
 from app.routes import admin, ask, console, documents, system
 from app.runtime import Runtime, use_serving_threads
-from app.schemas import ERROR_RESPONSES
+from app.schemas import ERROR_RESPONSES, state_question_limits
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,9 @@ def create_app(
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = optional_read_security(build_spec())
+            s = rt.settings
+            spec = state_question_limits(build_spec(), max_chars=s.max_question_chars, max_k=s.max_top_k)
+            app.openapi_schema = optional_read_security(spec)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

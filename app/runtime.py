@@ -269,6 +269,7 @@ class Runtime:
                 merge_small_sections=s.chunk_merge_small_sections,
                 heading_prefix=s.chunk_heading_prefix,
                 max_chunks=s.max_chunks_per_document,
+                max_chars=s.max_document_chars,
             )
             ingestor = Ingestor(self.sessions, emb, indexes, chunking, self.catalogue.sync)
             self.lexical.refresh(force=True)

@@ -48,6 +48,11 @@ class Settings(BaseSettings):
     max_chunks_per_document: int = Field(
         20_000, ge=1, description="A document that makes more chunks is refused whole (413 document_too_large)."
     )
+    max_document_chars: int = Field(
+        5_000_000,
+        ge=1,
+        description="A document whose text is longer is refused (413 document_too_large) before any work is done.",
+    )
     clusters: int = Field(0, ge=0, description="IVF lists at recluster; 0 picks sqrt(chunks).")
     # index.clustering.KMEANS_SEED (a test holds them equal): imported from there, the settings
     # would load FAISS, and every CLI command with them.

@@ -33,8 +33,9 @@ class EmbeddingCache:
     def _key(self, text: str) -> bytes:
         return hashlib.sha256(self.salt + text.encode()).digest()
 
-    def encode(self, texts: Sequence[str], progress: bool = False) -> np.ndarray:
-        """[N, D]: stored vectors where the text was seen, the rest embedded in batches and stored."""
+    def encode(self, texts: Sequence[str], progress: bool = False, *, background: bool = False) -> np.ndarray:
+        """[N, D]: stored vectors where the text was seen, the rest embedded in batches and stored
+        (`background` as `Embedder.encode` takes it)."""
         out = np.zeros((len(texts), self.embedder.dim), dtype=np.float32)
         keys = [self._key(t) for t in texts]
         found: dict[bytes, bytes] = {}
@@ -51,7 +52,7 @@ class EmbeddingCache:
         t0 = time.perf_counter()
         for start in range(0, len(missing), self.batch):
             idx = missing[start : start + self.batch]
-            vecs = self.uncached([texts[i] for i in idx])  # [B, D]
+            vecs = self.uncached([texts[i] for i in idx], background=background)  # [B, D]
             out[idx] = vecs
             self.db.executemany(
                 "INSERT OR REPLACE INTO emb VALUES (?, ?)",

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from engine.document_budget import check_document
 from engine.errors import DocumentTooLarge
 from engine.parsing import Block, ParsedDocument
 
@@ -37,6 +38,7 @@ class ChunkingConfig:
     # chunk near 4,000 characters; ordinary prose (4-5 characters a token) never reaches it.
     max_chars_per_token: int = 16
     max_chunks: int = 20_000  # per document: more is refused (413) rather than half-ingested
+    max_chars: int = 5_000_000  # per document's text: more is refused (413) before any work (engine.document_budget)
 
     def __post_init__(self) -> None:
         if not 0 < self.min_tokens <= self.target_tokens <= self.max_tokens:
@@ -45,8 +47,8 @@ class ChunkingConfig:
             raise ValueError("need 0 <= overlap_tokens < target_tokens")
         if self.heading_prefix not in ("path", "title", "none"):
             raise ValueError("heading_prefix must be path, title or none")
-        if self.max_chars_per_token < 1 or self.max_chunks < 1:
-            raise ValueError("need max_chars_per_token >= 1 and max_chunks >= 1")
+        if self.max_chars_per_token < 1 or self.max_chunks < 1 or self.max_chars < 1:
+            raise ValueError("need max_chars_per_token >= 1, max_chunks >= 1 and max_chars >= 1")
 
 
 @dataclass(frozen=True)
@@ -172,6 +174,7 @@ def chunk_document(
 ) -> list[Chunk]:
     cfg = config or ChunkingConfig()
     text = doc.text
+    check_document(text, cfg.max_chars)  # size and degenerate text: refused before any tokenizing
 
     def count(texts: Sequence[str]) -> list[int]:
         """Tokens, or characters / max_chars_per_token where that is more: the size a chunk is held to."""

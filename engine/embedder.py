@@ -23,6 +23,7 @@ import torch
 
 from engine.errors import NotConfigured
 from engine.onnx_questions import OnnxQuestions, QuestionTokens, export, has_onnxruntime
+from engine.turns import Turns
 
 log = logging.getLogger(__name__)
 QUESTION_RUNTIMES = ("auto", "torch", "onnxruntime")  # what serves question embeddings (compile_questions)
@@ -67,13 +68,20 @@ def choose_dtype(requested: str, device: str) -> torch.dtype:
     return torch.bfloat16 if flags & {"avx512_bf16", "amx_bf16"} else torch.float32
 
 
+# Chunks a background turn embeds: one thread embeds ~10 full chunks a second on a 2-core EPYC,
+# so an urgent caller waits under a second for the slice in progress; slices of 8 lose nothing
+# measurable against the batch of 32 (benchmarks/fair_ingest.py).
+BACKGROUND_SLICE = 8
+
+
 class Embedder:
     """Wraps a SentenceTransformer: normalised float32 vectors, exact token counts; safe across threads.
 
     A fast tokenizer keeps its padding and truncation settings as state, set by every call:
     counting (no padding, no truncation) racing an encode (both) made the encode fail to build
     its tensors. Counting has its own tokenizer copy, and each kind of call is serialised by a
-    lock of its own (encode was already one at a time in effect: torch uses every core).
+    turn-taking of its own (encode was already one at a time in effect: torch uses every core);
+    encode's turns put urgent callers first (`engine.turns`).
     """
 
     def __init__(
@@ -105,7 +113,7 @@ class Embedder:
         self.name = path.name if model_path else "all-MiniLM-L6-v2"
         self._counter = copy.deepcopy(self.model.tokenizer)  # counting's own state
         self._count_lock = threading.Lock()
-        self._encode_lock = threading.Lock()
+        self._turns = Turns()  # encode: one at a time, questions and small uploads first
         self._local = threading.local()  # per thread: its own input module (tokenizer) for encode_questions
         self._question_model: Any = None  # the transformer compiled for questions (compile_questions); None: eager
         self.question_runtime = "eager"  # which one serves, in words (for the log and /readyz)
@@ -120,8 +128,8 @@ class Embedder:
         if not texts:
             return []
         counts: list[int] = []
-        with self._count_lock:
-            for start in range(0, len(texts), _COUNT_SLICE):  # slices: a million lines never sit encoded at once
+        for start in range(0, len(texts), _COUNT_SLICE):  # slices: a million lines never sit encoded at once
+            with self._count_lock:  # a slice a turn: a small upload's count never waits for a whole book
                 enc = self._counter(
                     list(texts[start : start + _COUNT_SLICE]),
                     add_special_tokens=False,
@@ -133,19 +141,27 @@ class Embedder:
                 counts += [len(ids) for ids in enc["input_ids"]]
         return counts
 
-    def encode(self, texts: Sequence[str]) -> Vectors:
-        """[N, D] float32, L2-normalised (inner product = cosine)."""
-        if not texts:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        with self._encode_lock, torch.inference_mode():
-            out = self.model.encode(
-                list(texts),
-                batch_size=self.batch_size,
-                convert_to_tensor=True,
-                show_progress_bar=False,
-                normalize_embeddings=False,
-            )
-        return _normalised(out)
+    def encode(self, texts: Sequence[str], *, background: bool = False) -> Vectors:
+        """[N, D] float32, L2-normalised (inner product = cosine).
+
+        background: a large document's chunks. They are embedded `BACKGROUND_SLICE` at a time, each
+        slice a turn at the model that yields to urgent callers (questions, small uploads) waiting
+        for it (`engine.turns`); otherwise the call is one urgent turn.
+        """
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)  # [N, D]
+        step = BACKGROUND_SLICE if background else max(len(texts), 1)
+        for start in range(0, len(texts), step):
+            part = list(texts[start : start + step])
+            with self._turns.turn(urgent=not background), torch.inference_mode():
+                vecs = self.model.encode(
+                    part,
+                    batch_size=self.batch_size,
+                    convert_to_tensor=True,
+                    show_progress_bar=False,
+                    normalize_embeddings=False,
+                )
+            out[start : start + len(part)] = _normalised(vecs)
+        return out
 
     def encode_questions(self, texts: Sequence[str], *, wide: bool = False) -> Vectors:
         """[N, D] like `encode`, for a handful of short texts (the serving path): one forward pass.

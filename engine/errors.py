@@ -31,6 +31,12 @@ class DocumentTooLarge(InputError):
     code = "document_too_large"
 
 
+class DegenerateDocument(InputError):
+    """Text that would make the same chunk over and over (one word repeated): refused before any work."""
+
+    code = "degenerate_document"
+
+
 class UndecodableDocument(InputError):
     code = "undecodable_document"
 

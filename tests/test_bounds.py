@@ -72,10 +72,11 @@ def test_oversized_bodies_are_refused_before_they_are_buffered(client: TestClien
 
     r = client.post("/search", content=chunks(), headers={"Content-Type": "application/json"})  # no length: chunked
     assert r.status_code == 413 and r.json()["error"]["code"] == "too_large"
-    # Documents keep their own, larger limit.
+    # Documents keep their own, larger limit: the body is read whole and judged by its text
+    # (this one as degenerate, in a first pass, where it once embedded ~1,000 copies of a chunk).
     doc = {"text": "word " * (limit // 4), "title": "big"}
     r = client.post("/documents", json=doc, headers=AUTH)
-    assert r.status_code == 201, r.text[:200]
+    assert r.status_code == 422 and r.json()["error"]["code"] == "degenerate_document", r.text[:200]
 
 
 def test_a_row_gone_in_a_concurrent_change_is_a_409_not_a_500(client: TestClient) -> None:
@@ -208,3 +209,24 @@ def test_the_client_address_is_the_peer_unless_the_peer_is_a_trusted_proxy() -> 
     with pytest.raises(ValueError, match="not-an-ip"):
         Settings(trusted_proxies="127.0.0.1, not-an-ip")
     assert Settings().uvicorn_proxy_options() == {"proxy_headers": False, "forwarded_allow_ips": ""}
+
+
+def test_k_and_the_question_follow_one_rule_on_ask_and_search(client: TestClient) -> None:
+    """`k: null` was 200 on /ask and 422 on /search; the text limits differed too (4,000 characters
+    in /search's schema, MOERAG_MAX_QUESTION_CHARS on /ask). Now one rule (app.schemas) for both."""
+    rt = client.app.state.runtime  # type: ignore[attr-defined]
+    client.post("/documents", json={"text": "Git branches are cheap pointers to commits."}, headers=AUTH)
+    long = "x" * (rt.settings.max_question_chars + 1)
+    for path in ("/ask", "/search"):
+        question = {"query": "git branch"} | ({"generate": False} if path == "/ask" else {})
+        assert client.post(path, json=question | {"k": None}).status_code == 200, path
+        for k, code in ((0, "invalid_request"), (-1, "invalid_request"), ("5", "invalid_request"),
+                        (rt.settings.max_top_k + 1, "top_k_too_large")):  # fmt: skip
+            r = client.post(path, json=question | {"k": k})
+            assert r.status_code == 422 and r.json()["error"]["code"] == code, (path, k, r.text)
+        r = client.post(path, json=question | {"query": long})
+        assert r.status_code == 422 and r.json()["error"]["code"] == "question_too_long", path
+    spec = client.get("/openapi.json").json()["components"]["schemas"]  # the spec states the same limits
+    for name in ("AskIn", "SearchIn"):
+        assert spec[name]["properties"]["k"]["anyOf"][0] == {"type": "integer", "minimum": 1, "maximum": 50}
+        assert spec[name]["properties"]["query"]["maxLength"] == rt.settings.max_question_chars

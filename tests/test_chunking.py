@@ -99,17 +99,24 @@ def test_a_chunk_never_spans_two_sections_with_enough_text(embedder: Embedder) -
 
 
 def test_a_run_of_one_character_is_cut_into_bounded_chunks_and_nothing_is_lost(embedder) -> None:  # type: ignore[no-untyped-def]
-    """Issue 11 #4: 45 MB of one character was one chunk (one [UNK] token) of 45 MB."""
+    """Issue 11 #4: 45 MB of one character was one chunk (one [UNK] token) of 45 MB. A run that long
+    is now refused as degenerate before any work (issue 41); a shorter one is still cut."""
     import itertools
     import time
 
+    import pytest
+
     from engine.chunking import ChunkingConfig, chunk_document
+    from engine.document_budget import CHAR_WINDOW
+    from engine.errors import DegenerateDocument
     from engine.parsing import parse
 
-    text = "intro words here. " + "x" * 2_000_000 + " and the end."
+    with pytest.raises(DegenerateDocument):
+        chunk_document(parse(("x" * 2_000_000).encode(), "run.txt"), embedder.count_tokens)
+    text = "intro words here. " + "x" * (CHAR_WINDOW - 1000) + " and the end."
     t = time.perf_counter()
     chunks = chunk_document(parse(text.encode(), "run.txt"), embedder.count_tokens)
-    assert time.perf_counter() - t < 30
+    assert time.perf_counter() - t < 30 and len(chunks) > 10
     cfg = ChunkingConfig()
     assert max(len(c.text) for c in chunks) <= cfg.max_tokens * cfg.max_chars_per_token
     covered = sorted((c.start, c.end) for c in chunks)

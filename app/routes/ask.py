@@ -19,7 +19,7 @@ from app.deps import ReaderDep, RuntimeDep
 from app.errors import ApiError
 from app.proxies import client_address
 from app.runtime import Runtime
-from app.schemas import AskIn, AskOut, CitationOut
+from app.schemas import AskIn, AskOut, CitationOut, check_question
 from app.services.ask import log_question, route_json
 from engine.generators import GeneratorError, cited_numbers
 from engine.pipeline import AskRequest, Prepared
@@ -56,10 +56,7 @@ def _citations(p: Prepared, answer: str | None = None) -> list[CitationOut]:
 
 def _prepare(rt: Runtime, body: AskIn) -> Prepared:
     s = rt.settings
-    if len(body.query) > s.max_question_chars:
-        raise ApiError("question_too_long", f"questions are limited to {s.max_question_chars} characters")
-    if body.k is not None and body.k > s.max_top_k:
-        raise ApiError("top_k_too_large", f"k is limited to {s.max_top_k}")
+    check_question(body.query, body.k, max_chars=s.max_question_chars, max_k=s.max_top_k)
     if body.mode != "expert" and body.expert is not None:
         raise ApiError("invalid_request", "'expert' is only meaningful with mode='expert'")
     if body.expert is not None and body.expert not in rt.experts.profiles():

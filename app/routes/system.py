@@ -10,7 +10,17 @@ from starlette.concurrency import run_in_threadpool
 
 from app.deps import IdPath, Limit, Offset, ReaderDep, RuntimeDep
 from app.runtime import Runtime
-from app.schemas import PAGE_DEFAULT, JobOut, Page, SearchHit, SearchIn, SearchOut, StatsOut
+from app.schemas import (
+    PAGE_DEFAULT,
+    SEARCH_K,
+    JobOut,
+    Page,
+    SearchHit,
+    SearchIn,
+    SearchOut,
+    StatsOut,
+    check_question,
+)
 from app.services.search import search
 
 router = APIRouter()
@@ -75,7 +85,10 @@ async def search_chunks(body: SearchIn, rt: RuntimeDep) -> SearchOut:
 
 def run_search(rt: Runtime, body: SearchIn) -> SearchOut:
     """The search as the API answers it (the CLI's local `search` prints the same)."""
-    result = search(rt.sessions, rt.embedder, rt.indexes, body.query, body.k, body.clusters, rt.retrieval_vector())
+    s = rt.settings
+    check_question(body.query, body.k, max_chars=s.max_question_chars, max_k=s.max_top_k)
+    k = SEARCH_K if body.k is None else body.k
+    result = search(rt.sessions, rt.embedder, rt.indexes, body.query, k, body.clusters, rt.retrieval_vector())
     hits = [
         SearchHit(
             chunk_id=h.chunk.id,

@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 # Chunks gathered across documents before one encode call: small documents alone would
 # give the model tiny batches and waste most of its throughput.
 EMBED_GROUP = 256
+# An upload of at most this many chunks embeds in one urgent turn at the model; more, in
+# background slices that let urgent callers go first (engine.turns).
+URGENT_CHUNKS = 64
 
 
 @dataclass
@@ -87,7 +90,8 @@ class Ingestor:
 
     def _embed(self, batch: list[_Prepared]) -> list[Vectors]:
         texts = [c.embed_text for p in batch for c in p.chunks]
-        vectors = self.embedder.encode(texts)  # [N, D]
+        # Many chunks embed in background slices: small uploads and searches go between them.
+        vectors = self.embedder.encode(texts, background=len(texts) > URGENT_CHUNKS)  # [N, D]
         out, pos = [], 0
         for p in batch:
             out.append(vectors[pos : pos + len(p.chunks)])

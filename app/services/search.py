@@ -38,7 +38,9 @@ def search(
 ) -> SearchResult:
     """Each hit's chunk comes with its document loaded (usable after the session closed).
     retrieval_vector: the question as retrieval reads it (the active router's query adapter), as /ask does."""
-    q = embedder.encode([query])  # [1, D]
+    # The question path /ask embeds with (no turn at the model: a large document embedding
+    # meanwhile never delays a search; the same vectors as `encode`, checked at start).
+    q = embedder.encode_questions([query])  # [1, D]
     q = retrieval_vector(q) if retrieval_vector is not None else q  # [1, D]
     index = indexes.index
     scores, ids = index.search(q, k, clusters)  # [1, K], [1, K]
