@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -112,7 +114,9 @@ DOCS_HEADERS = {
 
 
 class SecurityHeaders:
-    """Pure ASGI (no task group around the app): the console's and the docs' headers, nosniff everywhere."""
+    """Pure ASGI (no task group around the app): the console's and the docs' headers, nosniff everywhere,
+    and `X-Request-Id` on every response: the client's own (echoed) or a fresh one, so a client can
+    tell that a response, an error above all, answers its request and no other."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -129,14 +133,30 @@ class SecurityHeaders:
         else:
             extra = {"X-Content-Type-Options": "nosniff"}
 
+        request_id = _request_id(scope)
+
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = MutableHeaders(scope=message)
                 for name, value in extra.items():
                     headers[name] = value
+                headers["X-Request-Id"] = request_id
             await send(message)
 
         await self.app(scope, receive, send_with_headers)
+
+
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+def _request_id(scope: Scope) -> str:
+    """The request's X-Request-Id when it is a plain token (echoed), else a new random one."""
+    for name, value in scope.get("headers") or ():
+        if name == b"x-request-id":
+            given = value.decode("latin-1")
+            if _REQUEST_ID.fullmatch(given):
+                return given
+    return uuid.uuid4().hex
 
 
 def worker_app() -> FastAPI:
