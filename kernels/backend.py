@@ -3,6 +3,12 @@
 `auto` picks Triton on a CUDA machine and the torch twins otherwise. Triton is never
 launched on a machine with no GPU unless its interpreter is on (TRITON_INTERPRET=1, which
 the tests set), because such a launch dies with "0 active drivers".
+
+Under the Triton backend, the data decides each call (`use_triton`): tensors on the GPU go to
+the kernel, tensors on the CPU to the torch twin. The served gate's logits come from a NumPy MLP
+on the CPU ([1, E] for one question): a launch would first copy them to the GPU and the answer
+back, for a softmax over a few dozen numbers, and it raised "Triton kernels need CUDA tensors"
+on every routed question of a CUDA machine.
 """
 
 from __future__ import annotations
@@ -58,6 +64,12 @@ def configure(requested: str = "auto") -> Backend:
 
 def current() -> Backend:
     return _chosen if _chosen is not None else configure("auto")
+
+
+def use_triton(*tensors: torch.Tensor) -> bool:
+    """Whether a call on these tensors runs the Triton kernel: the Triton backend, and the tensors
+    on a GPU (or the interpreter on); otherwise its torch twin runs where the data is."""
+    return current() == "triton" and (interpreter_on() or all(t.device.type == "cuda" for t in tensors))
 
 
 def check_launchable(*tensors: torch.Tensor) -> None:

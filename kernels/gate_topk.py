@@ -97,7 +97,8 @@ def gate_topk_torch(
 def gate_topk(
     logits: torch.Tensor, temperature: float = 1.0, k: int = 1, renormalize: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [Q, E] -> (weights [Q, K] float32, ids [Q, K] int64), on the process's backend."""
-    if backend.current() == "triton":
+    """logits [Q, E] -> (weights [Q, K] float32, ids [Q, K] int64), on the process's backend where the
+    logits are (`backend.use_triton`: CPU logits take the twin)."""
+    if backend.use_triton(logits):
         return gate_topk_triton(logits, temperature, k, renormalize)
     return gate_topk_torch(logits, temperature, k, renormalize)

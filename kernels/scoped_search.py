@@ -153,7 +153,8 @@ def scoped_search_torch(
 def scoped_search(
     x: torch.Tensor, queries: torch.Tensor, offsets: torch.Tensor, experts: torch.Tensor, r: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [N, D], queries [Q, D], offsets [E+1], experts [Q, S] -> (scores [Q, R], rows [Q, R])."""
-    if backend.current() == "triton":
+    """x [N, D], queries [Q, D], offsets [E+1], experts [Q, S] -> (scores [Q, R], rows [Q, R]), on the
+    process's backend where the data is (`backend.use_triton`)."""
+    if backend.use_triton(x, queries, offsets, experts):
         return scoped_search_triton(x, queries, offsets, experts, r)
     return scoped_search_torch(x, queries, offsets, experts, r)

@@ -88,3 +88,17 @@ def test_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
         backend.resolve("cuda")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert backend.resolve("auto") == "triton"
+
+
+def test_under_triton_cpu_logits_take_the_twin_and_never_raise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 37 #0: the served gate's logits are a CPU tensor (a NumPy MLP); with Triton chosen on
+    a CUDA machine every routed question raised "Triton kernels need CUDA tensors". The data
+    decides: CPU tensors go to the twin, GPU tensors to the kernel."""
+    monkeypatch.setattr(backend, "_chosen", "triton")
+    monkeypatch.setattr(backend, "interpreter_on", lambda: False)  # as on a real GPU machine
+    logits = torch.tensor([[0.0, 2.0, 2.0, 1.0, 2.0]])
+    assert not backend.use_triton(logits)
+    w, i = gate_topk(logits, 1.0, 2)
+    assert i.tolist() == [[1, 2]] and torch.equal(w, gate_topk_torch(logits, 1.0, 2)[0])
+    with pytest.raises(RuntimeError, match="CUDA tensors"):  # the kernel itself still refuses them
+        gate_topk_triton(logits, 1.0, 2)

@@ -27,3 +27,29 @@ def test_scoped_search_on_gpu(sizes: list[int], q: int, r: int) -> None:
     s1, i1 = scoped_search_torch(x, queries, offsets, experts, r)
     s2, i2 = scoped_search_triton(x, queries, offsets, experts, r)
     assert torch.equal(i1, i2) and torch.allclose(s1, s2, atol=1e-4)
+
+
+def test_the_served_gate_and_expert_path_route_on_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 37 #0: the gate as `Router.route` calls it (`gate_topk` on CPU logits from the NumPy MLP)
+    under the Triton backend, then the expert path's scoped search on the GPU matrix: no error, the
+    twin's answer."""
+    import numpy as np
+
+    from engine.expert_matrix import ExpertMatrix
+    from kernels import backend
+    from kernels.gate_topk import gate_topk
+
+    monkeypatch.setattr(backend, "_chosen", "triton")
+    logits = torch.randn(1, 9)  # the served gate's output: a CPU tensor
+    _, i = gate_topk(logits, 0.8, 3)
+    assert torch.equal(i, gate_topk_torch(logits, 0.8, 3)[1])
+    rng = np.random.default_rng(0)
+    vecs = rng.standard_normal((5000, 384)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    experts = rng.integers(0, 4, 5000)
+    gpu = ExpertMatrix(np.arange(5000), vecs, experts, [0, 1, 2, 3], device="cuda")
+    cpu = ExpertMatrix(np.arange(5000), vecs, experts, [0, 1, 2, 3], device="cpu")
+    q = vecs[:3] + 0.01
+    for expert in range(4):
+        (s_gpu, ids_gpu), (s_cpu, ids_cpu) = gpu.search(q, [expert], 50), cpu.search(q, [expert], 50)
+        assert np.array_equal(ids_gpu, ids_cpu) and np.allclose(s_gpu, s_cpu, atol=1e-4)
