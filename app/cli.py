@@ -345,7 +345,17 @@ def build_parser() -> argparse.ArgumentParser:
     sample = sub.add_parser("sample", help="write the pydoc sample corpus to a folder")
     sample.add_argument("target")
     sample.set_defaults(func=cmd_sample)
+    _data_dir_everywhere(p)
     return p
+
+
+def _data_dir_everywhere(parser: argparse.ArgumentParser) -> None:
+    """`--data-dir` after the subcommand too (`moerag ask --data-dir d "…"`), as before it."""
+    for action in parser._actions:  # argparse has no public walk of its subcommands
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action.choices.values():
+                command.add_argument("--data-dir", default=argparse.SUPPRESS, help="data directory")
+                _data_dir_everywhere(command)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

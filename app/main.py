@@ -19,10 +19,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app import errors
 from app.body_limit import BodyLimit, limit_for
 from app.deps import optional_read_security
+from app.limits import state_question_limits
 from app.locking import die_with_parent
 from app.routes import admin, ask, console, documents, system
 from app.runtime import Runtime, use_serving_threads
-from app.schemas import ERROR_RESPONSES, state_question_limits
+from app.schemas import ERROR_RESPONSES
 from app.settings import Settings
 
 log = logging.getLogger(__name__)

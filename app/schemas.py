@@ -17,7 +17,7 @@ from pydantic import (
 )
 from pydantic_core.core_schema import ValidatorFunctionWrapHandler
 
-from app.errors import ApiError
+from app.limits import SEARCH_K, Passages
 from engine.generators import GENERATOR_NAME
 
 INT64_MAX = 2**63 - 1  # the largest id, offset or cluster a request may name (SQL BIGINT, FAISS ids)
@@ -42,38 +42,6 @@ Id = Annotated[int, Field(ge=0, le=INT64_MAX), BeforeValidator(_number_not_text)
 Positive = Annotated[int, Field(ge=1), BeforeValidator(_number_not_text)]
 TopK = Annotated[int, Field(ge=1, le=50), BeforeValidator(_number_not_text)]  # an expert's passages
 Share = Annotated[float, Field(ge=0, le=1), BeforeValidator(_number_not_text)]  # a threshold: "0.5" is refused
-SEARCH_K = 10  # /search's passages when k is absent or null
-
-
-def Passages(description: str) -> Any:
-    """`k` on every route that retrieves (/ask, /search): a JSON number >= 1, or null/absent for the
-    route's default; its upper bound is MOERAG_MAX_TOP_K, checked by `check_question`."""
-    return Field(None, description=f"{description} At most MOERAG_MAX_TOP_K (50 by default); null: the default.")
-
-
-def state_question_limits(spec: dict[str, Any], *, max_chars: int, max_k: int) -> dict[str, Any]:
-    """Write the limits `check_question` applies into the OpenAPI spec (they are settings, so no
-    static schema can hold them): clients and fuzzers see the same bounds the server enforces."""
-    schemas = spec.get("components", {}).get("schemas", {})
-    for name in ("AskIn", "SearchIn"):
-        props = schemas.get(name, {}).get("properties", {})
-        for text in ("query", "question"):
-            if text in props:
-                props[text]["maxLength"] = max_chars
-        for k in ("k", "top_k"):
-            if k in props:
-                props[k]["anyOf"][0]["maximum"] = max_k
-    return spec
-
-
-def check_question(query: str, k: int | None, *, max_chars: int, max_k: int) -> None:
-    """The one rule for a question's text and its k, on /ask and /search alike (limits from the settings)."""
-    if len(query) > max_chars:
-        raise ApiError("question_too_long", f"questions are limited to {max_chars} characters")
-    if k is not None and k > max_k:
-        raise ApiError("top_k_too_large", f"k is limited to {max_k}")
-
-
 # Stored times are UTC; SQLite returns them without a zone, which a date-time must carry.
 Utc = Annotated[datetime, AfterValidator(lambda d: d if d.tzinfo else d.replace(tzinfo=UTC))]
 

@@ -343,3 +343,15 @@ def test_a_repeated_question_is_answered_from_the_cache_until_the_catalogue_chan
     fresh = ask(client, **question)
     assert "embed" in fresh["timings_ms"] and fresh["route"]["catalogue_version"] > first["route"]["catalogue_version"]
     assert "cached" in ask(client, **question)["timings_ms"]  # and the new state is cached in turn
+
+
+def test_the_root_opens_the_console_and_the_ask_examples_work(client: TestClient) -> None:
+    """Issue 40 #6: `GET /` was a 404; Swagger's pre-filled /ask body (`expert: 9223372036854776000`)
+    was a 422. Every documented example is accepted as sent."""
+    r = client.get("/", follow_redirects=False)
+    assert r.status_code == 307 and r.headers["location"] == "/admin"
+    body = client.get("/openapi.json").json()["paths"]["/ask"]["post"]["requestBody"]["content"]["application/json"]
+    assert body["examples"]
+    for name, example in body["examples"].items():
+        r = client.post("/ask", json={**example["value"], "generate": False})
+        assert r.status_code == 200, (name, r.text)

@@ -91,3 +91,14 @@ def test_files_the_server_places_itself_keep_no_server_path(runtime, tmp_path: P
     with runtime.sessions() as s:
         sources = list(s.scalars(select(Document.source)))
     assert sources and not any(src.startswith("/") or str(tmp_path) in src for src in sources)
+
+
+def test_data_dir_is_taken_after_the_subcommand_too() -> None:
+    """Issue 40 #6: `moerag ask --data-dir d …` was refused; it now means what `moerag --data-dir d ask …` does."""
+    from app.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["ask", "--data-dir", "d", "q"]).data_dir == "d"
+    assert parser.parse_args(["--data-dir", "d", "ask", "q"]).data_dir == "d"  # not reset by the subcommand
+    assert parser.parse_args(["index", "rebuild", "--data-dir", "e"]).data_dir == "e"
+    assert parser.parse_args(["search", "q"]).data_dir is None

@@ -8,23 +8,38 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from typing import Annotated, Any
 
 import anyio
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Body, Request
 from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from app.deps import ReaderDep, RuntimeDep
 from app.errors import ApiError
+from app.limits import check_question
 from app.proxies import client_address
 from app.runtime import Runtime
-from app.schemas import AskIn, AskOut, CitationOut, check_question
+from app.schemas import AskIn, AskOut, CitationOut
 from app.services.ask import log_question, route_json
 from engine.generators import GeneratorError, cited_numbers
 from engine.pipeline import AskRequest, Prepared
 
 router = APIRouter(tags=["ask"])
+# What Swagger's "Try it out" pre-fills: without them it built a body from the schema, with
+# `expert: 9223372036854776000` (int64's maximum, rounded by JavaScript), a 422.
+ASK_EXAMPLES: dict[str, Any] = {
+    "routed": {"summary": "Route, retrieve, answer", "value": {"query": "How do I undo the last commit?"}},
+    "passages only": {
+        "summary": "Route and retrieve, no generated answer",
+        "value": {"query": "How do I undo the last commit?", "k": 3, "generate": False},
+    },
+    "fallback": {
+        "summary": "Retrieval over the whole store",
+        "value": {"query": "How do I undo the last commit?", "mode": "fallback", "generate": False},
+    },
+}
 # One server-sent event: `route` (route and citations), `token` ({"text"}), `error`, `done`; data is JSON.
 _SSE_EVENT = {
     "type": "object",
@@ -82,7 +97,9 @@ def _finish(rt: Runtime, prepared: Prepared) -> int | None:
     dependencies=[ReaderDep],
     responses={200: {"content": {"text/event-stream": {"schema": _SSE_EVENT}}}},  # stream: true
 )
-async def ask(body: AskIn, request: Request, rt: RuntimeDep) -> Response:
+async def ask(
+    body: Annotated[AskIn, Body(openapi_examples=ASK_EXAMPLES)], request: Request, rt: RuntimeDep
+) -> Response:
     """Route the question, retrieve, answer with numbered citations; the route says which path and why."""
     rt.asking += 1  # on the event loop: no other thread writes it
     try:

@@ -5,25 +5,22 @@ from __future__ import annotations
 import os
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
 from app.deps import IdPath, Limit, Offset, ReaderDep, RuntimeDep
+from app.limits import SEARCH_K, check_question
 from app.runtime import Runtime
-from app.schemas import (
-    PAGE_DEFAULT,
-    SEARCH_K,
-    JobOut,
-    Page,
-    SearchHit,
-    SearchIn,
-    SearchOut,
-    StatsOut,
-    check_question,
-)
+from app.schemas import PAGE_DEFAULT, JobOut, Page, SearchHit, SearchIn, SearchOut, StatsOut
 from app.services.search import search
 
 router = APIRouter()
+
+
+@router.get("/", include_in_schema=False)
+def root() -> RedirectResponse:
+    """A browser at the server's address lands on the console (the API's docs are at /docs)."""
+    return RedirectResponse("/admin", status_code=307)
 
 
 @router.get("/healthz", tags=["system"])
