@@ -53,8 +53,10 @@ def collect_files(paths: Sequence[str]) -> list[Path]:
 
 
 @contextmanager
-def _runtime(settings: Settings) -> Iterator[Runtime]:
-    """A started runtime for one command, closed when it ends (a busy data dir is a clear exit)."""
+def _runtime(settings: Settings, *, remote: bool = True) -> Iterator[Runtime]:
+    """A started runtime for one command, closed when it ends (a busy data dir is a clear exit).
+
+    remote: the command has --server, so a busy data dir's message may point there."""
     from app.locking import DataDirBusy
     from app.runtime import Runtime
 
@@ -62,7 +64,8 @@ def _runtime(settings: Settings) -> Iterator[Runtime]:
     try:
         rt.start(run_jobs=False)  # jobs are the server's: a one-shot command neither resumes nor abandons them
     except DataDirBusy as exc:
-        raise SystemExit(f"moerag: {exc}") from None
+        advice = "stop it, or send the work to it with --server URL" if remote else "stop it first"
+        raise SystemExit(f"moerag: {exc}; {advice}") from None
     try:
         yield rt
     finally:
@@ -152,12 +155,31 @@ def _token(args: argparse.Namespace, settings: Settings, *, admin: bool) -> str 
 
 
 def cmd_recluster(args: argparse.Namespace) -> None:
-    with _runtime(_settings(args)) as rt:
+    """Here, or as a job on a server (--server, or the live server holding the data dir)."""
+    settings = _settings(args)
+    if server := _server(args, settings):
+        from tqdm import tqdm
+
+        from app.cli_remote import Remote
+
+        with (
+            tqdm(total=4, desc="recluster", disable=args.quiet) as bar,
+            Remote(server, _token(args, settings, admin=True)) as api,
+        ):
+
+            def progress(done: int, total: int) -> None:
+                bar.total, bar.n = max(total, 1), done
+                bar.refresh()
+
+            job = api.call("POST", "/admin/api/recluster", ok=(202,))
+            print(json.dumps(api.follow_job(job, progress)["result"]))
+        return
+    with _runtime(settings) as rt:
         print(json.dumps(rt.indexes.recluster()))
 
 
 def cmd_index_rebuild(args: argparse.Namespace) -> None:
-    with _runtime(_settings(args)) as rt:
+    with _runtime(_settings(args), remote=False) as rt:
         idx = rt.indexes.rebuild()
         print(json.dumps({"version": idx.version, "clusters": idx.nlist, "vectors": idx.ntotal}))
 
@@ -228,7 +250,7 @@ def cmd_router_eval(args: argparse.Namespace) -> None:
 
     from engine.router_training import evaluate
 
-    with _runtime(_settings(args)) as rt:
+    with _runtime(_settings(args), remote=False) as rt:
         router = rt.routers.current()
         if router is None:
             raise SystemExit("moerag: no active router; run `moerag router train` first")
@@ -305,7 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("paths", nargs="+")
     ingest.set_defaults(func=cmd_ingest)
 
-    sub.add_parser("recluster", help="k-means the stored embeddings into new clusters").set_defaults(func=cmd_recluster)
+    sub.add_parser("recluster", parents=[remote], help="k-means the stored embeddings into new clusters").set_defaults(
+        func=cmd_recluster
+    )
 
     index = sub.add_parser("index", help="index maintenance")
     index_sub = index.add_subparsers(dest="action", required=True)

@@ -27,7 +27,7 @@ def cmd_db(args: argparse.Namespace) -> None:
         try:
             lock.acquire()
         except DataDirBusy as exc:
-            raise SystemExit(f"moerag: {exc}") from None
+            raise SystemExit(f"moerag: {exc}; stop it first") from None
         target = make_engine(args.revision)
         try:
             upgrade(engine)

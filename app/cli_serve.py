@@ -56,7 +56,7 @@ def _serve_workers(args: argparse.Namespace, settings: Settings, url: str) -> No
         lock.acquire(url)
         lock.share()  # held with the workers: taken while any process of this server lives
     except DataDirBusy as exc:
-        raise SystemExit(f"moerag: {exc}") from None
+        raise SystemExit(f"moerag: {exc}; stop it first") from None
     from app.auth import load_or_create_token
 
     load_or_create_token(  # one token for every worker, printed once

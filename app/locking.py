@@ -50,8 +50,7 @@ class DataDirLock:
             pid = _record(f.read()).get("pid", "?")
             f.close()
             raise DataDirBusy(
-                f"data directory {self.path.parent} is in use by another moerag process (pid {pid}); "
-                "stop it, or send the work to it with --server URL"
+                f"data directory {self.path.parent} is in use by another moerag process (pid {pid})"
             ) from None
         f.seek(0)
         f.truncate()

@@ -67,6 +67,15 @@ def test_cli_commands_against_a_live_server(tmp_path: Path) -> None:
         assert run.returncode == 1, run.stderr  # one of two files failed
         counts = json.loads(run.stdout)
         assert counts["failed"] == 1 and counts["created"] == 1
+
+        # Issue 40 #6: recluster goes to the server like the others (it had no --server, while the
+        # lock error told it to use one); a command without --server says to stop the server.
+        run = cli(data, "recluster", "--quiet")
+        assert run.returncode == 0, run.stderr
+        assert isinstance(json.loads(run.stdout.splitlines()[-1]), dict)
+        run = cli(data, "index", "rebuild")
+        error = one_line_error(run)
+        assert run.returncode == 1 and "stop it first" in error and "--server" not in error
     finally:
         server.stop()
 
