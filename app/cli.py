@@ -124,6 +124,16 @@ def cmd_ingest(args: argparse.Namespace) -> None:
         raise SystemExit(1)  # the counts are printed; the exit status says not everything went in
 
 
+def _require_store(settings: Settings) -> None:
+    """A read command (ask, search) on a data dir with no store says so; it created an empty
+    store and answered "No passages" before."""
+    if settings.database_url is None and not (settings.resolved_data_dir / "moerag.db").exists():
+        raise SystemExit(
+            f"moerag: no store in {settings.resolved_data_dir}: ingest documents first "
+            "(moerag --data-dir DIR ingest PATH...), or point --data-dir (or MOERAG_DATA_DIR) at a store"
+        )
+
+
 def _server(args: argparse.Namespace, settings: Settings) -> str | None:
     """Where the work goes: --server, else the live server holding the data dir, else None (local)."""
     if getattr(args, "server", None):
@@ -196,6 +206,7 @@ def cmd_search(args: argparse.Namespace) -> None:
     from app.routes.system import run_search
     from app.schemas import SearchIn
 
+    _require_store(settings)
     with _runtime(settings) as rt:
         print_hits(run_search(rt, SearchIn.model_validate(body)).model_dump(), args.json)
 
@@ -213,6 +224,7 @@ def cmd_ask(args: argparse.Namespace) -> None:
     from app.routes.ask import answer_json
     from app.schemas import AskIn
 
+    _require_store(settings)
     with _runtime(settings) as rt:  # the API's own answer: same checks, same log, same shape
         print_answer(json.loads(answer_json(rt, AskIn.model_validate(body))), args.json)
 

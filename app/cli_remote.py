@@ -73,12 +73,19 @@ def print_answer(body: dict[str, Any], as_json: bool) -> None:
         print(f" {mark}[{c['n']}] {c['score']:.3f} {c['source']} :: {c['heading']}")
 
 
+def snippet(text: str, width: int = 160) -> str:
+    """A chunk's text on one line, cut at a word near `width` characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[:width].rsplit(" ", 1)[0] + " …"
+
+
 def print_hits(body: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(body))
         return
     for h in body["hits"]:
         print(f"{h['score']:.3f}  [{h['chunk_id']}] {h['source']} :: {h['heading']}")
+        print(f"       {snippet(h['text'])}")
     print(f"({body['vectors_scanned']} vectors in {body['clusters_scanned']} clusters)", file=sys.stderr)
 
 

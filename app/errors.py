@@ -43,6 +43,7 @@ STATUS: dict[str, int] = {
     "unauthorized": 401,
     "csrf": 403,
     "rate_limited": 429,
+    "too_many_jobs": 429,
     # the server and what it depends on
     "not_ready": 503,
     "generator_unavailable": 503,

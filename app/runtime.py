@@ -311,6 +311,7 @@ class Runtime:
                 },
                 exclusive=self.engine.dialect.name == "sqlite",  # else other processes may run jobs too
                 lease_seconds=s.job_lease_seconds,
+                max_queued=s.max_queued_jobs,
             )
             self._services = Services(emb, questions, indexes, ingestor, routers, pipeline, answers, jobs)
             self.catalogue.subscribe(["documents", "index"], indexes.follow)  # first: the others read it
@@ -366,12 +367,12 @@ class Runtime:
         result = self.indexes.recluster(lambda done, total: ctx.progress(done, total))
         if self.routers.current() is not None:
             # The mapping carried over by majority vote; the router relearns it on the new clusters.
-            result["train_job"] = self.jobs.submit("train", {"activate": True}, total=100).id
+            result["train_job"] = self.jobs.submit("train", {"activate": True}, total=100, coalesce=True).id
         return result
 
     def mapping_changed(self) -> int:
         """The cluster -> expert mapping changed: documents are re-placed by a job (its id)."""
-        return self.jobs.submit("realign", {}, total=3).id
+        return self.jobs.submit("realign", {}, total=3, coalesce=True).id
 
     def _realign_job(self, ctx: JobContext) -> dict[str, Any]:
         return self.indexes.realign(lambda done, total: ctx.progress(done, total))

@@ -68,6 +68,12 @@ class Settings(BaseSettings):
     job_lease_seconds: float = Field(
         15.0, gt=0, description="A running job without a heartbeat this long is another process's to finish."
     )
+    max_queued_jobs: int = Field(
+        100,
+        ge=1,
+        description="Jobs waiting to run; one more is refused (429 too_many_jobs). A recluster or router training "
+        "asked for again while the same one waits gets that job back instead of a new one.",
+    )
     worker_of: int = Field(0, ge=0, description="Set by `moerag serve --workers N`: the supervising process's pid.")
     route_threshold: float = Field(0.7, ge=0, le=1, description="Calibrated confidence for the expert path.")
     expert_min_score: float = Field(0.2, description="Best scoped score under this falls back to global search.")

@@ -70,6 +70,12 @@ class NotConfigured(MoeragError):
     code = "not_configured"
 
 
+class TooManyJobs(MoeragError):
+    """The job queue is full (MOERAG_MAX_QUEUED_JOBS): retry once some have run."""
+
+    code = "too_many_jobs"
+
+
 class NotTrainable(MoeragError, ValueError):
     """The router cannot be trained yet (no expert owns a cluster)."""
 

@@ -102,3 +102,28 @@ def test_data_dir_is_taken_after_the_subcommand_too() -> None:
     assert parser.parse_args(["--data-dir", "d", "ask", "q"]).data_dir == "d"  # not reset by the subcommand
     assert parser.parse_args(["index", "rebuild", "--data-dir", "e"]).data_dir == "e"
     assert parser.parse_args(["search", "q"]).data_dir is None
+
+
+@pytest.mark.parametrize("command", [["ask", "what is git?"], ["search", "git"]])
+def test_a_read_command_without_a_store_says_so_and_creates_nothing(tmp_path: Path, command: list[str]) -> None:
+    """Issue 40 #6: `moerag ask` in a folder with no store created an empty one and answered "No passages"."""
+    empty = tmp_path / "nothing-here"
+    with pytest.raises(SystemExit, match=r"no store in .*ingest documents first"):
+        main(["--data-dir", str(empty), *command])
+    assert not empty.exists()
+
+
+def test_search_prints_a_snippet_of_each_hit(capsys: pytest.CaptureFixture[str]) -> None:
+    from app.cli_remote import print_hits, snippet
+
+    hit = {
+        "score": 0.5,
+        "chunk_id": 7,
+        "source": "git.md",
+        "heading": "Branches",
+        "text": "A branch\n is " + "x " * 200,
+    }
+    print_hits({"hits": [hit], "vectors_scanned": 1, "clusters_scanned": 1}, as_json=False)
+    out = capsys.readouterr().out.splitlines()
+    assert out[1].strip().startswith("A branch is x x") and out[1].endswith("…") and len(out[1]) < 180
+    assert snippet("short  text") == "short text"

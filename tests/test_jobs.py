@@ -152,3 +152,45 @@ def test_a_live_runner_keeps_its_job_with_a_heartbeat(tmp_path: Path) -> None:
     first.stop()
     second.stop()
     assert calls == [job.id] and status(maker, job.id).status == "done"
+
+
+def test_the_queue_is_bounded_and_a_repeated_job_waits_once(tmp_path: Path) -> None:
+    """Issue 40 #6: five minutes of admin calls queued 1,994 jobs, ingestion waiting behind every
+    recluster. A recluster asked for while one waits gets that one; the queue has a bound."""
+    import pytest
+
+    from engine.errors import TooManyJobs
+
+    maker = sessions(tmp_path)
+    runner = JobRunner(maker, {"recluster": lambda ctx: {}, "ingest": lambda ctx: {}}, max_queued=3)  # not started
+    first = runner.submit("recluster", {}, coalesce=True)
+    assert runner.submit("recluster", {}, coalesce=True).id == first.id
+    assert runner.submit("ingest", {"files": [1]}).id != first.id
+    runner.submit("ingest", {"files": [2]})
+    with pytest.raises(TooManyJobs, match="MOERAG_MAX_QUEUED_JOBS=3"):
+        runner.submit("ingest", {"files": [3]})
+    assert runner.submit("recluster", {}, coalesce=True).id == first.id  # a waiting twin still answers
+
+
+def test_an_expected_job_failure_is_one_line(tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    """Issue 40 #6: training with no mapped cluster was an ERROR with a traceback; it is the user's to fix."""
+    import logging
+
+    from engine.errors import NotTrainable
+
+    def train(ctx: JobContext) -> dict[str, Any]:
+        raise NotTrainable("no expert owns a cluster yet")
+
+    maker = sessions(tmp_path)
+    runner = JobRunner(maker, {"train": train}, poll_seconds=0.01)
+    job = runner.submit("train", {})
+    with caplog.at_level(logging.INFO, logger="app.services.jobs"):
+        runner.start()
+        deadline = time.monotonic() + 10
+        while status(maker, job.id).status != "failed" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        runner.stop()
+    assert status(maker, job.id).error == "NotTrainable: no expert owns a cluster yet"
+    failed = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert len(failed) == 1 and failed[0].levelname == "WARNING" and failed[0].exc_info is None
+    assert "not_trainable" in failed[0].getMessage()

@@ -45,7 +45,7 @@ router = APIRouter(prefix="/admin/api", tags=["admin"], dependencies=[AdminDep])
 @router.post("/recluster", response_model=JobOut, status_code=202)
 def recluster(rt: RuntimeDep) -> JobOut:
     """k-means over the stored embeddings (a job); experts carry over by majority vote."""
-    return JobOut.model_validate(rt.jobs.submit("recluster", {}, total=4))
+    return JobOut.model_validate(rt.jobs.submit("recluster", {}, total=4, coalesce=True))
 
 
 @router.get("/clusters", response_model=Page[ClusterOut])
@@ -156,7 +156,7 @@ def propose(body: ProposeIn, rt: RuntimeDep) -> dict[str, object]:
 @router.post("/router/train", response_model=JobOut, status_code=202)
 def train_router(rt: RuntimeDep, body: TrainIn | None = None) -> JobOut:
     params = {"activate": body.activate, "force": body.force} if body else {"activate": True, "force": False}
-    return JobOut.model_validate(rt.jobs.submit("train", params, total=100))
+    return JobOut.model_validate(rt.jobs.submit("train", params, total=100, coalesce=True))
 
 
 @router.get("/router/versions", response_model=Page[RouterVersionOut])

@@ -115,10 +115,10 @@ async def bulk_ingest(request: Request, rt: RuntimeDep) -> JobOut:
             name = f.filename or f"upload-{i}"
             path = spool_file(spool, i, name, data)
             files.append({"path": str(path), "filename": name, "source": name, "content_type": f.content_type})
-    except BaseException:
+        job = rt.jobs.submit("ingest", {"files": files, "spool": str(spool)}, total=len(files))
+    except BaseException:  # a refused upload or a full job queue keeps none of the spooled files
         shutil.rmtree(spool, ignore_errors=True)
         raise
-    job = rt.jobs.submit("ingest", {"files": files, "spool": str(spool)}, total=len(files))
     return JobOut.model_validate(job)
 
 

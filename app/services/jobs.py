@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.models import Job
 from app.services.paging import scalar_page
-from engine.errors import NotFound
+from engine.errors import MoeragError, NotFound, TooManyJobs
 
 log = logging.getLogger(__name__)
 
@@ -87,19 +87,34 @@ class JobRunner:
         exclusive: bool = True,
         poll_seconds: float = 1.0,
         lease_seconds: float = 15.0,
+        max_queued: int = 100,
     ) -> None:
         self.sessions = sessions
         self.handlers = handlers
+        self.max_queued = max_queued
         self.exclusive, self.poll_seconds, self.lease_seconds = exclusive, poll_seconds, lease_seconds
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._cancel = threading.Event()
         self._running: int | None = None  # the job this runner holds (its heartbeat)
 
-    def submit(self, kind: str, params: dict[str, Any], total: int = 0) -> Job:
+    def submit(self, kind: str, params: dict[str, Any], total: int = 0, *, coalesce: bool = False) -> Job:
+        """Queue a job. coalesce: the same kind with the same params already waiting is returned instead
+        (a recluster or a training asked for twice runs once). A full queue raises TooManyJobs."""
         if kind not in self.handlers:
             raise ValueError(f"unknown job kind {kind!r}")
         with self.sessions.begin() as s:
+            if coalesce:
+                waiting = s.scalars(select(Job).where(Job.status == "queued", Job.kind == kind).order_by(Job.id))
+                for same in waiting:
+                    if same.params == params:
+                        s.expunge(same)
+                        return same
+            queued = s.scalar(select(func.count(Job.id)).where(Job.status == "queued")) or 0
+            if queued >= self.max_queued:
+                raise TooManyJobs(
+                    f"{queued} jobs are waiting (MOERAG_MAX_QUEUED_JOBS={self.max_queued}); retry once some have run"
+                )
             job = Job(kind=kind, status="queued", params=params, total=total, done=0, result={})
             s.add(job)
             s.flush()
@@ -199,7 +214,10 @@ class JobRunner:
             log.warning("job %d (%s) stopped with the runtime; it resumes at the next start", job_id, kind)
             return
         except Exception as exc:
-            log.exception("job %d (%s) failed", job_id, kind)
+            if isinstance(exc, MoeragError):  # expected and the caller's to fix (nothing to train yet): one line
+                log.warning("job %d (%s) failed: %s: %s", job_id, kind, exc.code, exc.message)
+            else:
+                log.exception("job %d (%s) failed", job_id, kind)
             with self.sessions.begin() as s:
                 job = s.get(Job, job_id)
                 if job is not None:
