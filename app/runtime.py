@@ -325,7 +325,8 @@ class Runtime:
             self._checkpointer = threading.Thread(target=self._checkpoint_loop, name="moerag-checkpoint", daemon=True)
             self._checkpointer.start()
             self.ready = True
-            log.info("moerag ready in %.1fs (index %s)", time.perf_counter() - t0, self.index_status)
+            where = f": open {self.announce_url}/admin" if self.announce_url else ""
+            log.info("moerag ready in %.1fs (index %s)%s", time.perf_counter() - t0, self.index_status, where)
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {exc}"
             log.error("start-up failed: %s", self.error)

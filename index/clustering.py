@@ -36,8 +36,19 @@ def kmeans(x: npt.NDArray[np.float32], k: int, *, seed: int = KMEANS_SEED, niter
     # Several restarts (best objective kept) where they are cheap: small corpora fall into poor
     # local minima that merge two obvious topics and split a third.
     nredo = 10 if n * k <= 2_000_000 else 1
+    # min_points_per_centroid=1: FAISS uses it only to print "WARNING clustering N points to K
+    # centroids: please provide at least ... training points" on stderr, which users took for an
+    # error; the automatic count keeps MIN_POINTS_PER_CLUSTER, a count the operator asks for is theirs.
     km = faiss.Kmeans(
-        d, k, niter=niter, nredo=nredo, seed=seed, spherical=True, max_points_per_centroid=256, verbose=False
+        d,
+        k,
+        niter=niter,
+        nredo=nredo,
+        seed=seed,
+        spherical=True,
+        max_points_per_centroid=256,
+        min_points_per_centroid=1,
+        verbose=False,
     )
     km.train(np.ascontiguousarray(x, dtype=np.float32))
     return np.ascontiguousarray(km.centroids, dtype=np.float32)  # [C, D]

@@ -31,6 +31,7 @@ def test_cli_commands_against_a_live_server(tmp_path: Path) -> None:
     server = Server(data, TOKEN, tmp_path / "server.log")
     try:
         server.start(300, "--sample").close()
+        assert f"open {server.url}/admin" in server.log_path.read_text()  # start-up ends saying where to go
 
         # Found from the data dir: no --server, no lock error, no model loaded here.
         run = cli(data, "ask", "How do I read a CSV file?")

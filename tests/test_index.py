@@ -213,3 +213,16 @@ def test_recluster_draws_its_lists_with_the_configured_seed(tmp_path, embedder, 
     finally:
         rt.close()
     assert seeds == [7]
+
+
+def test_kmeans_of_a_small_store_prints_no_faiss_warning(capfd) -> None:  # type: ignore[no-untyped-def]
+    """Issue 40 #6: "WARNING clustering 28 points to 2 centroids: please provide at least 78 training
+    points" on stderr read as an error to users; the clustering is the same without it."""
+    import numpy as np
+
+    from index.clustering import kmeans
+
+    x = np.random.default_rng(0).standard_normal((28, 384)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    assert kmeans(x, 2).shape == (2, 384)
+    assert "WARNING" not in capfd.readouterr().err
