@@ -23,7 +23,7 @@ from app.auth import load_or_create_token
 from app.catalogue import Catalogue
 from app.db import make_engine, make_sessionmaker
 from app.errors import is_disk_full
-from app.locking import DataDirLock, SqlLease
+from app.locking import DataDirBusy, DataDirLock, SqlLease
 from app.metrics import Metrics
 from app.migrate import upgrade
 from app.models import Chunk, Cluster, Document, Job, stack
@@ -329,7 +329,8 @@ class Runtime:
             log.info("moerag ready in %.1fs (index %s)%s", time.perf_counter() - t0, self.index_status, where)
         except Exception as exc:
             self.error = f"{type(exc).__name__}: {exc}"
-            log.error("start-up failed: %s", self.error)
+            if not isinstance(exc, DataDirBusy):  # the caller says that one in its own words (the CLI: one line)
+                log.error("start-up failed: %s", self.error)
             raise
 
     def close(self) -> None:
