@@ -3,11 +3,12 @@
 Every check schemathesis has, in every phase (examples, coverage, fuzzing, stateful): no response
 >= 500, every status, header and content type documented, every body (and SSE event) valid against
 its schema, schema-valid requests accepted and invalid ones refused, auth enforced, 405s that
-name the allowed methods. `schemathesis.toml` beside this file holds the one allowance (an
-upload's content). A fixed seed and a bounded time keep it repeatable. One worker thread: with
-two, hypothesis's `ast.parse` (it describes lambdas) ran in both threads and CPython 3.11's AST
-recursion counter, shared between threads, failed the run with "SystemError: AST constructor
-recursion depth mismatch" (python/cpython#106905; seen 2026-12-02, both tokens, one suite run).
+name the allowed methods. `schemathesis.toml` beside this file holds the two allowances (an
+upload's content, and a multipart field's "null" that is text). A fixed seed and a bounded time
+keep it repeatable. One worker thread: with two, hypothesis's `ast.parse` (it describes lambdas)
+ran in both threads and CPython 3.11's AST recursion counter, shared between threads, failed the
+run with "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905; seen
+2026-12-02, both tokens, one suite run).
 """
 
 from __future__ import annotations
