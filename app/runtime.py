@@ -55,7 +55,7 @@ _SNAPSHOT_LEASE = 0x6D6F6572  # "moer": the advisory lock key of the snapshot wr
 def use_serving_threads(settings: Settings) -> int:
     """Torch and FAISS threads for a serving process: `torch_threads`, or 1 (returned).
 
-    Measured on 2 cores (README, Performance): a server's work is many small operations from
+    Measured on 2 cores (docs/performance.md): a server's work is many small operations from
     many request threads; with two OpenMP threads each small torch op paid a wake-up of the
     other thread (an exp over 215 values: 1 us alone, 465 us while the other core was busy),
     and one thread per process served more questions per second at every client count. Set

@@ -57,7 +57,7 @@ def test_small_sections_merge_only_when_asked(embedder: Embedder) -> None:
     md = "# A\n\nshort.\n\n# B\n\nalso short.\n\n# C\n\n" + "filler words here " * 30
     merged = chunk_document(parse_markdown(md), embedder.count_tokens, ChunkingConfig(merge_small_sections=True))
     assert len(merged) == 1 and merged[0].headings == ()
-    # The default keeps sections apart: merging small FAQ answers cost 3.5 points of hit@10 (README).
+    # The default keeps sections apart: merging small FAQ answers cost 3.5 points of hit@10 (docs/performance.md).
     apart = chunk_document(parse_markdown(md), embedder.count_tokens)
     assert [c.headings for c in apart] == [("A",), ("B",), ("C",)]
 
