@@ -31,7 +31,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         port=args.port,
         log_level=settings.log_level.lower(),
         access_log=settings.access_log,
-        **settings.uvicorn_proxy_options(),  # type: ignore[arg-type]
+        **settings.uvicorn_proxy_options(),
     )
 
 
@@ -73,7 +73,7 @@ def _serve_workers(args: argparse.Namespace, settings: Settings, url: str) -> No
             port=args.port,
             log_level=settings.log_level.lower(),
             access_log=settings.access_log,
-            **settings.uvicorn_proxy_options(),  # type: ignore[arg-type]
+            **settings.uvicorn_proxy_options(),
         )
     finally:
         lock.release()

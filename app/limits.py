@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import Field
 
 from app.errors import ApiError
+from app.settings import Settings
 
 SEARCH_K = 10  # /search's passages when k is absent or null
 
@@ -22,9 +23,10 @@ def Passages(description: str) -> Any:
     return Field(None, description=f"{description} At most MOERAG_MAX_TOP_K (50 by default); null: the default.")
 
 
-def state_question_limits(spec: dict[str, Any], *, max_chars: int, max_k: int) -> dict[str, Any]:
+def state_question_limits(spec: dict[str, Any], settings: Settings) -> dict[str, Any]:
     """Write the limits `check_question` applies into the OpenAPI spec (they are settings, so no
     static schema can hold them): clients and fuzzers see the same bounds the server enforces."""
+    max_chars, max_k = settings.max_question_chars, settings.max_top_k
     schemas = spec.get("components", {}).get("schemas", {})
     for name in ("AskIn", "SearchIn"):
         props = schemas.get(name, {}).get("properties", {})
@@ -37,9 +39,9 @@ def state_question_limits(spec: dict[str, Any], *, max_chars: int, max_k: int) -
     return spec
 
 
-def check_question(query: str, k: int | None, *, max_chars: int, max_k: int) -> None:
+def check_question(query: str, k: int | None, settings: Settings) -> None:
     """The one rule for a question's text and its k, on /ask and /search alike (limits from the settings)."""
-    if len(query) > max_chars:
-        raise ApiError("question_too_long", f"questions are limited to {max_chars} characters")
-    if k is not None and k > max_k:
-        raise ApiError("top_k_too_large", f"k is limited to {max_k}")
+    if len(query) > settings.max_question_chars:
+        raise ApiError("question_too_long", f"questions are limited to {settings.max_question_chars} characters")
+    if k is not None and k > settings.max_top_k:
+        raise ApiError("top_k_too_large", f"k is limited to {settings.max_top_k}")

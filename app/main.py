@@ -76,9 +76,7 @@ def create_app(
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            s = rt.settings
-            spec = state_question_limits(build_spec(), max_chars=s.max_question_chars, max_k=s.max_top_k)
-            app.openapi_schema = optional_read_security(spec)
+            app.openapi_schema = optional_read_security(state_question_limits(build_spec(), rt.settings))
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

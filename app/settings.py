@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -200,7 +200,7 @@ class Settings(BaseSettings):
         parse_trusted(value)
         return value
 
-    def uvicorn_proxy_options(self) -> dict[str, object]:
+    def uvicorn_proxy_options(self) -> dict[str, Any]:
         """uvicorn reads X-Forwarded-For (its access log, `request.client`) from the trusted proxies only."""
         trusted = self.trusted_proxies.strip()
         return {"proxy_headers": bool(trusted), "forwarded_allow_ips": trusted or ""}

@@ -3,26 +3,18 @@ document does not hold up small uploads or searches."""
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 
 import pytest
 from fastapi.testclient import TestClient
 
+from benchmarks.fair_ingest import varied_text
 from engine.document_budget import check_document
 from engine.errors import DegenerateDocument, DocumentTooLarge
 from engine.turns import Turns
 from tests.conftest import AUTH
 from tests.helpers import TOPICS
-
-
-def varied_text(words: int, seed: int = 0) -> str:
-    """Prose-like text of `words` words: the topics' words shuffled, numbered paragraphs."""
-    rng = random.Random(seed)
-    vocab = sorted({w for t in TOPICS.values() for w in t.split()}) + [f"term{i}" for i in range(3000)]
-    paragraphs = [" ".join(rng.choices(vocab, k=120)) + "." for _ in range(words // 120)]
-    return "\n\n".join(f"Paragraph {i}. {p}" for i, p in enumerate(paragraphs))
 
 
 @pytest.mark.parametrize(

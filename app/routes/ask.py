@@ -70,8 +70,7 @@ def _citations(p: Prepared, answer: str | None = None) -> list[CitationOut]:
 
 
 def _prepare(rt: Runtime, body: AskIn) -> Prepared:
-    s = rt.settings
-    check_question(body.query, body.k, max_chars=s.max_question_chars, max_k=s.max_top_k)
+    check_question(body.query, body.k, rt.settings)
     if body.mode != "expert" and body.expert is not None:
         raise ApiError("invalid_request", "'expert' is only meaningful with mode='expert'")
     if body.expert is not None and body.expert not in rt.experts.profiles():

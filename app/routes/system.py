@@ -82,8 +82,7 @@ async def search_chunks(body: SearchIn, rt: RuntimeDep) -> SearchOut:
 
 def run_search(rt: Runtime, body: SearchIn) -> SearchOut:
     """The search as the API answers it (the CLI's local `search` prints the same)."""
-    s = rt.settings
-    check_question(body.query, body.k, max_chars=s.max_question_chars, max_k=s.max_top_k)
+    check_question(body.query, body.k, rt.settings)
     k = SEARCH_K if body.k is None else body.k
     result = search(rt.sessions, rt.embedder, rt.indexes, body.query, k, body.clusters, rt.retrieval_vector())
     hits = [
