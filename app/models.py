@@ -21,6 +21,7 @@ from sqlalchemy import (
     String,
     Text,
     TypeDecorator,
+    false,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
@@ -115,6 +116,7 @@ class Chunk(Base):
     token_count: Mapped[int] = mapped_column(Integer)
     cluster_id: Mapped[int] = mapped_column(Integer, index=True)
     embedding: Mapped[FloatVector] = mapped_column(Vector)  # [D], so the index rebuilds without the model
+    fit: Mapped[float | None] = mapped_column(Float, nullable=True)  # cosine to its list's centroid (index.fit)
 
     document: Mapped[Document] = relationship(back_populates="chunks")
 
@@ -127,7 +129,7 @@ class Expert(Base):
     name: Mapped[str] = mapped_column(String(200), unique=True)
     description: Mapped[str] = mapped_column(Text, default="")
     system_prompt: Mapped[str] = mapped_column(Text, default="")
-    generator: Mapped[str] = mapped_column(String(200), default="extractive")
+    generator: Mapped[str] = mapped_column(String(200), default="")  # "": the server's default
     top_k: Mapped[int] = mapped_column(Integer, default=5)
     threshold: Mapped[float | None] = mapped_column(Float, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -141,6 +143,7 @@ class Cluster(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     centroid: Mapped[FloatVector] = mapped_column(Vector)  # [D]
     keywords: Mapped[list[str]] = mapped_column(JSON, default=list)
+    fit_floor: Mapped[float | None] = mapped_column(Float, nullable=True)  # below it a chunk fits no expert
     expert_id: Mapped[int | None] = mapped_column(
         ForeignKey("expert.id", ondelete="SET NULL"), nullable=True, index=True
     )
@@ -200,7 +203,10 @@ class RouterExample(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     question: Mapped[str] = mapped_column(Text)
-    expert_id: Mapped[int] = mapped_column(ForeignKey("expert.id", ondelete="CASCADE"), index=True)
+    # None: "none of these / a new topic" (the gate's "none" class)
+    expert_id: Mapped[int | None] = mapped_column(
+        ForeignKey("expert.id", ondelete="CASCADE"), nullable=True, index=True
+    )
     origin: Mapped[str] = mapped_column(String(16), default="api")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
@@ -223,6 +229,7 @@ class QueryLog(Base):
     router_version_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     catalogue_version: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # answered with
     feedback_expert_id: Mapped[int | None] = mapped_column(ForeignKey("expert.id", ondelete="SET NULL"), nullable=True)
+    feedback_new_topic: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class RevokedSession(Base):

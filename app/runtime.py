@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import shutil
 import threading
 import time
@@ -31,19 +30,20 @@ from app.services.answer_cache import AnswerCache
 from app.services.ask import SqlChunkStore
 from app.services.bulk import bulk_handler
 from app.services.console_sessions import ConsoleSessions
+from app.services.content_fit import ContentFit
 from app.services.documents import Ingestor
 from app.services.experts import ExpertDirectory
+from app.services.generation import Generators
 from app.services.indexing import IndexManager
 from app.services.jobs import JobContext, JobRunner
 from app.services.lexical import LexicalManager
 from app.services.ratelimit import RateLimiter
+from app.services.refit import Refit
 from app.services.routing import RouterManager
 from app.settings import Settings
 from engine.chunking import ChunkingConfig
 from engine.embedder import Embedder
-from engine.errors import InvalidSetting, NotConfigured
 from engine.expert_matrix import ExpertMatrix
-from engine.generators import GENERATOR_NAME, ExtractiveGenerator, Generator, GeneratorError, OpenAIGenerator
 from engine.pipeline import AskPipeline, ExpertProfile, PipelineConfig
 from engine.question_encoder import QuestionEncoder
 from engine.router import Router
@@ -108,11 +108,15 @@ class Runtime:
         self.snapshot_lease = SqlLease(self.engine, _SNAPSHOT_LEASE)  # one process writes index snapshots
         self.lexical = LexicalManager(self.sessions, settings.lexical_rebuild_share)
         self.experts = ExpertDirectory(self.sessions)
+        self.generators = Generators(settings)  # name -> generator (the experts' and the fallback's)
         self.console_sessions = ConsoleSessions(self.sessions)
         self.ask_limiter = (
             RateLimiter(self.engine, settings.ask_rate_per_minute) if settings.ask_rate_per_minute else None
         )
-        self.metrics = Metrics(question_stats=lambda: self._services.questions.stats if self._services else None)
+        self.metrics = Metrics(
+            question_stats=lambda: self._services.questions.stats if self._services else None,
+            drift=lambda: self._services.routers.drift() if self._services and self._services.routers.drift else None,
+        )
         self.admin_token = ""
         self.ready = False
         self.phase = "starting"  # what /readyz says before ready: "preparing" (serve --sample), "starting"
@@ -199,29 +203,6 @@ class Runtime:
         router = self.routers.reload() if "router" in parts else self.routers.current()
         self._serving = (profiles, router)
 
-    def generator(self, name: str) -> Generator:
-        """'extractive' (default), or 'openai' / 'openai:MODEL' on the configured server."""
-        if name in ("", "extractive"):
-            return ExtractiveGenerator()
-        if name == "openai" or name.startswith("openai:"):
-            s = self.settings
-            if not s.openai_base_url:
-                raise GeneratorError(f"generator {name!r} needs MOERAG_OPENAI_BASE_URL")
-            model = name.partition(":")[2] or s.openai_model
-            key = s.openai_api_key.get_secret_value() if s.openai_api_key else ""
-            return OpenAIGenerator(s.openai_base_url, model, key)
-        raise GeneratorError(f"unknown generator {name!r}; use extractive, openai or openai:MODEL")
-
-    def check_generator(self, name: str) -> None:
-        """A generator name an expert may be given: it resolves here, or InvalidSetting (422);
-        an openai name on a server without MOERAG_OPENAI_BASE_URL is NotConfigured (409)."""
-        try:
-            self.generator(name)
-        except GeneratorError as exc:
-            if re.fullmatch(GENERATOR_NAME, name):
-                raise NotConfigured(f"{exc}, which this server lacks") from None
-            raise InvalidSetting(str(exc)) from None
-
     # ---- life cycle ----------------------------------------------------------------------------------
 
     def start(self, *, run_jobs: bool = True) -> None:
@@ -273,7 +254,11 @@ class Runtime:
             )
             ingestor = Ingestor(self.sessions, emb, indexes, chunking, self.catalogue.sync)
             self.lexical.refresh(force=True)
-            routers = RouterManager(s, self.sessions, emb, lambda: indexes.index, self.lexical.current)
+            content_fit = ContentFit(self.sessions, indexes, lambda: self.catalogue.version)
+            content_fit.backfill()
+            routers = RouterManager(
+                s, self.sessions, emb, lambda: indexes.index, self.lexical.current, drift=content_fit.drift
+            )
             self._serving = (self.experts.reload(), routers.reload())
             pipeline = AskPipeline(
                 embedder=emb,
@@ -281,7 +266,7 @@ class Runtime:
                 lexical=self.lexical.current,
                 serving=lambda: self._serving,
                 store=SqlChunkStore(self.sessions),
-                generator=self.generator,
+                generator=self.generators,
                 config=PipelineConfig(
                     threshold=s.route_threshold,
                     expert_min_score=s.expert_min_score,
@@ -308,6 +293,7 @@ class Runtime:
                     "recluster": self._recluster_job,
                     "realign": self._realign_job,
                     "train": self._train_job,
+                    "refit": Refit(indexes, routers).job,
                 },
                 exclusive=self.engine.dialect.name == "sqlite",  # else other processes may run jobs too
                 lease_seconds=s.job_lease_seconds,
@@ -366,7 +352,8 @@ class Runtime:
                     log.exception("index checkpoint failed")
 
     def _recluster_job(self, ctx: JobContext) -> dict[str, Any]:
-        result = self.indexes.recluster(lambda done, total: ctx.progress(done, total))
+        clusters = int(ctx.params.get("clusters") or 0)
+        result = self.indexes.recluster(lambda done, total: ctx.progress(done, total), clusters)
         if self.routers.current() is not None:
             # The mapping carried over by majority vote; the router relearns it on the new clusters.
             result["train_job"] = self.jobs.submit("train", {"activate": True}, total=100, coalesce=True).id

@@ -18,7 +18,6 @@ from pydantic import (
 from pydantic_core.core_schema import ValidatorFunctionWrapHandler
 
 from app.limits import SEARCH_K, Passages
-from engine.generators import GENERATOR_NAME
 
 INT64_MAX = 2**63 - 1  # the largest id, offset or cluster a request may name (SQL BIGINT, FAISS ids)
 PAGE_LIMIT = 500  # the most items one page of any list returns
@@ -41,6 +40,8 @@ Int = Annotated[int, BeforeValidator(_number_not_text)]
 Id = Annotated[int, Field(ge=0, le=INT64_MAX), BeforeValidator(_number_not_text)]
 Positive = Annotated[int, Field(ge=1), BeforeValidator(_number_not_text)]
 TopK = Annotated[int, Field(ge=1, le=50), BeforeValidator(_number_not_text)]  # an expert's passages
+Lists = Annotated[int, Field(ge=1, le=65536), BeforeValidator(_number_not_text)]  # IVF lists to make
+Experts = Annotated[int, Field(ge=1, le=500), BeforeValidator(_number_not_text)]  # experts to make
 Share = Annotated[float, Field(ge=0, le=1), BeforeValidator(_number_not_text)]  # a threshold: "0.5" is refused
 # Stored times are UTC; SQLite returns them without a zone, which a date-time must carry.
 Utc = Annotated[datetime, AfterValidator(lambda d: d if d.tzinfo else d.replace(tzinfo=UTC))]
@@ -297,133 +298,3 @@ class AskOut(BaseModel):
         description="The question's row in the query log (feedback names it); null if it could not be "
         "written (a full disk: the answer is still given)."
     )
-
-
-class ExpertIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(min_length=1, max_length=200)
-    description: str = ""
-    system_prompt: str = ""
-    generator: str = Field("extractive", pattern=GENERATOR_NAME)
-    top_k: TopK = 5
-    threshold: Share | None = None
-
-
-class ExpertPatch(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    name: str | None = Field(None, min_length=1, max_length=200)
-    description: str | None = None
-    system_prompt: str | None = None
-    generator: str | None = Field(None, pattern=GENERATOR_NAME)
-    top_k: TopK | None = None
-    threshold: Share | None = None
-
-
-class ExpertOut(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
-
-    id: int
-    name: str
-    description: str
-    system_prompt: str
-    generator: str
-    top_k: int
-    threshold: float | None
-    clusters: list[int] = Field(default_factory=list)
-
-
-class ClusterSample(BaseModel):
-    chunk_id: int
-    document_id: int
-    source: str
-    text: str
-
-
-class ClusterDetail(ClusterOut):
-    samples: list[ClusterSample]
-
-
-class ClusterPut(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    expert_id: Id | None
-
-
-class AssignIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    cluster_ids: list[Id] = Field(min_length=1)
-    expert_id: Id | None
-
-
-class ProposeIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    n: Int = Field(6, ge=1, le=500)
-    apply: StrictBool = Field(False, description="Create the proposed experts and map their clusters.")
-    keep_mapped: StrictBool = Field(
-        True,
-        description="Clusters an expert already owns stay with it; only unmapped clusters are grouped. "
-        "False regroups every cluster (the diff lists what moves and which experts are left empty).",
-    )
-    names: list[Annotated[str, Field(max_length=200)]] | None = Field(
-        None, description="With apply: the experts' names, in the order the proposal listed them (edited names)."
-    )
-
-
-class ExampleIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    question: str = Field(min_length=1, max_length=4000)
-    expert_id: Id
-
-
-class TrainIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    activate: StrictBool = Field(
-        True, description="Activate the new version unless it is worse than the active one on held-out metrics."
-    )
-    force: StrictBool = Field(False, description="Activate even when it is worse (the result's held_back says how).")
-
-
-class RouterVersionOut(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
-
-    id: int
-    active: bool
-    created_at: Utc
-    temperature: float
-    expert_ids: list[int]
-    metrics: dict[str, Any]
-
-
-class QuestionOut(BaseModel):
-    model_config = ConfigDict(from_attributes=True)
-
-    id: int
-    created_at: Utc
-    question: str
-    path: str
-    reason: str
-    expert_id: int | None
-    confidence: float | None
-    top: list[dict[str, Any]]
-    timings: dict[str, float]
-    feedback_expert_id: int | None
-    router_version_id: int | None = None
-    catalogue_version: int | None = None  # the catalogue version it was answered with
-
-
-class LabelIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    expert_id: Id
-
-
-class ExampleTry(Renamed):
-    RENAMED: ClassVar[dict[str, str]] = {"question": "query"}
-
-    query: str = Field(min_length=1, max_length=2000)

@@ -182,6 +182,12 @@ class Settings(BaseSettings):
     max_top_k: int = Field(50, ge=1)
     openai_base_url: str | None = Field(None, description="OpenAI-compatible server, e.g. http://127.0.0.1:8080/v1")
     openai_model: str = "default"
+    default_generator: str = Field(
+        "extractive",
+        pattern=r"^(extractive|openai(:\S{1,200})?)$",
+        description="The fallback's generator and that of experts created without one (proposals, re-fits, "
+        "the sample): extractive, openai or openai:MODEL (with MOERAG_OPENAI_BASE_URL).",
+    )
     openai_api_key: SecretStr | None = None
     kernel_backend: Literal["auto", "torch", "triton"] = Field(
         "auto", description="Gate and scoped-search kernels: Triton on CUDA, torch twins otherwise."

@@ -23,7 +23,7 @@ from engine.expert_matrix import ExpertMatrix
 from engine.generators import GENERIC_SYSTEM_PROMPT, Generator, Passage
 from engine.lexical import Fusion, LexicalIndex, LexicalQuery, convex_fusion, reciprocal_rank_fusion
 from engine.question_encoder import done_future
-from engine.route_check import best_outside, lexical_best_outside, overruled
+from engine.route_check import best_outside, lexical_best_outside, no_expert_fits, overruled
 from engine.router import Router
 from index import ClusteredIndex
 
@@ -39,6 +39,7 @@ class ChunkRecord:
     heading: str
     text: str
     cluster_id: int
+    fit_margin: float | None = None  # its fit minus its list's floor (index.fit): < 0 fits no expert; None: unknown
 
 
 class ChunkStore(Protocol):
@@ -136,6 +137,10 @@ class PipelineConfig:
     # Retrieval (both paths and the route's check) reads the question through the active router's
     # query adapter, when it has one (engine.adapter); the gate reads the model's vector either way.
     query_adapter: bool = True
+    # Open-set routing: when most of the expert path's best this-many passages fit below their
+    # lists' floors (content that arrived after the experts were fitted, index.fit), no expert
+    # fits the question and it goes to the fallback (reason no_expert_fits); 0 = off.
+    open_set_passages: int = 3
 
 
 class AskPipeline:
@@ -240,6 +245,9 @@ class AskPipeline:
                 citations = self._fuse(dense, terms, k, n, index, scope)
             else:
                 citations = self._citations(dense[:k])
+            margins = [c.chunk.fit_margin for c in citations[: cfg.open_set_passages]]
+            if checked and (unfit := no_expert_fits(margins, route.expert.name)):
+                route.path, route.reason, route.detail = "fallback", "no_expert_fits", unfit
         if route.path == "fallback":
             k = req.top_k or cfg.default_top_k
             n = max(cfg.candidates, k)
@@ -252,7 +260,7 @@ class AskPipeline:
         timings["retrieve"] = (time.perf_counter() - t) * 1000
 
         expert = route.expert if route.path == "expert" else None
-        generator = self.generator(expert.generator if expert and expert.generator else "extractive")
+        generator = self.generator(expert.generator if expert else "")  # "": the server's default
         system_prompt = expert.system_prompt if expert and expert.system_prompt else GENERIC_SYSTEM_PROMPT
         return Prepared(req.question, route, citations, generator, system_prompt, timings, started)
 

@@ -8,7 +8,7 @@ expert's scoped search; a verdict sends the question to the fallback, with its r
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,3 +69,16 @@ def overruled(
         f"within {slack:.2f} of {best:.3f}, the best inside"
     )
     return "lexical_outside_expert", detail + ": searched everything"
+
+
+def no_expert_fits(margins: Sequence[float | None], expert: str) -> str | None:
+    """Open-set routing: why no expert fits, in words, when most of the expert path's best
+    passages (their fit margins: fit minus their list's floor, index.fit; None: unknown, counted
+    as fitting) fit below their lists' floors; None otherwise, or for no passages."""
+    outside = sum(1 for m in margins if m is not None and m < 0)
+    if not margins or 2 * outside <= len(margins):
+        return None
+    return (
+        f"{outside} of the best {len(margins)} passages in expert {expert!r} fit none of its content "
+        "(a topic newer than the experts): searched everything"
+    )

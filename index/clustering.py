@@ -8,19 +8,20 @@ import faiss
 import numpy as np
 import numpy.typing as npt
 
-# FAISS warns below 39 training points per centroid: fewer gives unstable centroids.
-MIN_POINTS_PER_CLUSTER = 39
-# Below this many chunks a corpus stays one cluster and search is exact.
-MIN_CHUNKS_TO_CLUSTER = 512
+# The automatic count gives lists of at least this many chunks on average. A small corpus gets
+# small lists, so a team's first few dozen documents already split into topics an expert can
+# own (28 chunks: 3 lists). sqrt(N) binds from 64 chunks on. Search over the lists stays exact
+# for the fallback (every list is probed); FAISS's own advice of 39 training points a centroid
+# is about approximate search over millions of vectors, not about telling topics apart.
+MIN_LIST_SIZE = 8
 
 
 def auto_cluster_count(n: int, *, requested: int = 0) -> int:
-    """sqrt(N) lists (the usual IVF rule), bounded so each list has enough training points."""
+    """sqrt(N) lists (the usual IVF rule), at most N / MIN_LIST_SIZE; `requested` (> 0) is the
+    operator's, bounded by one chunk a list."""
     if requested > 0:  # the operator's choice; k-means still needs a point per list
         return max(1, min(requested, n))
-    if n < MIN_CHUNKS_TO_CLUSTER:
-        return 1
-    return max(1, min(round(math.sqrt(n)), n // MIN_POINTS_PER_CLUSTER))
+    return max(1, min(round(math.sqrt(n)), n // MIN_LIST_SIZE))
 
 
 KMEANS_SEED = 20250601  # the default seed (MOERAG_CLUSTER_SEED): the same vectors and seed give the same lists
@@ -38,7 +39,7 @@ def kmeans(x: npt.NDArray[np.float32], k: int, *, seed: int = KMEANS_SEED, niter
     nredo = 10 if n * k <= 2_000_000 else 1
     # min_points_per_centroid=1: FAISS uses it only to print "WARNING clustering N points to K
     # centroids: please provide at least ... training points" on stderr, which users took for an
-    # error; the automatic count keeps MIN_POINTS_PER_CLUSTER, a count the operator asks for is theirs.
+    # error; the automatic count keeps MIN_LIST_SIZE, a count the operator asks for is theirs.
     km = faiss.Kmeans(
         d,
         k,

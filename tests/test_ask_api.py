@@ -133,6 +133,13 @@ def test_query_log_metrics_labels_and_streaming(client: TestClient, routed: dict
         client.get("/admin/api/questions", headers=AUTH).json()["items"][1]["feedback_expert_id"]
         == routed["experts"]["git"]
     )
+    # Issue 40 #6: "none of these / a new topic" is a label too: it teaches the gate's "none" class.
+    r = client.post(f"/admin/api/questions/{log[0]['id']}/label", json={"expert_id": None}, headers=AUTH)
+    assert r.status_code == 200
+    labelled = client.get("/admin/api/questions", headers=AUTH).json()["items"][0]
+    assert labelled["feedback_new_topic"] is True and labelled["feedback_expert_id"] is None
+    job = wait_job(client, client.post("/admin/api/router/train", headers=AUTH).json()["id"])
+    assert job["status"] == "done" and job["result"]["examples"] == 2, job
     text = client.get("/metrics").text
     for name in (
         "moerag_ask_requests_total",

@@ -191,6 +191,10 @@ def test_console_end_to_end_in_chromium(tmp_path: Path) -> None:
             api.post("/ask", json={"question": "What does SQLite's write-ahead log do?"})
             page.click("#tab-questions")
             expect(page.locator("#q-rows tr")).to_have_count(2)  # the playground's and this one
+            page.locator("#q-rows .q-label").first.select_option("new")  # issue 40 #6: "none of these"
+            expect(page.locator("#status")).to_have_text(
+                "labelled as a new topic: the router learns that no expert fits it"
+            )
             page.screenshot(path=str(ARTIFACTS / "5-questions.png"), full_page=True)
             page.click("#tab-documents")
             expect(page.locator("#doc-rows tr")).to_have_count(24)
@@ -201,6 +205,7 @@ def test_console_end_to_end_in_chromium(tmp_path: Path) -> None:
             expect(page.locator("#status")).to_have_text("ingested: 1 new, 0 already there, 0 failed", timeout=60_000)
             expect(page.locator("#doc-rows tr")).to_have_count(25)
             walk_document_search_and_neighbours(page, api)
+            walk_refit_and_history(page, api, dialogs)
             page.click("#tab-overview")
             expect(page.locator("#ov-share svg")).to_have_count(1)
             page.screenshot(path=str(ARTIFACTS / "7-overview-after.png"), full_page=True)
@@ -317,3 +322,51 @@ def walk_proposal_diff(page: Any, api: Any, git_clusters: list[int]) -> None:
     experts = {e["name"]: e["clusters"] for e in api.get("/admin/api/experts").json()["items"]}
     assert git_clusters[0] in experts["git, moved"] and set(git_clusters[1:]) <= set(experts["git"])
     assert experts["Everything else"] and not set(experts["Everything else"]) & set(git_clusters)
+
+
+def walk_refit_and_history(page: Any, api: Any, dialogs: dict[str, Any]) -> None:
+    """Issue 40: a new topic fits no expert, the banner names its documents and leads to the
+    re-fit, which shows its plan in the confirmation and gives the topic an expert; Back and
+    Forward switch tabs."""
+    from playwright.sync_api import expect
+
+    own = Path(__file__).parent / "data" / "own_topics"
+    files = [("files", (p.name, p.read_bytes(), "text/markdown")) for p in sorted(own.glob("sourdough-*.md"))]
+    assert wait_job(api, api.post("/documents/bulk", files=files).json()["id"], AUTH)["status"] == "done"  # type: ignore[arg-type]
+    page.click("#tab-overview")
+    expect(page.locator("#stale-banner")).to_be_visible()
+    expect(page.locator("#stale-text")).to_contain_text("content outgrew the experts")
+    expect(page.locator("#stale-text")).to_contain_text("Sourdough starter care")
+    page.screenshot(path=str(ARTIFACTS / "3c-outgrown.png"), full_page=True)
+    page.click("#stale-refit")
+    expect(page.locator("#clusters")).to_be_visible()
+    page.click("#rf-plan")
+    expect(page.locator("#status")).to_contain_text("re-fitted:", timeout=180_000)
+    assert dialogs["seen"][-1].startswith("Apply this re-fit?") and "new “Sourdough" in dialogs["seen"][-1]
+    expect(page.locator("#rf-diff")).to_contain_text("new “Sourdough")
+    expect(page.locator("#stale-banner")).to_be_hidden()
+    names = [e["name"] for e in api.get("/admin/api/experts").json()["items"]]
+    assert any("ourdough" in n for n in names), names
+    page.screenshot(path=str(ARTIFACTS / "3d-refit.png"), full_page=True)
+
+    # Issue 40 #6: the clusters page fits 1280 px however long the experts' names (the legend wraps).
+    for e in api.get("/admin/api/experts").json()["items"]:
+        long = f"{e['name']} — a long expert name that once pushed the table off the page"[:200]
+        assert api.patch(f"/admin/api/experts/{e['id']}", json={"name": long}).status_code == 200
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.click("#tab-overview")
+    page.click("#tab-clusters")
+    expect(page.locator("#cl-map .legend")).to_contain_text("a long expert name")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+    box = page.locator("#clusters th", has_text="expert").last.bounding_box()
+    assert box is not None and box["x"] + box["width"] <= 1280, box
+    page.screenshot(path=str(ARTIFACTS / "3e-clusters-1280.png"), full_page=True)
+    page.set_viewport_size({"width": 1400, "height": 1000})
+
+    page.click("#tab-router")
+    page.click("#tab-documents")
+    page.go_back()
+    expect(page.locator("#router")).to_be_visible()
+    expect(page).to_have_url(re.compile(r"#router$"))
+    page.go_forward()
+    expect(page.locator("#documents")).to_be_visible()

@@ -125,9 +125,11 @@ def test_real_embeddings_scoped_equals_filtered_flat(embedder) -> None:  # type:
 
 def test_auto_cluster_count() -> None:
     assert auto_cluster_count(10) == 1
-    assert auto_cluster_count(511) == 1
+    assert auto_cluster_count(28) == 3  # a team's first documents already split into topics (issue 40)
+    assert auto_cluster_count(63) == 7  # at least 8 chunks a list on average
+    assert auto_cluster_count(511) == 23  # sqrt(N) from 64 chunks on
     assert auto_cluster_count(34_367) == 185
-    assert auto_cluster_count(1000) == 25  # bounded by 39 points per list
+    assert auto_cluster_count(1000) == 32
     assert auto_cluster_count(1000, requested=40) == 40
     assert auto_cluster_count(2, requested=3) == 2
     assert auto_cluster_count(0, requested=3) == 1
@@ -194,7 +196,7 @@ def test_kmeans_is_seeded() -> None:
 def test_recluster_draws_its_lists_with_the_configured_seed(tmp_path, embedder, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """`MOERAG_CLUSTER_SEED` reaches k-means; its default is the index's own seed."""
     from app.runtime import Runtime
-    from app.services import indexing
+    from app.services import reclustering
     from app.services.documents import Upload
     from app.settings import Settings
     from index.clustering import KMEANS_SEED
@@ -202,8 +204,8 @@ def test_recluster_draws_its_lists_with_the_configured_seed(tmp_path, embedder, 
 
     assert Settings(data_dir=tmp_path / "default").cluster_seed == KMEANS_SEED
     seeds: list[int] = []
-    real = indexing.kmeans
-    monkeypatch.setattr(indexing, "kmeans", lambda x, k, **kw: seeds.append(kw["seed"]) or real(x, k, **kw))
+    real = reclustering.kmeans
+    monkeypatch.setattr(reclustering, "kmeans", lambda x, k, **kw: seeds.append(kw["seed"]) or real(x, k, **kw))
     rt = Runtime(Settings(data_dir=tmp_path / "data", clusters=4, cluster_seed=7), embedder=embedder)
     rt.start(run_jobs=False)
     try:

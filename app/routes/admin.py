@@ -9,12 +9,10 @@ from starlette.concurrency import run_in_threadpool
 
 from app.deps import AdminDep, IdPath, Limit, Offset, RuntimeDep
 from app.models import Expert
-from app.schemas import (
-    PAGE_DEFAULT,
-    PAGE_LIMIT,
+from app.schemas import PAGE_DEFAULT, PAGE_LIMIT, ClusterOut, JobOut, Page, ScopeLeakageOut
+from app.schemas_admin import (
     AssignIn,
     ClusterDetail,
-    ClusterOut,
     ClusterPut,
     ClusterSample,
     ExampleIn,
@@ -22,13 +20,12 @@ from app.schemas import (
     ExpertIn,
     ExpertOut,
     ExpertPatch,
-    JobOut,
     LabelIn,
-    Page,
     ProposeIn,
     QuestionOut,
+    ReclusterIn,
+    RefitIn,
     RouterVersionOut,
-    ScopeLeakageOut,
     TrainIn,
 )
 from app.services import clusters as cluster_service
@@ -43,9 +40,10 @@ router = APIRouter(prefix="/admin/api", tags=["admin"], dependencies=[AdminDep])
 
 
 @router.post("/recluster", response_model=JobOut, status_code=202)
-def recluster(rt: RuntimeDep) -> JobOut:
+def recluster(rt: RuntimeDep, body: ReclusterIn | None = None) -> JobOut:
     """k-means over the stored embeddings (a job); experts carry over by majority vote."""
-    return JobOut.model_validate(rt.jobs.submit("recluster", {}, total=4, coalesce=True))
+    params = {"clusters": body.clusters} if body is not None and body.clusters else {}
+    return JobOut.model_validate(rt.jobs.submit("recluster", params, total=4, coalesce=True))
 
 
 @router.get("/clusters", response_model=Page[ClusterOut])
@@ -119,14 +117,14 @@ def list_experts(rt: RuntimeDep, offset: Offset = 0, limit: Limit = PAGE_LIMIT) 
 
 @router.post("/experts", response_model=ExpertOut, status_code=201)
 def create_expert(body: ExpertIn, rt: RuntimeDep) -> ExpertOut:
-    rt.check_generator(body.generator)
+    rt.generators.check(body.generator)
     return _expert_out(expert_service.create(rt.sessions, body.model_dump()), {})
 
 
 @router.patch("/experts/{expert_id:int}", response_model=ExpertOut)
 def patch_expert(expert_id: IdPath, body: ExpertPatch, rt: RuntimeDep) -> ExpertOut:
     if body.generator is not None:
-        rt.check_generator(body.generator)
+        rt.generators.check(body.generator)
     expert = expert_service.edit(rt.sessions, expert_id, body.model_dump(exclude_unset=True))
     return _expert_out(expert, _owned(rt))
 
@@ -143,11 +141,27 @@ def propose(body: ProposeIn, rt: RuntimeDep) -> dict[str, object]:
     """Group clusters into N experts by centroid, named from their documents' titles and headings,
     with the diff against today's mapping; `apply` creates them and maps their clusters."""
     result = expert_service.propose_and_apply(
-        rt.sessions, body.n, rt.embedder.dim, apply=body.apply, keep_mapped=body.keep_mapped, names=body.names
+        rt.sessions,
+        body.n,
+        rt.embedder.dim,
+        apply=body.apply,
+        keep_mapped=body.keep_mapped,
+        names=body.names,
+        delete_emptied=body.delete_emptied,
     )
     if body.apply:
         rt.mapping_changed()
     return {**result, "applied": body.apply}
+
+
+@router.post("/experts/refit", response_model=JobOut, status_code=202)
+def refit(body: RefitIn, rt: RuntimeDep) -> JobOut:
+    """Re-fit the experts to the content as one job: recluster -> proposal -> diff -> accept ->
+    retrain. Without `apply` the job only computes the plan (its result: the lists, the experts
+    kept, created and emptied); with it, the plan is computed again on the store as it is and
+    applied, the emptied experts deleted (unless `delete_emptied` is false), a router trained."""
+    params = body.model_dump()
+    return JobOut.model_validate(rt.jobs.submit("refit", params, total=100 if body.apply else 4, coalesce=True))
 
 
 # ---- router -------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.errors import is_disk_full
-from app.models import Chunk, Document, QueryLog
+from app.models import Chunk, Cluster, Document, QueryLog
 from engine.pipeline import ChunkRecord, ExpertProfile, Prepared, Route
 
 logger = logging.getLogger(__name__)
@@ -26,9 +26,17 @@ class SqlChunkStore:
 
     _FETCH = (
         select(
-            Chunk.id, Chunk.document_id, Document.source, Document.title, Chunk.heading, Chunk.text, Chunk.cluster_id
+            Chunk.id,
+            Chunk.document_id,
+            Document.source,
+            Document.title,
+            Chunk.heading,
+            Chunk.text,
+            Chunk.cluster_id,
+            Chunk.fit - Cluster.fit_floor,  # NULL where either is unknown
         )
         .join(Document, Document.id == Chunk.document_id)
+        .outerjoin(Cluster, Cluster.id == Chunk.cluster_id)
         .where(Chunk.id.in_(bindparam("ids", expanding=True)))
     )
 

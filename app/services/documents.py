@@ -98,7 +98,10 @@ class Ingestor:
             pos += len(p.chunks)
         return out
 
-    def _chunk_rows(self, p: _Prepared, vectors: Vectors, clusters: np.ndarray, document_id: int) -> list[Chunk]:
+    def _chunk_rows(
+        self, p: _Prepared, vectors: Vectors, placed: tuple[np.ndarray, list[float | None]], document_id: int
+    ) -> list[Chunk]:
+        clusters, fit = placed
         return [
             Chunk(
                 document_id=document_id,
@@ -110,8 +113,9 @@ class Ingestor:
                 token_count=c.token_count,
                 cluster_id=int(cl),
                 embedding=v,
+                fit=f,
             )
-            for c, v, cl in zip(p.chunks, vectors, clusters, strict=True)
+            for c, v, cl, f in zip(p.chunks, vectors, clusters, fit, strict=True)
         ]
 
     def _duplicate(self, content_hash: str) -> Outcome | None:
@@ -136,7 +140,8 @@ class Ingestor:
     def _try_commit_new(self, p: _Prepared, vectors: Vectors) -> Outcome:
         up = p.upload
         with self.indexes.write_lock:
-            clusters = self.indexes.place_document(vectors)  # [N]
+            placement = self.indexes.place_document(vectors)  # [N] lists, [N] fits
+            clusters = placement[0]
             placed = self.indexes.index.version
             try:
                 with self.sessions() as s, s.begin():
@@ -153,7 +158,7 @@ class Ingestor:
                     )
                     s.add(doc)
                     s.flush()
-                    rows = self._chunk_rows(p, vectors, clusters, doc.id)
+                    rows = self._chunk_rows(p, vectors, placement, doc.id)
                     s.add_all(rows)
                     s.flush()
                     ids = np.array([r.id for r in rows], dtype=np.int64)
@@ -231,7 +236,8 @@ class Ingestor:
         prepared = self._prepare(upload)
         vectors = self._embed([prepared])[0]
         with self.indexes.write_lock:
-            clusters = self.indexes.place_document(vectors)  # [N]
+            placement = self.indexes.place_document(vectors)  # [N] lists, [N] fits
+            clusters = placement[0]
             with self.sessions() as s, s.begin():
                 self.indexes.lock_clustering(s, self.indexes.index.version)
                 doc = s.get(Document, document_id)
@@ -249,7 +255,7 @@ class Ingestor:
                     doc.source = upload.source
                 if upload.metadata:
                     doc.meta = upload.metadata
-                rows = self._chunk_rows(prepared, vectors, clusters, document_id)
+                rows = self._chunk_rows(prepared, vectors, placement, document_id)
                 s.add_all(rows)
                 s.flush()
                 ids = np.array([r.id for r in rows], dtype=np.int64)

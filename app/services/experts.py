@@ -98,9 +98,11 @@ def propose_and_apply(
     apply: bool,
     keep_mapped: bool = True,
     names: list[str] | None = None,
+    delete_emptied: bool = True,
 ) -> dict[str, Any]:
     """`proposals.propose`; with `apply`, each proposal becomes an expert (under the operator's
-    `names` where given, made unique) owning its clusters, in one transaction."""
+    `names` where given, made unique) owning its clusters, in one transaction; the experts the
+    proposal empties are deleted first unless `delete_emptied` is false."""
     with sessions.begin() as s:
         result = proposals.propose(s, n, dim, keep_mapped)
         if names is not None and len(names) != len(result["proposals"]):
@@ -111,6 +113,11 @@ def propose_and_apply(
         for p, name in zip(result["proposals"], names or [], strict=False):  # the operator's edits
             p["name"] = name.strip() or p["name"]
         if apply:
+            if delete_emptied:
+                for emptied in result["diff"]["emptied_experts"]:
+                    delete_expert(s, emptied["id"])
+                s.flush()
+            result["deleted_experts"] = result["diff"]["emptied_experts"] if delete_emptied else []
             taken = set(s.scalars(select(Expert.name)))
             for p in result["proposals"]:
                 name, i = p["name"], 2

@@ -5,23 +5,23 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.catalogue import read_version, stage_index_changes
 from app.models import Chunk, Cluster, IndexState, stack
 from app.services import index_log as log_files
+from app.services.reclustering import owners_of, recluster
 from app.services.snapshots import SnapshotStore
 from app.settings import Settings
 from engine.errors import IndexMoved
-from engine.keywords import cluster_keywords
-from index import ClusteredIndex, IndexCorrupt, auto_cluster_count, kmeans
+from index import ClusteredIndex, IndexCorrupt
+from index.fit import fits
 from index.placement import leakage, outside, place
 
 log = logging.getLogger(__name__)
@@ -255,14 +255,21 @@ class IndexManager:
         """[C] the expert owning each list of the live index (-1: none), read from SQL."""
         with self.sessions() as s:
             owned: dict[int, int | None] = {c: e for c, e in s.execute(select(Cluster.id, Cluster.expert_id))}
-        return _groups([owned.get(c) for c in range(self.index.nlist)])
+        return owners_of([owned.get(c) for c in range(self.index.nlist)])
 
-    def place_document(self, vectors: np.ndarray) -> np.ndarray:
-        """[N] lists for one document's chunk vectors [N, D]; call under `write_lock`."""
+    def place_document(self, vectors: np.ndarray) -> tuple[np.ndarray, list[float | None]]:
+        """One document's chunk vectors [N, D] -> ([N] their lists, [N] their fits); under `write_lock`."""
         if self.index.nlist == 1 or len(vectors) == 0:
-            return self.index.assign(vectors)
-        owners = np.zeros(len(vectors), dtype=np.int64)
-        return place(vectors, owners, self.index.centroids(), self.groups())
+            lists = self.index.assign(vectors)
+        else:
+            owners = np.zeros(len(vectors), dtype=np.int64)
+            lists = place(vectors, owners, self.index.centroids(), self.groups())
+        return lists, self.fits_of(vectors, lists)
+
+    def fits_of(self, vectors: np.ndarray, lists: np.ndarray) -> list[float | None]:
+        """[N] each vector's fit in its list of the live index (index.fit; None: unknown, one list)."""
+        fit = fits(vectors, self.index.centroids(), lists) if self.index.nlist > 1 else None
+        return [None] * len(lists) if fit is None else [float(f) for f in fit]
 
     def realign(self, progress: Progress | None = None) -> dict[str, Any]:
         """Re-place every chunk after the cluster -> expert mapping changed; moves only what must move."""
@@ -286,8 +293,13 @@ class IndexManager:
             if moved.size:
                 with self.sessions.begin() as s:
                     self.lock_clustering(s, self.index.version)  # a recluster meanwhile placed them already
+                    fit = self.fits_of(x[moved], after[moved])
                     s.execute(  # ORM bulk UPDATE by primary key (one executemany)
-                        update(Chunk), [{"id": int(ids[i]), "cluster_id": int(after[i])} for i in moved]
+                        update(Chunk),
+                        [
+                            {"id": int(ids[i]), "cluster_id": int(after[i]), "fit": f}
+                            for i, f in zip(moved, fit, strict=True)
+                        ],
                     )
                     stage_index_changes(s, ((int(ids[i]), int(after[i])) for i in moved))
             report(3, 3)
@@ -317,91 +329,22 @@ class IndexManager:
             "per_cluster": {int(c): int(n) for c, n in enumerate(per) if n},
         }
 
-    # ---- recluster ---------------------------------------------------------------------------------
+    # ---- recluster (app.services.reclustering) ------------------------------------------------------
 
-    def recluster(self, progress: Progress | None = None) -> dict[str, Any]:
-        """k-means over the stored embeddings; experts carry over by majority vote of the chunks."""
-        report = progress or (lambda done, total: None)
-        with self.write_lock:
-            with self.sessions() as s:
-                rows = s.execute(
-                    select(Chunk.id, Chunk.cluster_id, Chunk.embedding, Chunk.text, Chunk.document_id).order_by(
-                        Chunk.id
-                    )
-                ).all()
-                old_expert = {c: e for c, e in s.execute(select(Cluster.id, Cluster.expert_id))}
-            report(1, 4)
-            n = len(rows)
-            ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=n)
-            x = stack((r[2] for r in rows), self.dim)
-            k = auto_cluster_count(n, requested=self.settings.clusters)
-            centroids = kmeans(x, k, seed=self.settings.cluster_seed)  # [C, D]
-            fresh = ClusteredIndex.create(centroids, uuid.uuid4().hex)
-            nearest = fresh.assign(x)  # [N]
-            report(2, 4)
-            votes: list[Counter[int | None]] = [Counter() for _ in range(k)]
-            for (_, old_cluster, _, _, _), new_cluster in zip(rows, nearest, strict=True):
-                votes[new_cluster][old_expert.get(old_cluster)] += 1
-            experts = [v.most_common(1)[0][0] if v else None for v in votes]
-            # Each document's chunks stay inside one expert's lists (see index.placement).
-            owners = np.fromiter((r[4] for r in rows), dtype=np.int64, count=n)
-            assigned = place(x, owners, centroids, _groups(experts))  # [N]
-            keywords = cluster_keywords([r[3] for r in rows], assigned, k)
-            report(3, 4)
-            fresh.add(x, ids, assigned)
-            self._staged = fresh  # adopted by `follow` when the commit below is applied
-            try:
-                with self.sessions.begin() as s:
-                    state = self.lock_clustering(s)  # other processes' writers wait from here to commit
-                    ids, assigned = self._reconcile(s, fresh, ids, assigned, _groups(experts))
-                    n = len(ids)
-                    s.execute(delete(Cluster))
-                    s.add_all(
-                        Cluster(id=c, centroid=centroids[c], keywords=keywords[c], expert_id=experts[c])
-                        for c in range(k)
-                    )
-                    if n:
-                        s.execute(  # ORM bulk UPDATE by primary key (one executemany)
-                            update(Chunk),
-                            [{"id": int(i), "cluster_id": int(c)} for i, c in zip(ids, assigned, strict=True)],
-                        )
-                    state.version, state.nlist = fresh.version, k
-            finally:
-                self._staged = None
-            with self._replica_lock:
-                if self.index is not fresh:  # not followed (no catalogue subscription): adopt it here
-                    self.index, self._dirty = fresh, True
-            self.checkpoint()
-            report(4, 4)
-        sizes = np.bincount(assigned, minlength=k) if n else np.zeros(k, dtype=np.int64)
-        log.info("reclustered %d chunks into %d clusters (version %s)", n, k, fresh.version)
-        return {"chunks": n, "clusters": k, "version": fresh.version, "largest": int(sizes.max(initial=0))}
+    def recluster(self, progress: Progress | None = None, clusters: int = 0) -> dict[str, Any]:
+        """k-means into `clusters` lists (0: the setting's count, else automatic); see app.services.reclustering."""
+        return recluster(self, clusters, progress)
 
-    def _reconcile(
-        self, s: Session, fresh: ClusteredIndex, ids: np.ndarray, assigned: np.ndarray, groups: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Chunks committed or deleted by other processes since a recluster read them: placed in
-        (or removed from) the new clustering too. Under `lock_clustering`: nothing changes meanwhile."""
-        now = dict(s.execute(select(Chunk.id, Chunk.document_id)).all())  # chunk id -> document id
-        keep = np.fromiter((int(i) in now for i in ids), dtype=bool, count=len(ids))
-        if not keep.all():
-            fresh.remove(ids[~keep].tolist())
-            ids, assigned = ids[keep], assigned[keep]
-        extra = sorted(now.keys() - set(ids.tolist()))
-        if extra:
-            rows = s.execute(select(Chunk.id, Chunk.embedding).where(Chunk.id.in_(extra)).order_by(Chunk.id)).all()
-            new_ids = np.array([r[0] for r in rows], dtype=np.int64)
-            x = stack((r[1] for r in rows), self.dim)
-            owners = np.array([now[int(i)] for i in new_ids], dtype=np.int64)
-            placed = place(x, owners, fresh.centroids(), groups)
-            fresh.add(x, new_ids, placed)
-            ids, assigned = np.concatenate([ids, new_ids]), np.concatenate([assigned, placed])
-        return ids, assigned
+    def stage(self, fresh: ClusteredIndex | None) -> None:
+        """A recluster's index, adopted by `follow` when its commit is applied (None: done)."""
+        self._staged = fresh
 
-
-def _groups(experts: list[int | None]) -> np.ndarray:
-    """[C] expert id per list, -1 where no expert owns it."""
-    return np.array([-1 if e is None else e for e in experts], dtype=np.int64)
+    def adopt(self, fresh: ClusteredIndex) -> None:
+        """After a recluster's commit: its index is the replica (if `follow` did not adopt it) and is checkpointed."""
+        with self._replica_lock:
+            if self.index is not fresh:  # not followed (no catalogue subscription): adopt it here
+                self.index, self._dirty = fresh, True
+        self.checkpoint()
 
 
 def _assignments(s: Session) -> tuple[np.ndarray, np.ndarray]:

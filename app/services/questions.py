@@ -19,15 +19,16 @@ def recent(sessions: sessionmaker[Session], offset: int, limit: int) -> tuple[in
         return scalar_page(s, select(QueryLog).order_by(QueryLog.id.desc()), offset, limit)
 
 
-def label(sessions: sessionmaker[Session], query_id: int, expert_id: int) -> None:
-    """An operator marks the right expert: the question becomes router training data."""
+def label(sessions: sessionmaker[Session], query_id: int, expert_id: int | None) -> None:
+    """An operator marks the right expert, or (None) "none of these / a new topic": the question
+    becomes router training data (None teaches the gate's "none" class)."""
     with sessions.begin() as s:
         q = s.get(QueryLog, query_id)
         if q is None:
             raise NotFound(f"question {query_id} not found")
-        if s.get(Expert, expert_id) is None:
+        if expert_id is not None and s.get(Expert, expert_id) is None:
             raise NotFound(f"expert {expert_id} not found")
-        q.feedback_expert_id = expert_id
+        q.feedback_expert_id, q.feedback_new_topic = expert_id, expert_id is None
         s.add(RouterExample(question=q.question, expert_id=expert_id, origin="feedback"))
 
 

@@ -51,8 +51,10 @@ class RouterManager:
         embedder: Embedder,
         index: Callable[[], ClusteredIndex] | None = None,
         lexical: Callable[[], LexicalIndex | None] | None = None,
+        drift: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.settings, self.sessions, self.embedder = settings, sessions, embedder
+        self.drift = drift  # the content-fit report (app.services.content_fit): None reports none
         self.index = index  # for the gate's vote: None trains a gate without one
         self.lexical = lexical  # for the gate's BM25 vote: None (or no BM25 index) trains one without
         self._router: Router | None = None
@@ -65,13 +67,23 @@ class RouterManager:
         return self._router
 
     def staleness(self) -> dict[str, Any]:
-        """Was the active router trained on the cluster -> expert mapping in force now?
+        """Was the active router trained on the cluster -> expert mapping in force now, and do the
+        experts still fit the content?
 
         A router keeps its own copy of the mapping (it never mixes with another), so after a
         cluster moves to another expert, or a recluster, it routes by the old one until it is
         retrained. Returns router_version, stale (None: a router too old to tell),
-        changed_clusters (whose expert differs from the router's copy) and the reason in words.
+        changed_clusters (whose expert differs from the router's copy), the reason in words, and
+        drift: the documents whose content fits no expert (outgrown: any; then a re-fit is due).
         """
+        out = self._staleness()
+        drift = self.drift() if self.drift is not None else None
+        if drift is None or not drift["documents"]:
+            return out | {"outgrown": False, "drift": drift}
+        reason = drift["summary"] if out["reason"] in ("up to date", "no active router") else out["reason"]
+        return out | {"outgrown": True, "drift": drift, "reason": reason}
+
+    def _staleness(self) -> dict[str, Any]:
         router = self.current()
         if router is None:
             return {"router_version": None, "stale": False, "changed_clusters": [], "reason": "no active router"}
@@ -269,6 +281,8 @@ class RouterManager:
         cfg = TrainConfig(threshold=self.settings.route_threshold, seed=self.settings.router_seed)
         net, temperature, metrics = train(data, cfg, lambda d, t: report(40 + d * 30 // t, 100))
         metrics.update(info)
+        if len({r[2] for r in corpus.lists if r[2] is not None}) == 1:  # every confident route goes to it
+            metrics["warning"] = "one expert: routing means nothing until there are two (propose or refit the experts)"
         chunks = data.x[: len(corpus.rows)]  # [M, D] the chunk rows lead the training matrix
         adapter, adapter_metrics = self.fit_adapter(corpus, chunks, lambda d, t: report(70 + d * 30 // max(t, 1), 100))
         metrics.update(adapter_metrics)

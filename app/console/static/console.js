@@ -97,11 +97,11 @@ const pages = {
     $("q-rows").innerHTML = qs.map((q) => `<tr data-id="${q.id}"><td>${new Date(q.created_at).toLocaleTimeString()}</td><td>${esc(q.question)}</td>
       <td class="path-${q.path}">${q.path}${q.expert_id ? " · " + esc(expertName(q.expert_id)) : ""}</td><td>${esc(q.reason)}</td>
       <td>${q.confidence == null ? "—" : q.confidence.toFixed(2)}</td><td>${(q.timings.total ?? 0).toFixed(0)}</td>
-      <td><select class="q-label">${expertOptions(q.feedback_expert_id)}</select></td></tr>`).join("") || '<tr><td colspan="7" class="muted">no questions yet</td></tr>';
+      <td><select class="q-label"><option value="">—</option><option value="new" ${q.feedback_new_topic ? "selected" : ""}>none of these / new topic</option>${expertOptions(q.feedback_expert_id, false)}</select></td></tr>`).join("") || '<tr><td colspan="7" class="muted">no questions yet</td></tr>';
     document.querySelectorAll(".q-label").forEach((s) => s.addEventListener("change", async () => {
       if (!s.value) return;
-      await api("POST", `/admin/api/questions/${s.closest("tr").dataset.id}/label`, { expert_id: +s.value });
-      status("labelled: the question is now router training data");
+      await api("POST", `/admin/api/questions/${s.closest("tr").dataset.id}/label`, { expert_id: s.value === "new" ? null : +s.value });
+      status(s.value === "new" ? "labelled as a new topic: the router learns that no expert fits it" : "labelled: the question is now router training data");
     }));
   },
   async documents() {
@@ -183,16 +183,45 @@ async function refresh(tab) {
 // The active router keeps the mapping it was trained on: say so when the mapping has moved on.
 async function checkStaleness() {
   const st = await api("GET", "/admin/api/router/staleness");
-  $("stale-banner").hidden = !st.stale;
+  $("stale-banner").hidden = !st.stale && !st.outgrown;
+  $("stale-retrain").hidden = !st.stale;
+  $("stale-refit").hidden = !st.outgrown;
+  const said = [];
   if (st.stale) {
     const shown = st.changed_clusters.slice(0, 12).join(", ") + (st.changed_clusters.length > 12 ? ", …" : "");
-    $("stale-text").textContent = `Router version ${st.router_version} routes by an older mapping: ${st.reason} (clusters: ${shown}).`;
+    said.push(`Router version ${st.router_version} routes by an older mapping: ${st.reason} (clusters: ${shown}).`);
   }
+  if (st.outgrown) {
+    const docs = st.drift.shown.slice(0, 5).map((d) => `“${d.title}”`).join(", ") + (st.drift.documents > 5 ? ", …" : "");
+    said.push(`${st.drift.summary}: ${docs}. Re-fit the experts to give them experts of their own.`);
+  }
+  $("stale-text").textContent = said.join(" ");
 }
-function show(tab) {
+
+// The re-fit: a plan job (nothing changes), its diff, a confirmation, then the apply job.
+function describeRefit(plan) {
+  const rows = plan.experts.map((e) => `${e.new ? "new" : "keeps"} “${e.name}”: ${plural(e.lists, "list")}, ${e.chunks} chunks`);
+  const gone = plan.emptied_experts.map((e) => `emptied “${e.name}”${$("rf-delete").checked ? " (deleted)" : " (kept, empty)"}`);
+  return [`${plan.chunks} chunks into ${plural(plan.clusters, "list")}, ${plural(plan.experts.length, "expert")}:`, ...rows, ...gone, ...(plan.note ? [plan.note] : [])];
+}
+async function refit() {
+  const body = { experts: $("rf-experts").value ? +$("rf-experts").value : null, clusters: $("rf-clusters").value ? +$("rf-clusters").value : null };
+  status("planning the re-fit…");
+  const planned = await waitJob((await api("POST", "/admin/api/experts/refit", { ...body, apply: false })).id, $("rf-progress"), $("rf-job"));
+  if (planned.status !== "done") return status(`re-fit plan failed: ${planned.error}`, true);
+  const lines = describeRefit(planned.result);
+  $("rf-diff").innerHTML = `<ul>${lines.map((l) => `<li>${esc(l)}</li>`).join("")}</ul>`;
+  if (!confirm(`Apply this re-fit?\n\n${lines.join("\n")}\n\nThe router is retrained afterwards.`)) return status("re-fit not applied");
+  const done = await waitJob((await api("POST", "/admin/api/experts/refit", { ...body, apply: true, delete_emptied: $("rf-delete").checked })).id, $("rf-progress"), $("rf-job"));
+  if (done.status !== "done") return status(`re-fit failed: ${done.error}`, true);
+  status(`re-fitted: ${plural(done.result.experts.length, "expert")} over ${plural(done.result.clusters, "list")}`);
+  await refresh("clusters");
+}
+// Each tab is a history entry: Back and Forward switch tabs (`popstate` shows without a new entry).
+function show(tab, fromHistory = false) {
   document.querySelectorAll(".page").forEach((p) => { p.hidden = p.id !== tab; });
   document.querySelectorAll(".tab").forEach((t) => t.classList.toggle("active", t.dataset.tab === tab));
-  history.replaceState(null, "", `#${tab}`);
+  if (!fromHistory && location.hash !== `#${tab}`) history.pushState(null, "", `#${tab}`);
   refresh(tab).catch((e) => console.error(e));
 }
 
@@ -231,6 +260,8 @@ on("ex-new", "submit", async (e) => {
   await api("POST", "/admin/api/experts", body); e.target.reset(); status("expert created"); await refresh("experts");
 });
 on("stale-retrain", "click", () => { show("router"); $("rt-train").click(); });
+on("stale-refit", "click", () => { show("clusters"); $("rf-title").scrollIntoView(); $("rf-plan").focus(); });
+on("rf-plan", "click", refit);
 on("rt-train", "click", async () => {
   status("training the router…");
   const job = await api("POST", "/admin/api/router/train", {});
@@ -270,5 +301,9 @@ on("doc-upload", "submit", async (e) => {
 on("doc-prev", "click", () => { state.docPage = Math.max(0, state.docPage - 1); return refresh("documents"); });
 on("doc-next", "click", () => { state.docPage += 1; return refresh("documents"); });
 
+window.addEventListener("popstate", () => {
+  const tab = (location.hash || "#overview").slice(1);
+  show(tab in pages ? tab : "overview", true);
+});
 const first = (location.hash || "#overview").slice(1);
 show(first in pages ? first : "overview");

@@ -1,0 +1,102 @@
+"""`moerag experts refit`: re-fit the experts to the content, the diff shown first, applied with --yes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from typing import Any
+
+from app.cli_common import local_runtime, server_for, settings_from, token_for
+
+
+def add_commands(sub: Any, remote: argparse.ArgumentParser) -> None:
+    """The `experts` command group on the main parser's subcommands."""
+    experts = sub.add_parser("experts", help="re-fit the experts to the content")
+    actions = experts.add_subparsers(dest="action", required=True)
+    refit = actions.add_parser(
+        "refit",
+        parents=[remote],
+        help="recluster, propose experts, show the diff; with --yes apply it and retrain the router",
+    )
+    refit.add_argument("--experts", type=int, default=0, help="experts to make (default: as many as today, else 6)")
+    refit.add_argument("--clusters", type=int, default=0, help="lists to make (default: automatic, from the size)")
+    refit.add_argument("--keep-emptied", action="store_true", help="keep the experts the refit leaves empty")
+    refit.add_argument("--yes", action="store_true", help="apply the plan (without it only the diff is printed)")
+    refit.set_defaults(func=cmd_refit)
+
+
+def cmd_refit(args: argparse.Namespace) -> None:
+    from tqdm import tqdm
+
+    if args.experts < 0 or args.clusters < 0:
+        raise SystemExit("moerag: --experts and --clusters take a positive count")
+    settings = settings_from(args)
+    params = {"experts": args.experts or None, "clusters": args.clusters or None}
+    with tqdm(total=100, unit="%", desc="refit", disable=args.quiet) as bar:
+
+        def progress(done: int, total: int) -> None:
+            bar.n = done * 100 // max(total, 1)
+            bar.refresh()
+
+        run = _remote(args, settings, progress) if server_for(args, settings) else _local(settings, progress)
+        plan = run(params | {"apply": False})
+        if args.yes:
+            result = run(params | {"apply": True, "delete_emptied": not args.keep_emptied})
+    if args.json:
+        print(json.dumps(result if args.yes else plan))
+        return
+    print(describe(plan))
+    if args.yes:
+        print(f"applied: {len(result['experts'])} experts over {result['clusters']} lists; router {result['router']}")
+    else:
+        print("nothing changed: run again with --yes to apply this plan")
+
+
+def _remote(args: argparse.Namespace, settings: Any, progress: Callable[[int, int], None]) -> Any:
+    from app.cli_remote import Remote
+
+    server, token = server_for(args, settings), token_for(args, settings, admin=True)
+
+    def run(params: dict[str, Any]) -> dict[str, Any]:
+        assert server is not None
+        with Remote(server, token) as api:
+            job = api.call("POST", "/admin/api/experts/refit", ok=(202,), json=params)
+            return dict(api.follow_job(job, progress)["result"])
+
+    return run
+
+
+def _local(settings: Any, progress: Callable[[int, int], None]) -> Any:
+    from app.services.refit import Refit
+    from engine.errors import MoeragError
+
+    def run(params: dict[str, Any]) -> dict[str, Any]:
+        with local_runtime(settings) as rt:
+            refit = Refit(rt.indexes, rt.routers)
+            experts, clusters = params["experts"] or 0, params["clusters"] or 0
+            try:
+                if not params["apply"]:
+                    return refit.plan(experts, clusters, progress)
+                return refit.apply(experts, clusters, params["delete_emptied"], progress)
+            except MoeragError as exc:
+                raise SystemExit(f"moerag: {exc.code}: {exc.message}") from None
+
+    return run
+
+
+def describe(plan: dict[str, Any]) -> str:
+    """The plan as the operator reads it before saying yes."""
+    lines = [
+        f"{plan['chunks']} chunks into {plan['clusters']} lists (the smallest {plan['smallest_list']} chunks), "
+        f"{len(plan['experts'])} experts:"
+    ]
+    for e in plan["experts"]:
+        what = "new " if e["new"] else f"keeps expert {e['expert_id']} "
+        titles = "; ".join(e["titles"][:3])
+        lines.append(f"  {what}{e['name']!r}: {e['lists']} lists, {e['chunks']} chunks ({titles})")
+    for e in plan["emptied_experts"]:
+        lines.append(f"  emptied: expert {e['id']} {e['name']!r} (deleted unless --keep-emptied)")
+    if plan.get("note"):
+        lines.append(f"  note: {plan['note']}")
+    return "\n".join(lines)

@@ -1,0 +1,162 @@
+"""The admin API's bodies: experts, clusters, proposals, refits, the router, the question log."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
+
+from app.schemas import ClusterOut, Experts, Id, Int, Lists, Renamed, Share, TopK, Utc
+from engine.generators import GENERATOR_NAME
+
+
+class ExpertIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200)
+    description: str = ""
+    system_prompt: str = ""
+    generator: str = Field("extractive", pattern=GENERATOR_NAME)
+    top_k: TopK = 5
+    threshold: Share | None = None
+
+
+class ExpertPatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(None, min_length=1, max_length=200)
+    description: str | None = None
+    system_prompt: str | None = None
+    generator: str | None = Field(None, pattern=GENERATOR_NAME)
+    top_k: TopK | None = None
+    threshold: Share | None = None
+
+
+class ExpertOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    name: str
+    description: str
+    system_prompt: str
+    generator: str
+    top_k: int
+    threshold: float | None
+    clusters: list[int] = Field(default_factory=list)
+
+
+class ClusterSample(BaseModel):
+    chunk_id: int
+    document_id: int
+    source: str
+    text: str
+
+
+class ClusterDetail(ClusterOut):
+    samples: list[ClusterSample]
+
+
+class ClusterPut(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    expert_id: Id | None
+
+
+class AssignIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    cluster_ids: list[Id] = Field(min_length=1)
+    expert_id: Id | None
+
+
+class ProposeIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    n: Int = Field(6, ge=1, le=500)
+    apply: StrictBool = Field(False, description="Create the proposed experts and map their clusters.")
+    keep_mapped: StrictBool = Field(
+        True,
+        description="Clusters an expert already owns stay with it; only unmapped clusters are grouped. "
+        "False regroups every cluster (the diff lists what moves and which experts are left empty).",
+    )
+    names: list[Annotated[str, Field(max_length=200)]] | None = Field(
+        None, description="With apply: the experts' names, in the order the proposal listed them (edited names)."
+    )
+    delete_emptied: StrictBool = Field(
+        True, description="With apply and keep_mapped false: delete the experts the regroup leaves empty."
+    )
+
+
+class ReclusterIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    clusters: Lists | None = Field(
+        None,
+        description="Lists to make; null: MOERAG_CLUSTERS, else the automatic count (sqrt(chunks), "
+        "at least 8 chunks a list on average).",
+    )
+
+
+class RefitIn(ReclusterIn):
+    experts: Experts | None = Field(None, description="Experts to make; null: as many as today (else 6).")
+    apply: StrictBool = Field(
+        False, description="False: compute the plan and its diff only (the job's result); true: apply it."
+    )
+    delete_emptied: StrictBool = Field(True, description="With apply: delete the experts the refit leaves empty.")
+
+
+class ExampleIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    question: str = Field(min_length=1, max_length=4000)
+    expert_id: Id
+
+
+class TrainIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    activate: StrictBool = Field(
+        True, description="Activate the new version unless it is worse than the active one on held-out metrics."
+    )
+    force: StrictBool = Field(False, description="Activate even when it is worse (the result's held_back says how).")
+
+
+class RouterVersionOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    active: bool
+    created_at: Utc
+    temperature: float
+    expert_ids: list[int]
+    metrics: dict[str, Any]
+
+
+class QuestionOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    created_at: Utc
+    question: str
+    path: str
+    reason: str
+    expert_id: int | None
+    confidence: float | None
+    top: list[dict[str, Any]]
+    timings: dict[str, float]
+    feedback_expert_id: int | None
+    feedback_new_topic: bool = False  # marked "none of these / a new topic"
+    router_version_id: int | None = None
+    catalogue_version: int | None = None  # the catalogue version it was answered with
+
+
+class LabelIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    expert_id: Id | None = Field(description='The right expert; null: "none of these / a new topic".')
+
+
+class ExampleTry(Renamed):
+    RENAMED: ClassVar[dict[str, str]] = {"question": "query"}
+
+    query: str = Field(min_length=1, max_length=2000)

@@ -1,0 +1,96 @@
+"""Issue 40: content fit (index.fit), the open-set verdict, the re-fit's grouping and names."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+from sqlalchemy import select, update
+
+from app.models import Chunk, Cluster
+from app.services.proposals import labels, name_groups
+from app.services.refit import _components, _match
+from engine.embedder import Embedder
+from engine.route_check import no_expert_fits
+from index.fit import fits, floors
+
+
+def test_fit_is_the_cosine_to_the_own_list_and_unknown_for_the_single_zero_list() -> None:
+    x = np.array([[1, 0], [0, 1], [0.6, 0.8]], dtype=np.float32)
+    centroids = np.array([[1, 0], [0, 1]], dtype=np.float32)
+    got = fits(x, centroids, np.array([0, 1, 0]))
+    assert got is not None and np.allclose(got, [1.0, 1.0, 0.6])
+    assert fits(x, np.zeros((1, 2), dtype=np.float32), np.zeros(3, dtype=np.int64)) is None
+
+
+def test_a_lists_floor_is_its_lowest_member_never_above_the_tail_over_all() -> None:
+    rng = np.random.default_rng(0)
+    tight = rng.uniform(0.8, 0.9, 200).astype(np.float32)  # a tight list
+    loose = rng.uniform(0.3, 0.9, 200).astype(np.float32)
+    fit = np.concatenate([tight, loose])
+    lists = np.array([0] * 200 + [1] * 200)
+    floor = floors(fit, lists, 3)  # list 2 has no members
+    overall = np.quantile(fit, 0.02)
+    assert floor[0] <= overall + 1e-6  # the tight list does not reject its neighbours
+    assert abs(floor[1] - loose.min()) < 1e-6  # no member is below its list's floor
+    assert (fit >= floor[lists]).all()
+    assert abs(floor[2] - overall) < 1e-6
+    assert np.isneginf(floors(np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.int64), 2)).all()
+
+
+def test_no_expert_fits_when_most_of_the_best_passages_fit_below_their_floor() -> None:
+    assert no_expert_fits([-0.1, -0.2, 0.05], "calendar") is not None
+    assert "2 of the best 3" in (no_expert_fits([-0.1, -0.2, 0.05], "calendar") or "")
+    assert no_expert_fits([-0.1, 0.2, 0.05], "calendar") is None  # one of three: the expert fits
+    assert no_expert_fits([None, None, -0.3], "calendar") is None  # unknown fits count as fitting
+    assert no_expert_fits([], "calendar") is None
+
+
+def test_new_content_lists_join_when_alike_and_each_group_keeps_at_most_one_expert() -> None:
+    c = np.array([[1, 0, 0], [0.9, 0.436, 0], [0, 0, 1]], dtype=np.float32)
+    assert sorted(map(sorted, _components(c, 0.5))) == [[0, 1], [2]]
+    # Group 1's chunks were all held by expert 7, which holds more of group 0: group 1 is new.
+    group = np.array([0, 0, 0, 1, 1])
+    assert _match(group, [7, 7, 7, 7, None], 2) == [7, None]
+    assert _match(group, [None, None, 7, 8, 8], 2) == [None, 8]  # 1 of 3 is under half: no keep
+
+
+def test_names_never_come_from_folders_and_never_repeat() -> None:
+    assert labels("Kubernetes Services", "Kubernetes Services > Headless Services") == {"Kubernetes Services"}
+    same = [Counter({"Python docs": 10}), Counter({"Python docs": 10})]
+    titles = [Counter({"Python docs": 10}), Counter({"Python docs": 10})]
+    names = name_groups(same, [10, 10], titles, [["json", "csv"], ["sqlite3", "json"]])
+    assert names == ["Python docs · json", "Python docs · sqlite3"]
+    assert name_groups([Counter()], [3], [Counter({"": 3})], [["starter", "levain"]]) == ["starter · levain"]
+
+
+def test_a_store_clustered_before_fit_existed_is_filled_in_at_start(tmp_path: Path, embedder: Embedder) -> None:
+    from app.runtime import Runtime
+    from app.services.documents import Upload
+    from app.settings import Settings
+    from tests.helpers import TOPICS, topic_doc
+
+    settings = Settings(data_dir=tmp_path / "data", clusters=4)  # type: ignore[call-arg]
+    rt = Runtime(settings, embedder=embedder)
+    rt.start(run_jobs=False)
+    try:
+        for i, t in enumerate(TOPICS):
+            rt.ingestor.ingest(Upload(data=topic_doc(t, i, 6).encode(), source=f"{t}.md"))
+        rt.indexes.recluster()
+        with rt.sessions.begin() as s:
+            assert None not in s.scalars(select(Chunk.fit)).all()
+            assert None not in s.scalars(select(Cluster.fit_floor)).all()
+            s.execute(update(Chunk).values(fit=None))
+            s.execute(update(Cluster).values(fit_floor=None))
+    finally:
+        rt.close()
+    rt = Runtime(settings, embedder=embedder)
+    rt.start(run_jobs=False)
+    try:
+        with rt.sessions() as s:
+            assert None not in s.scalars(select(Chunk.fit)).all()
+            assert None not in s.scalars(select(Cluster.fit_floor)).all()
+        assert rt.routers.staleness()["drift"]["summary"] == "no experts yet"
+    finally:
+        rt.close()
