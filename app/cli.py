@@ -6,18 +6,16 @@ import argparse
 import json
 import logging
 import os
-import sys
-from collections.abc import Callable, Iterator, Sequence
-from functools import partial
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app.cli_common import local_runtime, require_store, server_for, settings_from, token_for
+from app.cli_common import ingest_files, local_runtime, require_store, server_for, settings_from, token_for
 from app.cli_experts import add_commands as add_expert_commands
 from app.settings import Settings
 
 if TYPE_CHECKING:
-    from app.runtime import Runtime
+    pass
 
 SUPPORTED_SUFFIXES = {".txt", ".text", ".md", ".markdown", ".html", ".htm", ".xhtml", ".pdf", ".rst"}
 log = logging.getLogger("moerag")
@@ -50,37 +48,6 @@ def collect_files(paths: Sequence[str]) -> list[Path]:
 def ingest_local(settings: Settings, files: list[Path], progress: bool = True) -> dict[str, int]:
     with local_runtime(settings) as rt:
         return ingest_files(rt, files, progress)
-
-
-def ingest_files(rt: Runtime, files: list[Path], progress: bool = True, root: Path | None = None) -> dict[str, int]:
-    """Ingest local files through a started runtime, with a progress bar; failures are listed, not fatal.
-
-    A document's source is its path as given, or relative to `root` (files the server placed
-    itself, like the sample corpus: no server path reaches the API).
-    """
-    from tqdm import tqdm
-
-    from app.services.documents import Upload
-
-    counts = {"created": 0, "duplicate": 0, "failed": 0, "chunks": 0}
-
-    def read(f: Path) -> Upload:
-        return Upload(data=f.read_bytes(), source=str(f.relative_to(root) if root else f), filename=f.name)
-
-    def thunks() -> Iterator[Callable[[], Upload]]:
-        for f in files:
-            yield partial(read, f)
-
-    bar = tqdm(total=len(files), unit="doc", disable=not progress, desc="ingest")
-    for f, outcome in zip(files, rt.ingestor.ingest_many(thunks()), strict=True):
-        counts[outcome.status] += 1
-        counts["chunks"] += outcome.added
-        if outcome.error is not None:
-            tqdm.write(f"skipped {f}: {outcome.error.message}", file=sys.stderr)
-        bar.update(1)
-        bar.set_postfix(chunks=counts["chunks"])
-    bar.close()
-    return counts
 
 
 def cmd_ingest(args: argparse.Namespace) -> None:

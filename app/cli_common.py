@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -80,3 +81,34 @@ def token_for(args: argparse.Namespace, settings: Settings, *, admin: bool) -> s
         if admin:
             raise SystemExit("moerag: no admin token: pass --token or set MOERAG_ADMIN_TOKEN") from None
         return None
+
+
+def ingest_files(rt: Runtime, files: list[Path], progress: bool = True, root: Path | None = None) -> dict[str, int]:
+    """Ingest local files through a started runtime, with a progress bar; failures are listed, not fatal.
+
+    A document's source is its path as given, or relative to `root` (files the server placed
+    itself, like the sample corpus: no server path reaches the API).
+    """
+    from tqdm import tqdm
+
+    from app.services.documents import Upload
+
+    counts = {"created": 0, "duplicate": 0, "failed": 0, "chunks": 0}
+
+    def read(f: Path) -> Upload:
+        return Upload(data=f.read_bytes(), source=str(f.relative_to(root) if root else f), filename=f.name)
+
+    def thunks() -> Iterator[Callable[[], Upload]]:
+        for f in files:
+            yield partial(read, f)
+
+    bar = tqdm(total=len(files), unit="doc", disable=not progress, desc="ingest")
+    for f, outcome in zip(files, rt.ingestor.ingest_many(thunks()), strict=True):
+        counts[outcome.status] += 1
+        counts["chunks"] += outcome.added
+        if outcome.error is not None:
+            tqdm.write(f"skipped {f}: {outcome.error.message}", file=sys.stderr)
+        bar.update(1)
+        bar.set_postfix(chunks=counts["chunks"])
+    bar.close()
+    return counts

@@ -33,7 +33,8 @@ import numpy.typing as npt
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.evalcorpus import is_hit, load_questions
-from benchmarks.routing import RESULTS, per_question
+from benchmarks.retrieval_metrics import per_question
+from benchmarks.routing import RESULTS
 
 Vectors = npt.NDArray[np.float32]
 

@@ -38,7 +38,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import evalcorpus, load, peers, routing, scaling
-from benchmarks.routing import ROUTED, first_hits, metrics_for, paired_difference, percentile
+from benchmarks.retrieval_metrics import first_hits, metrics_for, paired_difference
+from benchmarks.routing import ROUTED, percentile
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STAGES = ("corpus", "ingest", "peer", "quality", "speed", "load", "scaling", "report")

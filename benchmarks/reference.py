@@ -28,7 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.evalcorpus import FAQ_PAGES, domain_of, html_files, load_questions
-from benchmarks.routing import first_hits, metrics_for, paired_difference
+from benchmarks.retrieval_metrics import first_hits, metrics_for, paired_difference
 
 WINDOW, OVERLAP = 200, 40
 _CHROME = "script, style, nav, header, footer, div.toc, div.navheader, div.navfooter, div.sphinxsidebar, div.related"

@@ -23,7 +23,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.evalcorpus import load_questions
-from benchmarks.routing import first_hits, metrics_for, paired_difference, served, setup_experts
+from benchmarks.retrieval_metrics import first_hits, metrics_for, paired_difference
+from benchmarks.routing import served, setup_experts
 from benchmarks.routing_report import path_figures
 
 

@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from engine.blocks import Block, ParsedDocument
 from engine.document_budget import check_document
 from engine.errors import DocumentTooLarge
-from engine.parsing import Block, ParsedDocument
 
 TokenCounter = Callable[[Sequence[str]], list[int]]
 

@@ -10,7 +10,7 @@ from markdown_it import MarkdownIt
 from markdown_it.token import Token
 from selectolax.lexbor import LexborHTMLParser
 
-from engine.parsing import ParsedDocument, _Builder, _first_line
+from engine.blocks import Builder, ParsedDocument, first_line
 
 _MD = MarkdownIt("commonmark", {"html": True}).enable("table")
 
@@ -36,7 +36,7 @@ def _html_text(fragment: str) -> str:
 
 
 def parse_markdown(text: str, fallback_title: str = "") -> ParsedDocument:
-    builder = _Builder()
+    builder = Builder()
     headings: list[str] = []
     section = 0
     table: list[list[str]] | None = None  # rows of cells while inside a table
@@ -67,4 +67,4 @@ def parse_markdown(text: str, fallback_title: str = "") -> ParsedDocument:
             builder.add("\n".join(" | ".join(row) for row in table), tuple(headings), section)
             table = None
     first_heading = next((b.headings[0] for b in builder.blocks if b.headings and b.headings[0]), "")
-    return builder.build("md", first_heading or fallback_title or _first_line(builder))
+    return builder.build("md", first_heading or fallback_title or first_line(builder))

@@ -9,23 +9,18 @@ from __future__ import annotations
 
 import io
 import re
-from dataclasses import dataclass, field
 from pathlib import PurePath
 from typing import TYPE_CHECKING
 
 import charset_normalizer
 
+from engine.blocks import MIME_BY_KIND, Builder, ParsedDocument, first_line
 from engine.errors import CorruptDocument, EmptyDocument, UndecodableDocument, UnsupportedType
 
 if TYPE_CHECKING:
     from selectolax.lexbor import LexborNode as Node
 
-MIME_BY_KIND = {
-    "txt": "text/plain",
-    "md": "text/markdown",
-    "html": "text/html",
-    "pdf": "application/pdf",
-}
+
 _EXTENSIONS = {
     ".txt": "txt",
     ".text": "txt",
@@ -38,59 +33,6 @@ _EXTENSIONS = {
     ".pdf": "pdf",
 }
 _MIME_KINDS = {v: k for k, v in MIME_BY_KIND.items()} | {"application/xhtml+xml": "html"}
-
-
-@dataclass(frozen=True)
-class Block:
-    """A paragraph-like unit of text that chunking never splits unless it must."""
-
-    text: str
-    headings: tuple[str, ...]
-    start: int  # char offset in ParsedDocument.text
-    end: int
-    section: int = 0  # structural section: chunks never span two (numbered in document order)
-    title: str = ""  # the section's own heading ("" for an untitled one, e.g. after an empty heading)
-
-
-@dataclass
-class ParsedDocument:
-    kind: str
-    title: str
-    text: str = ""
-    blocks: list[Block] = field(default_factory=list)
-
-    @property
-    def mime(self) -> str:
-        return MIME_BY_KIND[self.kind]
-
-
-class _Builder:
-    """Accumulates blocks and the plain text they are slices of."""
-
-    def __init__(self) -> None:
-        self.parts: list[str] = []
-        self.length = 0
-        self.blocks: list[Block] = []
-
-    def add(self, text: str, headings: tuple[str, ...], section: int = 0, title: str | None = None) -> None:
-        """A block; `title` defaults to the innermost heading of `headings`."""
-        text = text.strip()
-        if not text:
-            return
-        if self.parts:
-            self.parts.append("\n\n")
-            self.length += 2
-        start = self.length
-        self.parts.append(text)
-        self.length += len(text)
-        own = (headings[-1] if headings else "") if title is None else title
-        self.blocks.append(Block(text, headings, start, self.length, section, own))
-
-    def build(self, kind: str, title: str) -> ParsedDocument:
-        doc = ParsedDocument(kind=kind, title=title, text="".join(self.parts), blocks=self.blocks)
-        if not doc.blocks:
-            raise EmptyDocument("the document contains no text")
-        return doc
 
 
 def sniff(data: bytes, filename: str | None = None, content_type: str | None = None) -> str:
@@ -156,15 +98,15 @@ _PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
 
 
 def parse_text(text: str, fallback_title: str = "") -> ParsedDocument:
-    builder = _Builder()
+    builder = Builder()
     for para in _PARAGRAPH_BREAK.split(text.replace("\r\n", "\n")):
         builder.add(para, ())
-    title = fallback_title or _first_line(builder)
+    title = fallback_title or first_line(builder)
     return builder.build("txt", title)
 
 
 def parse_markdown(text: str, fallback_title: str = "") -> ParsedDocument:
-    """Markdown by markdown-it (engine/markdown.py): imported here, when used, as it builds on this module."""
+    """Markdown by markdown-it (engine/markdown.py), imported when used."""
     from engine.markdown import parse_markdown as parse_md
 
     return parse_md(text, fallback_title)
@@ -262,7 +204,7 @@ class _HtmlWalker:
     """
 
     def __init__(self) -> None:
-        self.builder = _Builder()
+        self.builder = Builder()
         self.headings: list[str] = []
         self.buffer: list[str] = []
         self.pre_depth = 0
@@ -354,14 +296,10 @@ def parse_pdf(data: bytes, fallback_title: str = "") -> ParsedDocument:
         raise
     except (PdfReadError, ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
         raise CorruptDocument(f"the PDF could not be read: {exc}") from exc
-    builder = _Builder()
+    builder = Builder()
     for number, page in enumerate(pages, start=1):
         for para in _PARAGRAPH_BREAK.split(page.replace("\r\n", "\n")):
             builder.add(para, (f"page {number}",), number)
     if not builder.blocks:
         raise EmptyDocument("the PDF has no extractable text (a scanned PDF needs OCR first)")
-    return builder.build("pdf", str(meta_title).strip() or fallback_title or _first_line(builder))
-
-
-def _first_line(builder: _Builder) -> str:
-    return builder.blocks[0].text.split("\n", 1)[0][:120] if builder.blocks else ""
+    return builder.build("pdf", str(meta_title).strip() or fallback_title or first_line(builder))

@@ -16,11 +16,12 @@ from sqlalchemy.orm import Session
 from app.catalogue import stage_index_changes
 from app.models import Chunk, Document
 from app.services.indexing import IndexManager
+from engine.blocks import ParsedDocument
 from engine.chunking import Chunk as TextChunk
 from engine.chunking import ChunkingConfig, chunk_document
 from engine.embedder import Embedder, Vectors
 from engine.errors import Conflict, IndexMoved, InputError, NotFound
-from engine.parsing import ParsedDocument, parse
+from engine.parsing import parse
 
 log = logging.getLogger(__name__)
 
