@@ -44,6 +44,7 @@ def ingest(rt: Any, corpus: Path, files: list[Path]) -> dict[str, float]:
         if done % 250 == 0:
             print(f"ingest: {done}/{len(files)} pages, {chunks} chunks", flush=True)
     rt.catalogue.sync()
+    rt.lexical.refresh(force=True)  # a server's checkpoint loop would; the gate's BM25 vote reads it
     return {"pages": len(files), "chunks": chunks, "seconds": round(time.perf_counter() - t0, 1)}
 
 
