@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
+from contextlib import ExitStack
 from typing import Any
 
 from app.cli_common import local_runtime, server_for, settings_from, token_for
@@ -39,10 +40,16 @@ def cmd_refit(args: argparse.Namespace) -> None:
             bar.n = done * 100 // max(total, 1)
             bar.refresh()
 
-        run = _remote(args, settings, progress) if server_for(args, settings) else _local(settings, progress)
-        plan = run(params | {"apply": False})
-        if args.yes:
-            result = run(params | {"apply": True, "delete_emptied": not args.keep_emptied})
+        with ExitStack() as stack:  # one runtime (one model load) for the plan and its apply, here
+            server = server_for(args, settings)
+            run = (
+                _remote(server, token_for(args, settings, admin=True), progress)
+                if server
+                else _local(stack.enter_context(local_runtime(settings)), progress)
+            )
+            plan = run(params | {"apply": False})
+            if args.yes:
+                result = run(params | {"apply": True, "delete_emptied": not args.keep_emptied})
     if args.json:
         print(json.dumps(result if args.yes else plan))
         return
@@ -53,13 +60,10 @@ def cmd_refit(args: argparse.Namespace) -> None:
         print("nothing changed: run again with --yes to apply this plan")
 
 
-def _remote(args: argparse.Namespace, settings: Any, progress: Callable[[int, int], None]) -> Any:
+def _remote(server: str, token: str | None, progress: Callable[[int, int], None]) -> Any:
     from app.cli_remote import Remote
 
-    server, token = server_for(args, settings), token_for(args, settings, admin=True)
-
     def run(params: dict[str, Any]) -> dict[str, Any]:
-        assert server is not None
         with Remote(server, token) as api:
             job = api.call("POST", "/admin/api/experts/refit", ok=(202,), json=params)
             return dict(api.follow_job(job, progress)["result"])
@@ -67,20 +71,20 @@ def _remote(args: argparse.Namespace, settings: Any, progress: Callable[[int, in
     return run
 
 
-def _local(settings: Any, progress: Callable[[int, int], None]) -> Any:
+def _local(rt: Any, progress: Callable[[int, int], None]) -> Any:
     from app.services.refit import Refit
     from engine.errors import MoeragError
 
+    refit = Refit(rt.indexes, rt.routers)
+
     def run(params: dict[str, Any]) -> dict[str, Any]:
-        with local_runtime(settings) as rt:
-            refit = Refit(rt.indexes, rt.routers)
-            experts, clusters = params["experts"] or 0, params["clusters"] or 0
-            try:
-                if not params["apply"]:
-                    return refit.plan(experts, clusters, progress)
-                return refit.apply(experts, clusters, params["delete_emptied"], progress)
-            except MoeragError as exc:
-                raise SystemExit(f"moerag: {exc.code}: {exc.message}") from None
+        experts, clusters = params["experts"] or 0, params["clusters"] or 0
+        try:
+            if not params["apply"]:
+                return refit.plan(experts, clusters, progress)
+            return refit.apply(experts, clusters, params["delete_emptied"], progress)
+        except MoeragError as exc:
+            raise SystemExit(f"moerag: {exc.code}: {exc.message}") from None
 
     return run
 
