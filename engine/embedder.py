@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
 import os
 import threading
@@ -22,7 +23,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import torch
 
 from engine.errors import NotConfigured
-from engine.onnx_questions import OnnxQuestions, QuestionTokens, export, has_onnxruntime
+from engine.onnx_questions import OPSET, OnnxQuestions, QuestionTokens, export, has_onnxruntime
 from engine.turns import Turns
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,7 @@ class Embedder:
         dtype: str = "auto",
         batch_size: int = 32,
         device: str = "cpu",
+        cache_dir: Path | None = None,
     ) -> None:
         from sentence_transformers import SentenceTransformer
         from transformers.utils import logging as hf_logging
@@ -111,6 +113,7 @@ class Embedder:
         # Token budget for one text: the model's window less its [CLS] and [SEP].
         self.max_tokens = int(self.model.max_seq_length or 256) - 2
         self.name = path.name if model_path else "all-MiniLM-L6-v2"
+        self.cache_dir = cache_dir  # compiled question models kept between starts (None: none kept)
         self._counter = copy.deepcopy(self.model.tokenizer)  # counting's own state
         self._count_lock = threading.Lock()
         self._turns = Turns()  # encode: one at a time, questions and small uploads first
@@ -274,12 +277,37 @@ class Embedder:
             return self._use("onnxruntime")
         if not has_onnxruntime():
             raise NotConfigured("the onnxruntime question runtime needs the onnx extra: pip install 'moerag[onnx]'")
-        try:
-            session, wide = export(_Hidden(self._transformer()).eval(), *self._example(), wide_threads)
+        kept = self.onnx_file()  # read from there when it is there; else exported and written there
+
+        def exported() -> str:
+            session, wide = export(_Hidden(self._transformer()).eval(), *self._example(), wide_threads, kept)
             return self._adopt(OnnxQuestions(session, wide, QuestionTokens.of(self.model)), "onnxruntime")
+
+        try:
+            if kept is not None and kept.is_file():
+                try:
+                    decided = exported()
+                except Exception as exc:  # a truncated or foreign file
+                    decided = f"eager ({type(exc).__name__})"
+                if decided.startswith("onnxruntime"):
+                    return decided
+                log.warning("kept question model %s unusable (%s); exporting again", kept, decided)
+                kept.unlink(missing_ok=True)
+            return exported()
         except Exception as exc:
             log.warning("question model not exported to ONNX (%s: %s); eager PyTorch serves", type(exc).__name__, exc)
             return f"eager ({type(exc).__name__})"
+
+    def onnx_file(self) -> Path | None:
+        """Where this model's ONNX graph is kept (`cache_dir`), named for what it depends on: the
+        model's files (name, size, modification time), the torch version and the opset."""
+        if self.cache_dir is None:
+            return None
+        stamp = hashlib.sha256(f"{torch.__version__} {OPSET} {self.torch_dtype}".encode())
+        for f in sorted(p for p in self.path.rglob("*") if p.is_file()):
+            st = f.stat()
+            stamp.update(f"{f.relative_to(self.path)} {st.st_size} {st.st_mtime_ns}".encode())
+        return self.cache_dir / f"question-model-{stamp.hexdigest()[:16]}.onnx"
 
     def _transformer(self) -> Any:
         """The sentence-transformer's transformer (a BertModel here), without pooling."""

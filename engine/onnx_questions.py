@@ -11,6 +11,9 @@ the vectors within 6e-8 (`Embedder._adopt` checks every way against eager).
 from __future__ import annotations
 
 import importlib.util
+import logging
+import os
+import shutil
 import tempfile
 import warnings
 from collections.abc import Sequence
@@ -21,7 +24,9 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+log = logging.getLogger(__name__)
 Ids = npt.NDArray[np.int64]
+OPSET = 17  # part of a kept graph's name (`Embedder.onnx_file`)
 
 
 def has_onnxruntime() -> bool:
@@ -102,9 +107,15 @@ class OnnxQuestions:
         return np.asarray(session.run(None, feeds)[0])  # [N, L, H]
 
 
-def export(transformer: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, wide_threads: int) -> tuple[Any, Any]:
-    """`transformer` ((ids, mask) -> hidden states, eval mode) exported to ONNX (a temporary file;
-    dynamic batch and length) -> (a session with one intra-op thread, a wide one or None).
+def export(
+    transformer: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, wide_threads: int, kept: Path | None = None
+) -> tuple[Any, Any]:
+    """`transformer` ((ids, mask) -> hidden states, eval mode) exported to ONNX (dynamic batch and
+    length) -> (a session with one intra-op thread, a wide one or None).
+
+    kept: where the exported graph is kept between starts (`Embedder.onnx_file`): read from there
+    when it is there (the export takes seconds, the read a fraction), else exported and written
+    there whole (a temporary name, then renamed). None: a temporary file.
 
     The wide session (`wide_threads` > 1) spins its threads between the parallel sections of a
     call (without spinning, waking the second thread ate the gain) and stops when the call ends
@@ -122,17 +133,20 @@ def export(transformer: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, 
     axes = {0: "batch", 1: "tokens"}
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporter's notes on shape branches: the caller checks instead
-        path = Path(tmp) / "question-model.onnx"
-        torch.onnx.export(
-            transformer,
-            (ids, mask),
-            path,
-            input_names=["ids", "mask"],
-            output_names=["hidden"],
-            dynamic_axes={"ids": axes, "mask": axes, "hidden": axes},
-            opset_version=17,
-            dynamo=False,
-        )
+        path = kept if kept is not None and kept.is_file() else Path(tmp) / "question-model.onnx"
+        if path != kept:
+            torch.onnx.export(
+                transformer,
+                (ids, mask),
+                path,
+                input_names=["ids", "mask"],
+                output_names=["hidden"],
+                dynamic_axes={"ids": axes, "mask": axes, "hidden": axes},
+                opset_version=OPSET,
+                dynamo=False,
+            )
+            if kept is not None:
+                _keep(path, kept)
         cpu = ["CPUExecutionProvider"]
         session = onnxruntime.InferenceSession(str(path), options(1), providers=cpu)
         wide = None
@@ -141,3 +155,14 @@ def export(transformer: torch.nn.Module, ids: torch.Tensor, mask: torch.Tensor, 
             opts.add_session_config_entry("session.force_spinning_stop", "1")  # no spinning between calls
             wide = onnxruntime.InferenceSession(str(path), opts, providers=cpu)
     return session, wide
+
+
+def _keep(exported: Path, kept: Path) -> None:
+    """Copy `exported` to `kept` whole or not at all; a cache that cannot be written is only slower."""
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        partial = kept.with_name(f".{kept.name}.{os.getpid()}")
+        shutil.copyfile(exported, partial)
+        os.replace(partial, kept)
+    except OSError as exc:
+        log.warning("question model not kept at %s (%s)", kept, exc)

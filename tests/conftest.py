@@ -1,12 +1,18 @@
 # Triton runs on CPU only in its interpreter, and the switch is read when a kernel module is
 # first imported: set it before anything else can import one.
+import json
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# One exported question model for the whole run (every server start reads it), not the user's cache.
+os.environ.setdefault("MOERAG_CACHE_DIR", os.path.join(tempfile.gettempdir(), "moerag-test-cache"))
 
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +28,28 @@ from engine.embedder import Embedder
 from tests.helpers import TOPICS, topic_doc, wait_job
 
 TOKEN = "test-admin-token"
+
+
+def _worker_database() -> None:
+    """Under pytest-xdist each worker gets its own scratch PostgreSQL database (the run's one with
+    the worker's name appended, created when missing): tests empty theirs to base as they start."""
+    url, worker = os.environ.get("MOERAG_TEST_PG_URL"), os.environ.get("PYTEST_XDIST_WORKER")
+    if not url or not worker:
+        return
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    base = make_url(url)
+    name = f"{base.database}_{worker}"
+    engine = create_engine(base, isolation_level="AUTOCOMMIT")
+    with engine.connect() as c:
+        if not c.scalar(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}):
+            c.execute(text(f'CREATE DATABASE "{name}"'))
+    engine.dispose()
+    os.environ["MOERAG_TEST_PG_URL"] = base.set(database=name).render_as_string(hide_password=False)
+
+
+_worker_database()  # before any test module reads MOERAG_TEST_PG_URL
 DATABASES = ["sqlite"] + (["postgresql"] if os.environ.get("MOERAG_TEST_PG_URL") else [])
 
 
@@ -49,6 +77,40 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 def embedder() -> Embedder:
     """The real packaged model, loaded once for the whole run."""
     return Embedder()
+
+
+@dataclass(frozen=True)
+class SampleStore:
+    """The pydoc sample store as `moerag serve --sample` prepares it on an empty data dir
+    (ingested, clustered, experts proposed, router trained), its server stopped."""
+
+    data: Path
+    readyz: list[str]  # the /readyz statuses seen while it prepared, in order, without repeats
+    log: str  # that server's log
+
+
+@pytest.fixture(scope="session")
+def sample_store(tmp_path_factory: pytest.TempPathFactory) -> SampleStore:
+    """Built once for the whole run (and for every pytest-xdist worker) by a real `serve --sample`;
+    tests take copies (`copy_sample`) rather than building it again (two to three minutes)."""
+    from filelock import FileLock
+
+    from tests.server import serve_sample
+
+    shared = tmp_path_factory.getbasetemp().parent
+    store, seen = shared / "sample-store", shared / "sample-store" / "readyz.json"
+    with FileLock(str(shared / "sample-store.lock")):
+        if not seen.exists():
+            shutil.rmtree(store, ignore_errors=True)
+            store.mkdir()
+            seen.write_text(json.dumps(serve_sample(store / "data", TOKEN, store / "server.log")))
+    return SampleStore(store / "data", json.loads(seen.read_text()), (store / "server.log").read_text())
+
+
+def copy_sample(sample: SampleStore, data_dir: Path) -> Path:
+    """A private copy of the sample store at `data_dir` (every path in a store is relative to it)."""
+    shutil.copytree(sample.data, data_dir)
+    return data_dir
 
 
 @pytest.fixture

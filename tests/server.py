@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -57,3 +58,32 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(10)
+
+
+def serve_sample(data_dir: Path, token: str, log: Path) -> list[str]:
+    """`moerag serve --sample` on an empty `data_dir` until it is ready, then stopped: returns the
+    /readyz statuses seen meanwhile (in order, without repeats), polled from the start."""
+    server = Server(data_dir, token, log)
+    statuses: list[str] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        while not stop.is_set():
+            try:
+                status = httpx.get(f"{server.url}/readyz", timeout=5).json()["status"]
+                if not statuses or statuses[-1] != status:
+                    statuses.append(status)
+            except httpx.TransportError:
+                pass
+            stop.wait(0.1)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    try:
+        poller.start()
+        server.start(400, "--sample")  # returns once /readyz is 200
+        stop.wait(0.3)  # the poller sees "ready" too
+    finally:
+        stop.set()
+        poller.join(10)
+        server.stop()
+    return statuses

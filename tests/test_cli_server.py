@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from app.locking import running_server
-from tests.conftest import TOKEN
+from tests.conftest import TOKEN, SampleStore, copy_sample
 from tests.server import Server
 
 
@@ -26,8 +26,8 @@ def one_line_error(run: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
-def test_cli_commands_against_a_live_server(tmp_path: Path) -> None:
-    data = tmp_path / "data"
+def test_cli_commands_against_a_live_server(tmp_path: Path, sample_store: SampleStore) -> None:
+    data = copy_sample(sample_store, tmp_path / "data")
     server = Server(data, TOKEN, tmp_path / "server.log")
     try:
         server.start(300, "--sample").close()

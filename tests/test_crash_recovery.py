@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from index import ClusteredIndex
+from tests.conftest import SampleStore
 from tests.helpers import topic_doc
 from tests.server import Server
 
@@ -135,35 +136,10 @@ def test_sigkill_then_restart_with_sample_runs_the_job_once(tmp_path: Path) -> N
         server.stop()
 
 
-def test_serve_sample_answers_readyz_while_it_prepares(tmp_path: Path) -> None:
+def test_serve_sample_answers_readyz_while_it_prepares(sample_store: SampleStore) -> None:
     """Issue 13: `serve --sample` on an empty store used to keep its port closed for the whole
-    preparation (connection refused); now /readyz answers 503 "preparing", then "ready"."""
-    import threading
-
-    import httpx
-
-    server = Server(tmp_path / "data", TOKEN, tmp_path / "server.log")
-    statuses: list[str] = []
-    stop = threading.Event()
-
-    def poll() -> None:
-        while not stop.is_set():
-            try:
-                r = httpx.get(f"{server.url}/readyz", timeout=5)
-                if not statuses or statuses[-1] != r.json()["status"]:
-                    statuses.append(r.json()["status"])
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-
-    poller = threading.Thread(target=poll, daemon=True)
-    try:
-        poller.start()
-        server.start(300, "--sample")  # returns once /readyz is 200
-        time.sleep(0.3)
-    finally:
-        stop.set()
-        poller.join(10)
-        server.stop()
+    preparation (connection refused); now /readyz answers 503 "preparing", then "ready".
+    The run's sample store is that preparation (`tests.server.serve_sample`)."""
+    statuses = sample_store.readyz
     assert statuses[0] == "preparing" and statuses[-1] == "ready", statuses
-    assert "ingesting the sample corpus" in (tmp_path / "server.log").read_text()
+    assert "ingesting the sample corpus" in sample_store.log

@@ -107,3 +107,22 @@ def test_the_traced_question_model_matches_eager() -> None:
     for t in texts:
         assert np.abs(emb.encode_questions([t]) - emb.encode([t])).max() < 1e-5, t[:20]
     assert np.abs(emb.encode_questions(texts) - emb.encode(texts)).max() < 1e-5
+
+
+def test_the_exported_question_model_is_kept_and_a_broken_one_replaced(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Start-up exports the question model to ONNX once per model and torch version: later starts
+    read the kept graph (no export), and a kept file that is broken is exported again."""
+    pytest.importorskip("onnxruntime")
+    exports = []
+    real = torch.onnx.export
+    monkeypatch.setattr(torch.onnx, "export", lambda *a, **k: exports.append(1) or real(*a, **k))
+    first = Embedder(cache_dir=tmp_path)
+    assert first.onnx_questions().startswith("onnxruntime") and len(exports) == 1
+    kept = first.onnx_file()
+    assert kept is not None and kept.is_file() and kept.parent == tmp_path
+    assert Embedder(cache_dir=tmp_path).onnx_questions().startswith("onnxruntime") and len(exports) == 1
+    kept.write_bytes(b"not a graph")
+    again = Embedder(cache_dir=tmp_path)
+    assert again.onnx_questions().startswith("onnxruntime") and len(exports) == 2
+    assert kept.stat().st_size > 1_000_000
+    assert [p.name for p in tmp_path.iterdir()] == [kept.name]  # no partial file left behind

@@ -238,7 +238,7 @@ SAMPLE_QUESTIONS = [
 ]
 
 
-def test_sample_corpus_answers_are_readable_and_cite_only_what_they_use(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_sample_corpus_answers_are_readable_and_cite_only_what_they_use(tmp_path, sample_store) -> None:  # type: ignore[no-untyped-def]
     """Issue 13: on the pydoc sample, answers carry no gutter or page header, and the citations
     marked `used` are exactly the numbers the answer cites (each one of the listed passages)."""
     import re
@@ -246,12 +246,10 @@ def test_sample_corpus_answers_are_readable_and_cite_only_what_they_use(tmp_path
     from fastapi.testclient import TestClient
 
     from app.main import create_app
-    from app.sample import ensure_sample
     from app.settings import Settings
-    from tests.conftest import TOKEN
+    from tests.conftest import TOKEN, copy_sample
 
-    settings = Settings(data_dir=tmp_path / "data", admin_token=TOKEN)  # type: ignore[arg-type]
-    ensure_sample(settings)
+    settings = Settings(data_dir=copy_sample(sample_store, tmp_path / "data"), admin_token=TOKEN)  # type: ignore[arg-type]
     with TestClient(create_app(settings, start_in_background=False)) as client:
         for q in SAMPLE_QUESTIONS:
             body = client.post("/ask", json={"question": q}).json()

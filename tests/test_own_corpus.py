@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import TOKEN
+from tests.conftest import TOKEN, SampleStore, copy_sample
 from tests.server import Server
 
 OWN = Path(__file__).parent / "data" / "own_topics"
@@ -63,9 +63,11 @@ def experts(client: httpx.Client) -> dict[str, list[int]]:
 
 
 @pytest.fixture(scope="module")
-def sample_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, httpx.Client]]:
+def sample_server(
+    tmp_path_factory: pytest.TempPathFactory, sample_store: SampleStore
+) -> Iterator[tuple[Server, httpx.Client]]:
     tmp = tmp_path_factory.mktemp("own-corpus")
-    server = Server(tmp / "data", TOKEN, tmp / "server.log")
+    server = Server(copy_sample(sample_store, tmp / "data"), TOKEN, tmp / "server.log")
     try:
         yield server, server.start(400, "--sample")
     finally:
