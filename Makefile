@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: setup setup-llm run run-llm test lint bench compare clean
+.PHONY: setup setup-llm run run-llm test test-fast lint bench compare clean
 
 $(BIN)/moerag: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,8 +56,17 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
+# Every test, on TEST_WORKERS pytest-xdist workers, each test file whole on one of them, in the
+# order tests/conftest.py gives (the longest first).
+TEST_WORKERS ?= 3
+XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: setup setup-llm lint
-	HF_HUB_OFFLINE=1 MOERAG_REQUIRE_LLAMA=1 $(BIN)/python -m pytest -q
+	HF_HUB_OFFLINE=1 MOERAG_REQUIRE_LLAMA=1 $(BIN)/python -m pytest -q $(XDIST) --durations=15
+
+# The fast tier: no server process, no browser, no benchmark script, no model compilation; two
+# workers (each loads the model once).
+test-fast: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -q -m "not slow" -n 2 --durations=10
 
 bench: setup
 	$(BIN)/python benchmarks/ingest.py

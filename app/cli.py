@@ -105,8 +105,8 @@ def cmd_search(args: argparse.Namespace) -> None:
         with Remote(server, token_for(args, settings, admin=False)) as api:
             print_hits(api.call("POST", "/search", json=body), args.json)
         return
-    from app.routes.system import run_search
     from app.schemas import SearchIn
+    from app.services.search import run_search
 
     require_store(settings)
     with local_runtime(settings) as rt:
@@ -123,8 +123,8 @@ def cmd_ask(args: argparse.Namespace) -> None:
         with Remote(server, token_for(args, settings, admin=False)) as api:
             print_answer(api.call("POST", "/ask", json=body), args.json)
         return
-    from app.routes.ask import answer_json
     from app.schemas import AskIn
+    from app.services.answering import answer_json
 
     require_store(settings)
     with local_runtime(settings) as rt:  # the API's own answer: same checks, same log, same shape

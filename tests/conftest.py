@@ -53,6 +53,46 @@ _worker_database()  # before any test module reads MOERAG_TEST_PG_URL
 DATABASES = ["sqlite"] + (["postgresql"] if os.environ.get("MOERAG_TEST_PG_URL") else [])
 
 
+# The fast tier (`make test-fast`: pytest -m "not slow") leaves out every test that starts a real
+# server process (a `tests.server.Server`, the sample store's `serve --sample`, llama.cpp), drives
+# Chromium, runs a benchmark script or compiles the question model; those carry `slow`, by hand
+# or here: a test whose module imports `tests.server`, or that takes one of these fixtures.
+SLOW_FIXTURES = {"sample_store", "llama_server"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        module = getattr(item, "module", None)
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())) or hasattr(module, "Server"):
+            item.add_marker(pytest.mark.slow)
+    items[:] = _by_file_rank(items)
+
+
+def _by_file_rank(items: list[pytest.Item]) -> list[pytest.Item]:
+    """Files in the order `make test` hands them to its workers (pytest-xdist, --dist loadfile
+    --no-loadscope-reorder), each file whole: first one that takes the sample store (its worker
+    builds the store while the others start on theirs), then the other files with slow tests,
+    then the sample store's other users, then the fast files. Within a rank, the collected order."""
+    files: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        files.setdefault(item.nodeid.split("::")[0], []).append(item)
+
+    def uses_sample(group: list[pytest.Item]) -> bool:
+        return any("sample_store" in getattr(i, "fixturenames", ()) for i in group)
+
+    builder = next((f for f, group in files.items() if uses_sample(group)), None)
+
+    def rank(name: str) -> int:
+        group = files[name]
+        if name == builder:
+            return 0
+        if uses_sample(group):
+            return 2
+        return 1 if any(i.get_closest_marker("slow") for i in group) else 3
+
+    return [i for name in sorted(files, key=rank) for i in files[name]]
+
+
 @pytest.fixture(params=DATABASES)
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A database URL on each kind the run has: a SQLite file, and the scratch PostgreSQL

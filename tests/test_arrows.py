@@ -45,6 +45,26 @@ def test_routes_hold_no_sql() -> None:
                 raise AssertionError(f"{f.relative_to(ROOT)}:{node.lineno} opens a session")
 
 
+def imported_modules(path: Path) -> set[str]:
+    """Every module `path` imports by absolute name, at any depth (inside functions too)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def test_only_the_app_factory_imports_routes() -> None:
+    """The CLI and the services call services; route modules are mounted by `app.main` alone."""
+    for f in (ROOT / "app").rglob("*.py"):
+        if f.parent.name == "routes" or f.name == "main.py":
+            continue
+        routes = {m for m in imported_modules(f) if m == "app.routes" or m.startswith("app.routes.")}
+        assert not routes, f"{f.relative_to(ROOT)} imports {sorted(routes)}"
+
+
 def test_every_error_code_has_one_status() -> None:
     """Each code an engine or service error carries is mapped to an HTTP status in app.errors."""
     import engine.errors as errors

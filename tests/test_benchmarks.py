@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # Three domains of the eval layout (the folder decides the domain), two pages each.
@@ -93,6 +95,7 @@ def write_corpus(root: Path) -> Path:
     return corpus
 
 
+@pytest.mark.slow  # the comparison script and its peers
 def test_compare_runs_every_stage(tmp_path: Path) -> None:
     corpus = write_corpus(tmp_path)
     results = tmp_path / "results"
@@ -314,6 +317,7 @@ def test_a_miss_is_asked_again_deeper_on_the_path_it_took() -> None:
     ]
 
 
+@pytest.mark.slow  # the routing script
 def test_routing_scores_more_question_sets_in_the_same_run(tmp_path: Path) -> None:
     """`routing.py --also`: another question set, scored on the same store and router after the main one."""
     corpus = write_corpus(tmp_path)
@@ -343,6 +347,7 @@ def test_routing_scores_more_question_sets_in_the_same_run(tmp_path: Path) -> No
         assert a["misses"] == round((1 - r["retrieval"]["routed (served pipeline)"]["hit@10"]) * a["questions"])
 
 
+@pytest.mark.slow  # the routing script
 def test_routing_refuses_two_question_sets_of_one_name_before_any_work(tmp_path: Path) -> None:
     """Results are keyed by file name: a second `x.jsonl` would silently replace the first."""
     sets = [tmp_path / d / "x.jsonl" for d in ("a", "b")]

@@ -13,6 +13,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     return capsys.readouterr().out
 
 
+@pytest.mark.slow  # each command starts a runtime of its own (a model load)
 def test_ingest_folder_twice_then_rebuild_and_search(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

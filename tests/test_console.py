@@ -85,6 +85,7 @@ def test_console_pages_forbid_framing_sniffing_and_foreign_scripts(client: TestC
     assert client.get("/healthz").headers["x-content-type-options"] == "nosniff"
 
 
+@pytest.mark.slow  # Chromium
 def test_console_end_to_end_in_chromium(tmp_path: Path) -> None:
     if not Path(CHROMIUM).exists():
         if os.environ.get("CI"):

@@ -21,6 +21,7 @@ PG_URL = os.environ.get("MOERAG_TEST_PG_URL")
 pytestmark = pytest.mark.skipif(not PG_URL, reason="MOERAG_TEST_PG_URL not set")
 
 
+@pytest.mark.slow  # builds and serves two stores
 def test_copy_a_sqlite_store_to_postgresql_and_serve_from_it(tmp_path: Path, embedder: Embedder) -> None:
     assert PG_URL
     engine = make_engine(PG_URL)

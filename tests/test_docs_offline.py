@@ -29,6 +29,7 @@ def test_doc_pages_reference_only_assets_moerag_serves(client: TestClient, page:
     assert "fonts.googleapis" not in html.text
 
 
+@pytest.mark.slow  # Chromium
 def test_doc_pages_render_in_chromium_with_the_network_cut(tmp_path: Path) -> None:
     if not Path(CHROMIUM).exists():
         if os.environ.get("CI"):

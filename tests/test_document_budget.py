@@ -75,6 +75,7 @@ def test_over_the_budget_and_degenerate_uploads_are_refused_before_any_work(clie
     assert client.get("/stats", headers=AUTH).json()["chunks"] == 0
 
 
+@pytest.mark.slow  # a 1,000-chunk document, timed
 def test_a_small_upload_and_searches_go_before_a_large_document(client: TestClient) -> None:
     """A 1 kB upload made while a large document embeds is acknowledged within 5 s and searchable
     within 15 s; /search stays under a second meanwhile (loose bounds for a loaded 2-core machine)."""

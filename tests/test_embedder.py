@@ -14,6 +14,7 @@ def test_vectors_are_normalised_and_semantic(embedder: Embedder) -> None:
     assert embedder.encode([]).shape == (0, 384)
 
 
+@pytest.mark.slow  # loads two more models
 def test_bfloat16_stays_within_tolerance_of_float32(embedder: Embedder) -> None:
     texts = [f"Sentence number {i} about databases, indexes and query planning." for i in range(16)]
     f32 = Embedder(dtype="float32").encode(texts)
@@ -34,6 +35,7 @@ def test_missing_model_path_is_a_clear_error(tmp_path) -> None:  # type: ignore[
         Embedder(tmp_path / "nope")
 
 
+@pytest.mark.slow  # ~50 s of encoding
 def test_counting_and_encoding_are_safe_across_threads(embedder) -> None:  # type: ignore[no-untyped-def]
     """Issue 11 #2: count_tokens (no padding) and encode (padding) once shared tokenizer state."""
     from concurrent.futures import ThreadPoolExecutor
@@ -99,6 +101,7 @@ def test_the_serving_path_runs_in_many_threads_beside_bulk_encoding(embedder: Em
     assert not errors, errors[0]
 
 
+@pytest.mark.slow  # compiles the question model
 def test_the_traced_question_model_matches_eager() -> None:
     """float32: the frozen trace gives `encode`'s vectors to 1e-5, for every length up to the window."""
     emb = Embedder(dtype="float32")
@@ -109,6 +112,7 @@ def test_the_traced_question_model_matches_eager() -> None:
     assert np.abs(emb.encode_questions(texts) - emb.encode(texts)).max() < 1e-5
 
 
+@pytest.mark.slow  # exports it
 def test_the_exported_question_model_is_kept_and_a_broken_one_replaced(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Start-up exports the question model to ONNX once per model and torch version: later starts
     read the kept graph (no export), and a kept file that is broken is exported again."""

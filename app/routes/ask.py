@@ -18,13 +18,13 @@ from starlette.concurrency import run_in_threadpool
 
 from app.deps import ReaderDep, RuntimeDep
 from app.errors import ApiError
-from app.limits import check_question
 from app.proxies import client_address
 from app.runtime import Runtime
-from app.schemas import AskIn, AskOut, CitationOut
-from app.services.ask import log_question, route_json
-from engine.generators import GeneratorError, cited_numbers
-from engine.pipeline import AskRequest, Prepared
+from app.schemas import AskIn, AskOut
+from app.services.answering import answer_json, citations, finish, prepare
+from app.services.ask import route_json
+from engine.generators import GeneratorError
+from engine.pipeline import Prepared
 
 router = APIRouter(tags=["ask"])
 # What Swagger's "Try it out" pre-fills: without them it built a body from the schema, with
@@ -48,46 +48,6 @@ _SSE_EVENT = {
         "data": {"type": "string"},
     },
 }
-
-
-def _citations(p: Prepared, answer: str | None = None) -> list[CitationOut]:
-    """The retrieved passages; `used` marks those the answer cites."""
-    used = cited_numbers(answer) if answer else set()
-    return [
-        CitationOut(
-            n=c.n,
-            document_id=c.chunk.document_id,
-            source=c.chunk.source,
-            title=c.chunk.title,
-            chunk_id=c.chunk.id,
-            heading=c.chunk.heading,
-            score=c.score,
-            text=c.chunk.text,
-            used=c.n in used,
-        )
-        for c in p.citations
-    ]
-
-
-def _prepare(rt: Runtime, body: AskIn) -> Prepared:
-    check_question(body.query, body.k, rt.settings)
-    if body.mode != "expert" and body.expert is not None:
-        raise ApiError("invalid_request", "'expert' is only meaningful with mode='expert'")
-    if body.expert is not None and body.expert not in rt.experts.profiles():
-        raise ApiError("expert_not_found", f"no expert {body.expert}")
-    try:
-        request = AskRequest(body.query, body.k, body.mode, body.expert)
-        return rt.answers.prepare((body.query, body.k, body.mode, body.expert), lambda: rt.pipeline.prepare(request))
-    except GeneratorError as exc:
-        raise ApiError("generator_unavailable", str(exc)) from None
-
-
-def _finish(rt: Runtime, prepared: Prepared) -> int | None:
-    """Count the answer and log the question; a full disk costs the log row, not the answer."""
-    prepared.timings_ms.setdefault("generate", 0.0)
-    prepared.timings_ms.setdefault("total", sum(v for k, v in prepared.timings_ms.items() if k != "total"))
-    rt.metrics.observe(prepared.route, prepared.timings_ms)
-    return log_question(rt.sessions, prepared)
 
 
 @router.post(
@@ -122,7 +82,7 @@ async def _ask(body: AskIn, request: Request, rt: Runtime) -> Response:
         else None
     )
     if body.stream:
-        prepared = await anyio.to_thread.run_sync(_prepare, rt, body, limiter=slots)
+        prepared = await anyio.to_thread.run_sync(prepare, rt, body, limiter=slots)
         return StreamingResponse(_sse(rt, prepared, body.generate), media_type="text/event-stream", headers=headers)
     # One hop to a worker thread for the whole answer, and the body serialised once (returning
     # the model would have FastAPI validate it again): each cost ~0.2 ms of the GIL a question.
@@ -145,26 +105,6 @@ def _answer_slots(request: Request, rt: Runtime) -> anyio.CapacityLimiter:
     return slots
 
 
-def answer_json(rt: Runtime, body: AskIn) -> bytes:
-    """One answer as the API's JSON body (the CLI's local `ask` prints the same)."""
-    prepared = _prepare(rt, body)
-    answer = None
-    if body.generate:
-        try:
-            answer = "".join(prepared.answer_stream())
-        except GeneratorError as exc:
-            raise ApiError("generator_failed", str(exc)) from None
-    query_id = _finish(rt, prepared)
-    out = AskOut(
-        answer=answer,
-        citations=_citations(prepared, answer),
-        route=route_json(prepared.route),
-        timings_ms={k: round(v, 3) for k, v in prepared.timings_ms.items()},
-        query_id=query_id,
-    )
-    return out.model_dump_json().encode()
-
-
 class _LogOnce:
     """Logs a question exactly once: at the end of its stream, or when the client cut it (marked)."""
 
@@ -180,7 +120,7 @@ class _LogOnce:
                 if aborted:
                     elapsed = (time.perf_counter() - self.prepared.started) * 1000
                     self.prepared.timings_ms["aborted"] = self.prepared.timings_ms["total"] = elapsed
-                self.query_id, self.done = _finish(self.rt, self.prepared), True
+                self.query_id, self.done = finish(self.rt, self.prepared), True
             return self.query_id
 
 
@@ -190,7 +130,7 @@ def _events(prepared: Prepared, generate: bool, log: _LogOnce) -> Iterator[str]:
 
     yield event(
         "route",
-        {"route": route_json(prepared.route), "citations": [c.model_dump() for c in _citations(prepared)]},
+        {"route": route_json(prepared.route), "citations": [c.model_dump() for c in citations(prepared)]},
     )
     if generate:
         try:

@@ -9,10 +9,9 @@ from fastapi.responses import JSONResponse, RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
 from app.deps import IdPath, Limit, Offset, ReaderDep, RuntimeDep
-from app.limits import SEARCH_K, check_question
 from app.runtime import Runtime
-from app.schemas import PAGE_DEFAULT, JobOut, Page, SearchHit, SearchIn, SearchOut, StatsOut
-from app.services.search import search
+from app.schemas import PAGE_DEFAULT, JobOut, Page, SearchIn, SearchOut, StatsOut
+from app.services.search import run_search
 
 router = APIRouter()
 
@@ -78,24 +77,3 @@ def get_job(job_id: IdPath, rt: RuntimeDep) -> JobOut:
 async def search_chunks(body: SearchIn, rt: RuntimeDep) -> SearchOut:
     """Dense retrieval: every cluster (exact) or only the given clusters (scoped)."""
     return await run_in_threadpool(run_search, rt, body)
-
-
-def run_search(rt: Runtime, body: SearchIn) -> SearchOut:
-    """The search as the API answers it (the CLI's local `search` prints the same)."""
-    check_question(body.query, body.k, rt.settings)
-    k = SEARCH_K if body.k is None else body.k
-    result = search(rt.sessions, rt.embedder, rt.indexes, body.query, k, body.clusters, rt.retrieval_vector())
-    hits = [
-        SearchHit(
-            chunk_id=h.chunk.id,
-            document_id=h.chunk.document_id,
-            source=h.chunk.document.source,
-            title=h.chunk.document.title,
-            heading=h.chunk.heading,
-            cluster_id=h.chunk.cluster_id,
-            score=h.score,
-            text=h.chunk.text,
-        )
-        for h in result.hits
-    ]
-    return SearchOut(hits=hits, clusters_scanned=result.clusters_scanned, vectors_scanned=result.vectors_scanned)

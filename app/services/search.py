@@ -4,14 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload, sessionmaker
 
+from app.limits import SEARCH_K, check_question
 from app.models import Chunk
+from app.schemas import SearchHit, SearchIn, SearchOut
 from app.services.indexing import IndexManager
 from engine.embedder import Embedder
+
+if TYPE_CHECKING:
+    from app.runtime import Runtime
 
 
 @dataclass(frozen=True)
@@ -56,3 +62,24 @@ def search(
     # An id the index returns but SQL no longer has (a delete racing this search) is skipped.
     hits = [Hit(rows[i], sc) for i, sc in found if i in rows]
     return SearchResult(hits, scanned_lists, scanned)
+
+
+def run_search(rt: Runtime, body: SearchIn) -> SearchOut:
+    """The search as `POST /search` answers it (the CLI's local `search` prints the same)."""
+    check_question(body.query, body.k, rt.settings)
+    k = SEARCH_K if body.k is None else body.k
+    result = search(rt.sessions, rt.embedder, rt.indexes, body.query, k, body.clusters, rt.retrieval_vector())
+    hits = [
+        SearchHit(
+            chunk_id=h.chunk.id,
+            document_id=h.chunk.document_id,
+            source=h.chunk.document.source,
+            title=h.chunk.document.title,
+            heading=h.chunk.heading,
+            cluster_id=h.chunk.cluster_id,
+            score=h.score,
+            text=h.chunk.text,
+        )
+        for h in result.hits
+    ]
+    return SearchOut(hits=hits, clusters_scanned=result.clusters_scanned, vectors_scanned=result.vectors_scanned)

@@ -1,0 +1,77 @@
+"""One question answered as the API answers it (`POST /ask` and the CLI's local `ask`): checked,
+routed and retrieved by the engine's pipeline, counted and logged."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from app.errors import ApiError
+from app.limits import check_question
+from app.schemas import AskIn, AskOut, CitationOut
+from app.services.ask import log_question, route_json
+from engine.generators import GeneratorError, cited_numbers
+from engine.pipeline import AskRequest, Prepared
+
+if TYPE_CHECKING:
+    from app.runtime import Runtime
+
+
+def citations(p: Prepared, answer: str | None = None) -> list[CitationOut]:
+    """The retrieved passages; `used` marks those the answer cites."""
+    used = cited_numbers(answer) if answer else set()
+    return [
+        CitationOut(
+            n=c.n,
+            document_id=c.chunk.document_id,
+            source=c.chunk.source,
+            title=c.chunk.title,
+            chunk_id=c.chunk.id,
+            heading=c.chunk.heading,
+            score=c.score,
+            text=c.chunk.text,
+            used=c.n in used,
+        )
+        for c in p.citations
+    ]
+
+
+def prepare(rt: Runtime, body: AskIn) -> Prepared:
+    """Check the question, then route and retrieve (or take a cached route and citations)."""
+    check_question(body.query, body.k, rt.settings)
+    if body.mode != "expert" and body.expert is not None:
+        raise ApiError("invalid_request", "'expert' is only meaningful with mode='expert'")
+    if body.expert is not None and body.expert not in rt.experts.profiles():
+        raise ApiError("expert_not_found", f"no expert {body.expert}")
+    try:
+        request = AskRequest(body.query, body.k, body.mode, body.expert)
+        return rt.answers.prepare((body.query, body.k, body.mode, body.expert), lambda: rt.pipeline.prepare(request))
+    except GeneratorError as exc:
+        raise ApiError("generator_unavailable", str(exc)) from None
+
+
+def finish(rt: Runtime, prepared: Prepared) -> int | None:
+    """Count the answer and log the question; a full disk costs the log row, not the answer."""
+    prepared.timings_ms.setdefault("generate", 0.0)
+    prepared.timings_ms.setdefault("total", sum(v for k, v in prepared.timings_ms.items() if k != "total"))
+    rt.metrics.observe(prepared.route, prepared.timings_ms)
+    return log_question(rt.sessions, prepared)
+
+
+def answer_json(rt: Runtime, body: AskIn) -> bytes:
+    """One answer as the API's JSON body (the CLI's local `ask` prints the same)."""
+    prepared = prepare(rt, body)
+    answer = None
+    if body.generate:
+        try:
+            answer = "".join(prepared.answer_stream())
+        except GeneratorError as exc:
+            raise ApiError("generator_failed", str(exc)) from None
+    query_id = finish(rt, prepared)
+    out = AskOut(
+        answer=answer,
+        citations=citations(prepared, answer),
+        route=route_json(prepared.route),
+        timings_ms={k: round(v, 3) for k, v in prepared.timings_ms.items()},
+        query_id=query_id,
+    )
+    return out.model_dump_json().encode()
