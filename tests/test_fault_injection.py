@@ -66,7 +66,7 @@ def test_kills_at_random_moments_of_bulk_ingest(tmp_path: Path) -> None:
         assert set(sources) == acknowledged and max(sources.values()) == 1  # all there, none twice
         done = Counter(int(m) for m in re.findall(r"job (\d+) \(ingest\) done", log.read_text()))
         # Each job finished (its status, above) and none twice. A kill between a job's final commit
-        # and its log line loses the line, not the job (seen once in 2026-12-02's suite: job 8
+        # and its log line loses the line, not the job (seen once in a suite run: job 8
         # done in SQL, never resumed again, no line), so a missing line is no failure.
         assert all(done[j] <= 1 for j in jobs), done
         server.stop()  # a clean stop checkpoints: the file on disk and SQL agree, row for row

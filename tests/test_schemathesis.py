@@ -8,7 +8,7 @@ upload's content, and a multipart field's "null" that is text). A fixed seed and
 keep it repeatable. One worker thread: with two, hypothesis's `ast.parse` (it describes lambdas)
 ran in both threads and CPython 3.11's AST recursion counter, shared between threads, failed the
 run with "SystemError: AST constructor recursion depth mismatch" (python/cpython#106905; seen
-2026-12-02, both tokens, one suite run).
+with both tokens in one suite run).
 """
 
 from __future__ import annotations
