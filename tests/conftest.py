@@ -1,5 +1,6 @@
 # Triton runs on CPU only in its interpreter, and the switch is read when a kernel module is
 # first imported: set it before anything else can import one.
+import copy
 import json
 import os
 import shutil
@@ -166,19 +167,47 @@ def runtime(settings: Settings, embedder: Embedder) -> Iterator[Runtime]:
     rt.close()
 
 
+ROUTED_SETTINGS = {"clusters": 4, "router_samples": 300}
+
+
 @pytest.fixture
-def client(settings: Settings, embedder: Embedder) -> Iterator[TestClient]:
+def client(request: pytest.FixtureRequest, settings: Settings, embedder: Embedder) -> Iterator[TestClient]:
+    """The app on a real runtime over a new data dir; with `routed`, a copy of the routed store."""
+    if "routed" in request.fixturenames:
+        store: RoutedStore = request.getfixturevalue("routed_store")
+        shutil.copytree(store.data, settings.resolved_data_dir)
+        for name, value in ROUTED_SETTINGS.items():
+            setattr(settings, name, value)
     rt = Runtime(settings, embedder=embedder)
     with TestClient(create_app(settings, runtime=rt, start_in_background=False)) as c:
         yield c
 
 
+@dataclass(frozen=True)
+class RoutedStore:
+    data: Path  # the store, its runtime stopped
+    facts: dict[str, Any]  # {"experts": {topic: id}, "topic_of": {cluster: topic}, "job": the training job}
+
+
+@pytest.fixture(scope="session")
+def routed_store(tmp_path_factory: pytest.TempPathFactory, embedder: Embedder) -> RoutedStore:
+    """4 topics ingested, 4 clusters, experts for git/sqlite/debian (python left unmapped), router
+    trained, all through the API; built once a run (each worker) and copied for every test (`routed`)."""
+    tmp = tmp_path_factory.mktemp("routed-store")
+    settings = Settings(data_dir=tmp / "data", admin_token=TOKEN, checkpoint_seconds=0.2, **ROUTED_SETTINGS)  # type: ignore[arg-type]
+    with TestClient(create_app(settings, runtime=Runtime(settings, embedder=embedder), start_in_background=False)) as c:
+        facts = _build_routed(c)
+    return RoutedStore(settings.resolved_data_dir, facts)
+
+
 @pytest.fixture
-def routed(client: TestClient) -> dict[str, Any]:
-    """4 topics ingested, 4 clusters, experts for git/sqlite/debian (python left unmapped), router trained."""
+def routed(client: TestClient, routed_store: RoutedStore) -> dict[str, Any]:
+    """The routed store's facts; `client` serves a copy of that store."""
+    return copy.deepcopy(routed_store.facts)
+
+
+def _build_routed(client: TestClient) -> dict[str, Any]:
     rt = client.app.state.runtime  # type: ignore[attr-defined]
-    rt.settings.clusters = 4
-    rt.settings.router_samples = 300
     files = [
         ("files", (f"{t}-{i}.md", topic_doc(t, i, paragraphs=4).encode(), "text/markdown"))
         for i in range(8)
