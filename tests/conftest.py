@@ -138,7 +138,8 @@ def sample_store(tmp_path_factory: pytest.TempPathFactory) -> SampleStore:
 
     from tests.server import serve_sample
 
-    shared = tmp_path_factory.getbasetemp().parent
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # this run's, never an older one's
     store, seen = shared / "sample-store", shared / "sample-store" / "readyz.json"
     with FileLock(str(shared / "sample-store.lock")):
         if not seen.exists():
