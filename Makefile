@@ -58,7 +58,7 @@ lint: setup
 	$(BIN)/mypy
 
 # Every test, on TEST_WORKERS pytest-xdist workers, each test file whole on one of them, in the
-# order tests/conftest.py gives (the longest first).
+# order tests/conftest.py gives (the sample store's builder, then the files with slow tests).
 TEST_WORKERS ?= 3
 XDIST := -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: setup setup-llm lint
