@@ -88,12 +88,12 @@ def test_a_row_gone_in_a_concurrent_change_is_a_409_not_a_500(client: TestClient
     def racing(*_: object) -> int:
         raise IntegrityError("UPDATE cluster", {}, Exception("FOREIGN KEY constraint failed"))
 
-    original = admin.expert_service.assign_clusters
-    admin.expert_service.assign_clusters = racing  # type: ignore[assignment]
+    original = admin.cluster_service.assign
+    admin.cluster_service.assign = racing  # type: ignore[assignment]
     try:
         r = client.put("/admin/api/clusters/0", json={"expert_id": 1}, headers=AUTH)
     finally:
-        admin.expert_service.assign_clusters = original  # type: ignore[assignment]
+        admin.cluster_service.assign = original  # type: ignore[assignment]
     assert r.status_code == 409 and r.json()["error"]["code"] == "conflict"
 
 

@@ -3,6 +3,7 @@ consistent names with deprecated aliases, and proposals that keep the operator's
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from typing import Any
 
@@ -156,3 +157,32 @@ def test_method_not_allowed_names_every_method_of_the_path(client: TestClient) -
     assert r.headers["allow"] == "DELETE, PATCH"  # two routes share the path: both named
     r = client.request("OPTIONS", "/documents/bulk", headers=AUTH)
     assert r.status_code == 405 and r.headers["allow"] == "POST"  # a literal path is its own resource
+
+
+def test_mapping_a_cluster_while_a_recluster_replaces_them_is_never_a_server_error(client: TestClient) -> None:
+    """PUT /admin/api/clusters/{id} checks and changes in one locked transaction: a recluster that
+    commits in between makes it a 404 (the list is gone) or a 200 that reads back its own mapping."""
+    rt = client.app.state.runtime  # type: ignore[attr-defined]
+    files = [("files", (f"{t}.md", f"# {t}\n\n{TOPICS[t]}".encode() * 3, "text/markdown")) for t in TOPICS]
+    assert wait_job(client, client.post("/documents/bulk", files=files, headers=AUTH).json()["id"])["status"] == "done"
+    expert = client.post("/admin/api/experts", json={"name": "racing"}, headers=AUTH).json()["id"]
+    done = threading.Event()
+
+    def recluster() -> None:
+        try:
+            for k in (1, 4) * 15:
+                rt.indexes.recluster(clusters=k)
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=recluster)
+    worker.start()
+    codes: Counter[int] = Counter()
+    while not done.is_set():
+        r = client.put("/admin/api/clusters/3", json={"expert_id": expert}, headers=AUTH)
+        codes[r.status_code] += 1
+        assert r.status_code in (200, 404), r.text
+        if r.status_code == 200:
+            assert r.json()["expert_id"] == expert
+    worker.join()
+    assert codes[200] + codes[404] > 0

@@ -84,9 +84,9 @@ def cluster_detail(
 
 @router.put("/clusters/{cluster_id:int}", response_model=ClusterOut)
 def put_cluster(cluster_id: IdPath, body: ClusterPut, rt: RuntimeDep) -> ClusterOut:
-    expert_service.assign(rt.sessions, [cluster_id], body.expert_id)
+    row = cluster_service.assign(rt.sessions, cluster_id, body.expert_id)
     rt.mapping_changed()
-    return _clusters_out(rt, cluster_service.list_clusters(rt.sessions, ids=[cluster_id])[1])[0]
+    return _clusters_out(rt, [row])[0]
 
 
 @router.post("/clusters/assign")

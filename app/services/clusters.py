@@ -10,6 +10,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.models import Chunk, Cluster, Document, stack
+from app.services.experts import assign_clusters
 from app.services.paging import scalar_page
 from engine.errors import NotFound
 
@@ -38,16 +39,26 @@ def sizes(sessions: sessionmaker[Session]) -> dict[int, int]:
 
 
 def list_clusters(
-    sessions: sessionmaker[Session], offset: int = 0, limit: int | None = None, ids: list[int] | None = None
+    sessions: sessionmaker[Session], offset: int = 0, limit: int | None = None
 ) -> tuple[int, list[ClusterRow]]:
-    """(clusters in all, one page of them in id order); `ids`: only these."""
+    """(clusters in all, one page of them in id order)."""
     size = sizes(sessions)
     stmt = select(Cluster).order_by(Cluster.id)
-    if ids is not None:
-        stmt = stmt.where(Cluster.id.in_(ids))
     with sessions() as s:
         total, rows = scalar_page(s, stmt, offset, limit)
         return total, [ClusterRow(c.id, size.get(c.id, 0), list(c.keywords or []), c.expert_id) for c in rows]
+
+
+def assign(sessions: sessionmaker[Session], cluster_id: int, expert_id: int | None) -> ClusterRow:
+    """Map one cluster to an expert (None: unmap) and read it back in the same transaction: a
+    recluster committed meanwhile cannot remove it between the two (NotFound for an unknown id)."""
+    with sessions.begin() as s:
+        assign_clusters(s, [cluster_id], expert_id)
+        c = s.get(Cluster, cluster_id)
+        if c is None:  # not reached: assign_clusters holds the write lock and found it
+            raise NotFound(f"cluster {cluster_id} not found")
+        size = s.scalar(select(func.count(Chunk.id)).where(Chunk.cluster_id == cluster_id)) or 0
+        return ClusterRow(c.id, size, list(c.keywords or []), c.expert_id)
 
 
 def cluster_detail(

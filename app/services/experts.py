@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import select, update
+from sqlalchemy import CursorResult, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -51,15 +51,22 @@ def delete_expert(s: Session, expert_id: int) -> None:
 
 
 def assign_clusters(s: Session, cluster_ids: list[int], expert_id: int | None) -> int:
-    """Map clusters to an expert (None: unmap). Unknown ids are an error, and nothing changes."""
+    """Map clusters to an expert (None: unmap). Unknown ids are an error, and nothing changes.
+
+    The UPDATE comes first: it takes the write lock (SQLite) or the rows' locks (PostgreSQL), so a
+    recluster cannot replace the clusters between the check and the change; the check follows."""
+    wanted = set(cluster_ids)
+    try:
+        result = s.execute(update(Cluster).where(Cluster.id.in_(wanted)).values(expert_id=expert_id))
+    except IntegrityError:  # the foreign key: no such expert
+        raise NotFound(f"expert {expert_id} not found") from None
+    changed = cast(CursorResult[Any], result).rowcount
     if expert_id is not None and s.get(Expert, expert_id) is None:
         raise NotFound(f"expert {expert_id} not found")
-    known = set(s.scalars(select(Cluster.id).where(Cluster.id.in_(cluster_ids))))
-    missing = sorted(set(cluster_ids) - known)
-    if missing:
-        raise NotFound(f"clusters not found: {missing[:20]}")
-    s.execute(update(Cluster).where(Cluster.id.in_(cluster_ids)).values(expert_id=expert_id))
-    return len(known)
+    if changed != len(wanted):
+        known = set(s.scalars(select(Cluster.id).where(Cluster.id.in_(wanted))))
+        raise NotFound(f"clusters not found: {sorted(wanted - known)[:20]}")
+    return changed
 
 
 # ---- the API's use cases: one transaction each ------------------------------------------------------
