@@ -38,6 +38,7 @@ STATUS: dict[str, int] = {
     "question_too_long": 422,
     "top_k_too_large": 422,
     "expert_not_found": 404,
+    "model_not_found": 404,
     "unsupported_media_type": 415,
     "too_large": 413,
     "unauthorized": 401,
@@ -83,35 +84,47 @@ def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, **extra}}
 
 
+OPENAI_PREFIX = "/v1/"  # the OpenAI-compatible routes: their errors also carry OpenAI's `type` and `param`
+_OPENAI_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 429: "rate_limit_error"}
+
+
+def _error(request: Request, code: str, message: str, status: int, headers: Any = None, **extra: Any) -> JSONResponse:
+    body = error_body(code, message, **extra)
+    if request.url.path.startswith(OPENAI_PREFIX):
+        kind = "server_error" if status >= 500 else _OPENAI_TYPES.get(status, "invalid_request_error")
+        body["error"] |= {"type": kind, "param": None}
+    return JSONResponse(body, status, headers=headers)
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
-    async def _api(_: Request, exc: ApiError) -> JSONResponse:
-        return JSONResponse(error_body(exc.code, exc.message), exc.status, headers=exc.headers)
+    async def _api(request: Request, exc: ApiError) -> JSONResponse:
+        return _error(request, exc.code, exc.message, exc.status, exc.headers)
 
     @app.exception_handler(MoeragError)
-    async def _moerag(_: Request, exc: MoeragError) -> JSONResponse:
-        return JSONResponse(error_body(exc.code, exc.message), STATUS.get(exc.code, 400))
+    async def _moerag(request: Request, exc: MoeragError) -> JSONResponse:
+        return _error(request, exc.code, exc.message, STATUS.get(exc.code, 400))
 
     @app.exception_handler(IntegrityError)
-    async def _integrity(_: Request, exc: IntegrityError) -> JSONResponse:
+    async def _integrity(request: Request, exc: IntegrityError) -> JSONResponse:
         # A row the request refers to went away (or appeared) in a concurrent change.
-        return JSONResponse(error_body("conflict", "a concurrent change got there first; read and retry"), 409)
+        return _error(request, "conflict", "a concurrent change got there first; read and retry", 409)
 
     @app.exception_handler(OperationalError)
     @app.exception_handler(OSError)
-    async def _storage(_: Request, exc: Exception) -> JSONResponse:
+    async def _storage(request: Request, exc: Exception) -> JSONResponse:
         # A full disk refuses the write, which was rolled back whole: 507, not a 500 and a reset.
         if is_disk_full(exc):
-            return JSONResponse(error_body("disk_full", DISK_FULL_MESSAGE), STATUS["disk_full"])
+            return _error(request, "disk_full", DISK_FULL_MESSAGE, STATUS["disk_full"])
         raise exc
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = exc.errors()
         if any(e.get("type") == "json_invalid" for e in errors):
-            return JSONResponse(error_body("malformed_json", "the request body is not valid JSON"), 400)
+            return _error(request, "malformed_json", "the request body is not valid JSON", 400)
         details = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", "")} for e in errors]
-        return JSONResponse(error_body("invalid_request", "the request is not valid", details=details), 422)
+        return _error(request, "invalid_request", "the request is not valid", 422, details=details)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -121,7 +134,7 @@ def install(app: FastAPI) -> None:
         headers = dict(exc.headers or {})
         if exc.status_code == 405:  # Starlette names the first route's methods; a path may have several
             headers["Allow"] = ", ".join(allowed_methods(request))
-        return JSONResponse(error_body(code, str(exc.detail)), exc.status_code, headers=headers)
+        return _error(request, code, str(exc.detail), exc.status_code, headers)
 
 
 def allowed_methods(request: Request) -> list[str]:

@@ -51,6 +51,8 @@ class ErrorDetail(BaseModel):
     code: str
     message: str
     details: list[dict[str, Any]] | None = None
+    type: str | None = Field(None, description="OpenAI's error type (the /v1 routes only).")
+    param: str | None = Field(None, description="OpenAI's `param` (the /v1 routes only; null).")
 
 
 class ErrorOut(BaseModel):

@@ -1,0 +1,46 @@
+"""The OpenAI-compatible API: GET /v1/models, POST /v1/chat/completions (JSON or OpenAI's stream).
+
+The read token (MOERAG_READ_TOKEN), when set, is the API key. Errors carry OpenAI's `type` and
+`param` beside moerag's `code` and `message` (app.errors)."""
+
+from __future__ import annotations
+
+import anyio
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from app.deps import ReaderDep, RuntimeDep
+from app.routes.flow import answer_slots, check_rate, threaded_stream
+from app.schemas_openai import ChatCompletionOut, ChatIn, ModelList
+from app.services import chat
+from app.services.answering import prepare
+
+router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[ReaderDep])
+# One server-sent event: data is a chat.completion.chunk as JSON, the last one `[DONE]`.
+_STREAM = {"text/event-stream": {"schema": {"type": "object", "properties": {"data": {"type": "string"}}}}}
+
+
+@router.get("/models", response_model=ModelList)
+def models(rt: RuntimeDep) -> ModelList:
+    """The knowledge base as models: `moerag` (routed as /ask) and `moerag/<expert name>` per expert."""
+    return chat.models(rt)
+
+
+@router.post("/chat/completions", response_model=ChatCompletionOut, responses={200: {"content": _STREAM}})
+async def chat_completions(body: ChatIn, request: Request, rt: RuntimeDep) -> Response:
+    """The last user message answered from the knowledge base; citations and route in `moerag`."""
+    await check_rate(request, rt)
+    slots = answer_slots(request, rt)
+    rt.asking += 1  # on the event loop: no other thread writes it
+    try:
+        if body.stream:
+            ask = chat.ask_body(rt, body)
+            prepared = await anyio.to_thread.run_sync(prepare, rt, ask, limiter=slots)
+            stream = threaded_stream(rt, prepared, lambda log: chat.stream_chunks(prepared, body.model, log))
+            return StreamingResponse(stream, media_type="text/event-stream")
+        return Response(
+            await anyio.to_thread.run_sync(chat.completion_json, rt, body, limiter=slots),
+            media_type="application/json",
+        )
+    finally:
+        rt.asking -= 1

@@ -1,0 +1,84 @@
+"""Bodies of the OpenAI-compatible routes (`/v1/models`, `/v1/chat/completions`), as OpenAI names them.
+
+Requests take what OpenAI's clients send: unknown fields are ignored (clients add new ones often),
+the fields moerag cannot honour are refused by name (`n` above 1, `tools`)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
+
+from app.schemas import CitationOut
+
+
+class ContentPart(BaseModel):
+    """A part of a message's content; only `text` parts are read (others, such as images, are refused)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class ChatIn(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(description='"moerag" routes as /ask does; "moerag/<expert name>" asks that expert.')
+    messages: list[ChatMessage] = Field(
+        min_length=1, description="The last user message is the question; earlier turns are not read yet."
+    )
+    stream: StrictBool = False
+    n: Literal[1] | None = Field(None, description="One answer a request: only 1.")
+    tools: None = Field(None, description="Not supported: a knowledge base calls no tools.")
+
+
+class Moerag(BaseModel):
+    """moerag's extra field: what /ask answers beside the text (in a stream: the first chunk
+    carries route and citations, the last one query_id and timings_ms)."""
+
+    route: dict[str, Any] | None = None
+    citations: list[CitationOut] | None = None
+    query_id: int | None = None
+    timings_ms: dict[str, float] | None = None
+
+
+class ModelOut(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "moerag"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelOut]
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class Choice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: Literal["stop"] = "stop"
+    logprobs: None = None
+
+
+class ChatCompletionOut(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    moerag: Moerag

@@ -1,0 +1,107 @@
+"""The OpenAI-compatible API, driven by the official `openai` package against a live server on a
+copy of the sample store, with a read token set (the API key): models, a plain and a streamed
+completion that carry /ask's citations and route, a forced expert, a bad model, a missing key."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.conftest import TOKEN, SampleStore, copy_sample
+from tests.server import Server
+
+READ_TOKEN = "read-token"
+QUESTION = "How do I generate a secure random token?"
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory: pytest.TempPathFactory, sample_store: SampleStore) -> Iterator[Server]:
+    base = tmp_path_factory.mktemp("openai")
+    server = Server(copy_sample(sample_store, base / "data"), TOKEN, base / "server.log", MOERAG_READ_TOKEN=READ_TOKEN)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+def _client(live: Server, key: str = READ_TOKEN) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{live.url}/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def _ask(live: Server, **body: Any) -> dict[str, Any]:
+    r = httpx.post(f"{live.url}/ask", json=body, headers={"Authorization": f"Bearer {READ_TOKEN}"}, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()  # type: ignore[no-any-return]
+
+
+def _experts(live: Server) -> list[dict[str, Any]]:
+    r = httpx.get(f"{live.url}/admin/api/experts", headers={"Authorization": f"Bearer {TOKEN}"})
+    return r.json()["items"]  # type: ignore[no-any-return]
+
+
+def _same_route(route: dict[str, Any], asked: dict[str, Any]) -> None:
+    for field in ("path", "expert", "reason", "router_version", "catalogue_version"):
+        assert route[field] == asked[field], field
+
+
+def test_models_are_the_knowledge_base_and_one_per_expert(live: Server) -> None:
+    ids = [m.id for m in _client(live).models.list()]
+    assert ids == ["moerag"] + [f"moerag/{e['name']}" for e in sorted(_experts(live), key=lambda e: e["id"])]
+    assert len(ids) > 2
+
+
+def test_plain_and_streamed_completions_carry_the_citations_and_route_of_ask(live: Server) -> None:
+    asked = _ask(live, query=QUESTION)
+    messages: Any = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": QUESTION}]
+    plain = _client(live).chat.completions.create(model="moerag", messages=messages)
+    extra = plain.model_extra["moerag"]  # type: ignore[index]
+    text = plain.choices[0].message.content or ""
+    assert plain.object == "chat.completion" and plain.choices[0].finish_reason == "stop"
+    assert text.startswith(asked["answer"]) and "\n\nSources:\n[1] " in text
+    assert [c["chunk_id"] for c in extra["citations"]] == [c["chunk_id"] for c in asked["citations"]]
+    assert [c["used"] for c in extra["citations"]] == [c["used"] for c in asked["citations"]]
+    _same_route(extra["route"], asked["route"])
+    assert isinstance(extra["query_id"], int)
+
+    chunks = list(_client(live).chat.completions.create(model="moerag", messages=messages, stream=True))
+    assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    first, last = chunks[0].model_extra["moerag"], chunks[-1].model_extra["moerag"]  # type: ignore[index]
+    _same_route(first["route"], asked["route"])
+    assert [c["chunk_id"] for c in first["citations"]] == [c["chunk_id"] for c in asked["citations"]]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == text
+    assert chunks[-1].choices[0].finish_reason == "stop" and isinstance(last["query_id"], int)
+
+
+def test_an_expert_model_asks_that_expert(live: Server) -> None:
+    expert = _experts(live)[-1]
+    done = _client(live).chat.completions.create(
+        model=f"moerag/{expert['name']}", messages=[{"role": "user", "content": QUESTION}]
+    )
+    route = done.model_extra["moerag"]["route"]  # type: ignore[index]
+    assert route["path"] == "expert" and route["expert"] == {"id": expert["id"], "name": expert["name"]}
+    asked = _ask(live, query=QUESTION, mode="expert", expert=expert["id"])
+    _same_route(route, asked["route"])
+
+
+def test_errors_come_in_openai_s_shape(live: Server) -> None:
+    with pytest.raises(openai.NotFoundError) as missing:
+        _client(live).chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": QUESTION}])
+    error = missing.value.response.json()["error"]
+    assert error["code"] == "model_not_found" and error["type"] == "not_found_error" and "gpt-4o" in error["message"]
+    with pytest.raises(openai.AuthenticationError) as unauthorised:
+        _client(live, key="not-the-token").models.list()
+    assert unauthorised.value.response.json()["error"]["type"] == "authentication_error"
+    with pytest.raises(openai.UnprocessableEntityError) as no_question:
+        _client(live).chat.completions.create(model="moerag", messages=[{"role": "system", "content": "Hi"}])
+    assert "no user message" in no_question.value.response.json()["error"]["message"]
+
+
+def test_the_spec_documents_the_openai_routes(live: Server) -> None:
+    paths = httpx.get(f"{live.url}/openapi.json").json()["paths"]
+    assert {"/v1/models", "/v1/chat/completions"} <= set(paths)
