@@ -202,6 +202,18 @@ def _db(args: argparse.Namespace) -> None:
     cmd_db(args)
 
 
+def cmd_mcp(args: argparse.Namespace) -> None:
+    """MCP over stdin/stdout for an agent that launches moerag itself (a server's agents use its /mcp)."""
+    import anyio
+
+    from app.mcp_server import build
+
+    settings = settings_from(args)
+    require_store(settings)
+    with local_runtime(settings, busy="connect the agent to that server's /mcp (streamable HTTP) instead") as rt:
+        anyio.run(build(rt).run_stdio_async)
+
+
 def _serve(args: argparse.Namespace) -> None:
     from app.cli_serve import cmd_serve  # imports uvicorn: only when serving
 
@@ -281,6 +293,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("file", help='JSONL with {"question": ..., "expert": name or id}')
     ev.set_defaults(func=cmd_router_eval)
 
+    mcp = sub.add_parser("mcp", help="serve MCP over stdio (tools ask, search, list_experts, get_chunk)")
+    mcp.set_defaults(func=cmd_mcp)
     sample = sub.add_parser("sample", help="write the pydoc sample corpus to a folder")
     sample.add_argument("target")
     sample.set_defaults(func=cmd_sample)

@@ -24,10 +24,11 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 
 @contextmanager
-def local_runtime(settings: Settings, *, remote: bool = True) -> Iterator[Runtime]:
+def local_runtime(settings: Settings, *, remote: bool = True, busy: str | None = None) -> Iterator[Runtime]:
     """A started runtime for one command, closed when it ends (a busy data dir is a clear exit).
 
-    remote: the command has --server, so a busy data dir's message may point there."""
+    remote: the command has --server, so a busy data dir's message may point there; `busy`: the
+    advice instead."""
     from app.locking import DataDirBusy
     from app.runtime import Runtime
 
@@ -35,7 +36,7 @@ def local_runtime(settings: Settings, *, remote: bool = True) -> Iterator[Runtim
     try:
         rt.start(run_jobs=False)  # jobs are the server's: a one-shot command neither resumes nor abandons them
     except DataDirBusy as exc:
-        advice = "stop it, or send the work to it with --server URL" if remote else "stop it first"
+        advice = busy or ("stop it, or send the work to it with --server URL" if remote else "stop it first")
         raise SystemExit(f"moerag: {exc}; {advice}") from None
     try:
         yield rt

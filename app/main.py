@@ -13,10 +13,12 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
+from mcp.server.transport_security import TransportSecuritySettings
 from starlette.datastructures import MutableHeaders
+from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app import errors
+from app import errors, mcp_server
 from app.body_limit import BodyLimit, limit_for
 from app.deps import optional_read_security
 from app.limits import state_question_limits
@@ -42,6 +44,14 @@ def create_app(
     thread, so the port answers from the first second (/readyz 503 "preparing" meanwhile).
     """
     rt = runtime or Runtime(settings or Settings())
+    agents = mcp_server.build(rt)
+    mcp_app = agents.streamable_http_app(
+        streamable_http_path=mcp_server.PATH,
+        stateless_http=True,  # no session state in one process: any worker of `serve --workers N` answers
+        # Host and Origin are not checked: the server may be reached under any name, and the
+        # read token guards /mcp as it guards /ask.
+        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -56,7 +66,8 @@ def create_app(
                     prepare()
                 rt.start()
         try:
-            yield
+            async with agents.session_manager.run():  # the MCP sessions live as long as the app
+                yield
         finally:
             if starter is not None:
                 starter.join()
@@ -89,6 +100,7 @@ def create_app(
     app.include_router(openai_compat.router, responses=ERROR_RESPONSES)
     app.include_router(admin.router, responses=ERROR_RESPONSES)
     app.include_router(console.router)
+    app.router.routes.append(Route(mcp_server.PATH, endpoint=mcp_server.ReadTokenGate(mcp_app, rt)))
     app.mount("/admin/static", StaticFiles(directory=console.CONSOLE_DIR / "static"), name="console-static")
     return app
 

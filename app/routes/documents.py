@@ -14,7 +14,6 @@ from app.routes.uploads import NoFields, form_fields, read_upload_file, upload_f
 from app.schemas import (
     NAME_MAX,
     PAGE_DEFAULT,
-    ChunkNeighbour,
     ChunkOut,
     ChunkSummary,
     DeletedOut,
@@ -162,15 +161,4 @@ def delete_document(document_id: IdPath, rt: RuntimeDep) -> DeletedOut:
 @router.get("/chunks/{chunk_id:int}", response_model=ChunkOut, dependencies=[ReaderDep])
 def get_chunk(chunk_id: IdPath, rt: RuntimeDep) -> ChunkOut:
     """One chunk in full, where it sits (document, heading path, expert) and its neighbours."""
-    c, neighbours, expert_id = library.chunk(rt.sessions, chunk_id)
-    around = {n.ordinal - c.ordinal: ChunkNeighbour.model_validate(n) for n in neighbours}
-    return ChunkOut(
-        **ChunkSummary.model_validate(c).model_dump(),
-        document_id=c.document_id,
-        source=c.document.source,
-        title=c.document.title,
-        text=c.text,
-        expert_id=expert_id,
-        previous=around.get(-1),
-        next=around.get(1),
-    )
+    return library.chunk_view(rt.sessions, chunk_id)

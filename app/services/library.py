@@ -6,6 +6,7 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, selectinload, sessionmaker
 
 from app.models import Chunk, Cluster, Document
+from app.schemas import ChunkNeighbour, ChunkOut, ChunkSummary
 from app.services.paging import page
 from engine.errors import NotFound
 
@@ -65,3 +66,19 @@ def chunk(sessions: sessionmaker[Session], chunk_id: int) -> tuple[Chunk, list[C
         )
         expert = s.scalar(select(Cluster.expert_id).where(Cluster.id == c.cluster_id))
     return c, neighbours, expert
+
+
+def chunk_view(sessions: sessionmaker[Session], chunk_id: int) -> ChunkOut:
+    """`GET /chunks/{id}`'s body: the chunk in full, its place and its neighbours."""
+    c, neighbours, expert_id = chunk(sessions, chunk_id)
+    around = {n.ordinal - c.ordinal: ChunkNeighbour.model_validate(n) for n in neighbours}
+    return ChunkOut(
+        **ChunkSummary.model_validate(c).model_dump(),
+        document_id=c.document_id,
+        source=c.document.source,
+        title=c.document.title,
+        text=c.text,
+        expert_id=expert_id,
+        previous=around.get(-1),
+        next=around.get(1),
+    )

@@ -1,0 +1,143 @@
+"""moerag for agents: an MCP server on the official `mcp` SDK.
+
+Tools `ask`, `search`, `list_experts` and `get_chunk` answer as `/ask`, `/search`,
+`/admin/api/experts` and `/chunks/{id}` do (the same services, checks and query log); the
+documents are resources (`moerag://documents`, `moerag://documents/{document_id}`). Served over
+stdio by `moerag mcp` and over streamable HTTP at `/mcp` on the server, where the read token
+(MOERAG_READ_TOKEN), when set, is required as `Authorization: Bearer`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
+from pydantic import ValidationError
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from app.auth import token_matches
+from app.errors import ApiError, error_body
+from app.schemas import AskIn, SearchIn
+from app.services import library
+from app.services.answering import answer_json
+from app.services.search import run_search
+from engine.errors import MoeragError
+
+if TYPE_CHECKING:
+    from app.runtime import Runtime
+
+PATH = "/mcp"  # where the server mounts the streamable HTTP transport
+DOCUMENTS_LISTED = 500  # the `moerag://documents` resource lists the first this many
+
+
+@contextmanager
+def _anticipated(kind: type[Exception]) -> Iterator[None]:
+    """moerag's own refusals (unknown ids, limits, not ready) reach the agent as `kind` with their
+    code and message; the SDK shows anything else as a bare "Error executing tool"."""
+    try:
+        yield
+    except (ApiError, MoeragError) as exc:
+        raise kind(f"{exc.code}: {exc.message}") from None
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise kind(f"invalid_request: {problems}") from None
+
+
+def build(rt: Runtime) -> MCPServer:
+    """The MCP server over one runtime (started, or starting: tools wait for nothing and say so)."""
+
+    server = MCPServer(
+        "moerag",
+        instructions="Answers and passages from this team's documents, with citations and the expert "
+        "that answered. `ask` for an answer, `search` for passages, `get_chunk` for a passage in context.",
+    )
+
+    def ready() -> Runtime:
+        if not rt.ready:
+            raise ApiError("not_ready", f"start-up failed: {rt.error}" if rt.error else "moerag is starting")
+        return rt
+
+    def expert_id(name: str | None) -> int | None:
+        if name is None:
+            return None
+        found = [i for i, p in ready().experts.profiles().items() if p.name == name]
+        if not found:
+            raise ApiError("expert_not_found", f"no expert named {name!r}; list_experts names them")
+        return found[0]
+
+    @server.tool()
+    async def ask(question: str, expert: str | None = None, k: int | None = None) -> dict[str, Any]:
+        """Answer a question from the documents: the answer with numbered citations [n], the
+        passages cited, and the route (the expert that answered, or the whole store, and why).
+        `expert`: ask this expert (a name from list_experts); `k`: passages to cite."""
+        with _anticipated(ToolError):
+            body = AskIn(query=question, k=k, mode="expert" if expert else "auto", expert=expert_id(expert))
+            return json.loads(await anyio.to_thread.run_sync(answer_json, ready(), body))
+
+    @server.tool()
+    async def search(query: str, k: int = 5, expert: str | None = None) -> dict[str, Any]:
+        """Passages most similar to `query` (ids, documents, scores, text), from the whole store
+        or from one expert's clusters (`expert`: a name from list_experts)."""
+        with _anticipated(ToolError):
+            rt, eid = ready(), expert_id(expert)
+            clusters = list(rt.experts.profiles()[eid].clusters) if eid is not None else None
+            body = SearchIn(query=query, k=k, clusters=clusters)
+            return (await anyio.to_thread.run_sync(run_search, rt, body)).model_dump()
+
+    @server.tool()
+    async def list_experts() -> list[dict[str, Any]]:
+        """The experts questions are routed to: id, name and the clusters each owns."""
+        with _anticipated(ToolError):
+            profiles = ready().experts.profiles()
+        return [{"id": p.id, "name": p.name, "clusters": list(p.clusters)} for _, p in sorted(profiles.items())]
+
+    @server.tool()
+    async def get_chunk(chunk_id: int) -> dict[str, Any]:
+        """One passage in full with its document, heading, expert and the passages before and after it."""
+        with _anticipated(ToolError):
+            view = await anyio.to_thread.run_sync(library.chunk_view, ready().sessions, chunk_id)
+        return view.model_dump(mode="json")
+
+    @server.resource("moerag://documents", mime_type="application/json")
+    async def documents() -> str:
+        """The stored documents (id, title, source, chunks), the first DOCUMENTS_LISTED by id."""
+        with _anticipated(ResourceNotFoundError):
+            _, rows = await anyio.to_thread.run_sync(library.document_page, ready().sessions, 0, DOCUMENTS_LISTED)
+        listed = [{"id": d.id, "title": d.title, "source": d.source, "chunks": n} for d, n in rows]
+        return json.dumps(listed)
+
+    @server.resource("moerag://documents/{document_id}", mime_type="text/plain")
+    async def document(document_id: str) -> str:
+        """A document's text, its chunks in order."""
+        with _anticipated(ResourceNotFoundError):
+            doc = await anyio.to_thread.run_sync(library.document, ready().sessions, int(document_id))
+        return "\n\n".join(c.text for c in doc.chunks)
+
+    return server
+
+
+class ReadTokenGate:
+    """The HTTP transport behind the read token (when MOERAG_READ_TOKEN is set; the admin token
+    also passes): a 401 in moerag's error shape otherwise."""
+
+    def __init__(self, app: ASGIApp, rt: Runtime) -> None:
+        self.app, self.rt = app, rt
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        configured = self.rt.settings.read_token
+        if configured is not None and scope["type"] == "http":
+            headers = dict(scope.get("headers") or [])
+            given = headers.get(b"authorization", b"").decode("latin-1") or None
+            if not (token_matches(configured.get_secret_value(), given) or token_matches(self.rt.admin_token, given)):
+                body = error_body(
+                    "unauthorized", "the MCP endpoint needs the read token: Authorization: Bearer <token>"
+                )
+                await JSONResponse(body, 401, headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
