@@ -9,55 +9,32 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import httpx
+from moerag.client import ApiError, Client
 
 
-class Remote:
-    """A moerag server over HTTP; every failure is a one-line SystemExit naming the server."""
-
-    def __init__(self, url: str, token: str | None) -> None:
-        self.url = url.rstrip("/")
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=300)
+class Remote(Client):
+    """The Python client (moerag.client) for CLI commands: every failure is a one-line SystemExit
+    naming the server (`moerag: http://…/ask answered 404: expert_not_found: …`)."""
 
     def __enter__(self) -> Remote:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.http.close()
-
     def call(self, method: str, path: str, ok: tuple[int, ...] = (200,), **kw: Any) -> Any:
         try:
-            r = self.http.request(method, path, **kw)
-        except httpx.HTTPError as exc:
-            raise SystemExit(f"moerag: cannot reach {self.url}: {exc}") from None
-        if r.status_code not in ok:
-            raise SystemExit(f"moerag: {self.url}{path} answered {r.status_code}: {_error_text(r)}")
-        return r.json() if r.content else None
+            return self.request(method, path, ok, **kw)
+        except ApiError as exc:
+            raise SystemExit(f"moerag: {exc}") from None
 
     def follow_job(self, job: dict[str, Any], progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
-        """Poll a job until it ends; a failed job is a one-line exit."""
-        while job["status"] not in ("done", "failed"):
-            time.sleep(0.5)
-            job = self.call("GET", f"/jobs/{job['id']}")
-            if progress is not None:
-                progress(job["done"], job["total"] or 1)
-        if job["status"] == "failed":
-            raise SystemExit(f"moerag: job {job['id']} ({job['kind']}) failed: {job['error']}")
-        return job
-
-
-def _error_text(r: httpx.Response) -> str:
-    try:
-        err = r.json()["error"]
-        return f"{err['code']}: {err['message']}"
-    except (ValueError, KeyError, TypeError):
-        return r.text[:300]
+        """Wait for a job, with progress; a failed one is a one-line exit."""
+        try:
+            return dict(self.wait(job, progress))  # type: ignore[arg-type]
+        except ApiError as exc:
+            raise SystemExit(f"moerag: {exc}") from None
 
 
 def print_answer(body: dict[str, Any], as_json: bool) -> None:
@@ -95,22 +72,15 @@ def ingest_remote(
     """Upload through a running server's bulk endpoint and follow its jobs."""
     from tqdm import tqdm
 
-    totals = {"created": 0, "duplicate": 0, "failed": 0, "chunks": 0}
     with Remote(server, token) as api, tqdm(total=len(files), unit="doc", desc="ingest", disable=not progress) as bar:
-        for start in range(0, len(files), batch):
-            part = files[start : start + batch]
-            multipart = [("files", (str(f), f.read_bytes())) for f in part]
-            job = api.call("POST", "/documents/bulk", ok=(202,), files=multipart)
-            seen = 0
 
-            def advance(done: int, total: int) -> None:
-                nonlocal seen
-                bar.update(done - seen)
-                seen = done
+        def advance(done: int, _total: int) -> None:
+            bar.update(done - bar.n)
 
-            job = api.follow_job(job, advance)
-            for key in totals:
-                totals[key] += job["result"].get(key, 0)
-            for failure in job["result"].get("failures", []):
-                tqdm.write(f"skipped {failure['source']}: {failure['error']}", file=sys.stderr)
+        try:
+            totals = api.upload_many(files, advance, batch)
+        except ApiError as exc:
+            raise SystemExit(f"moerag: {exc}") from None
+    for failure in totals.pop("failures"):
+        tqdm.write(f"skipped {failure['source']}: {failure['error']}", file=sys.stderr)
     return totals

@@ -23,7 +23,7 @@ from app.body_limit import BodyLimit, limit_for
 from app.deps import optional_read_security
 from app.limits import state_question_limits
 from app.locking import die_with_parent
-from app.routes import admin, ask, console, documents, openai_compat, system
+from app.routes import admin, ask, console, conversations, documents, openai_compat, system
 from app.runtime import Runtime, use_serving_threads
 from app.schemas import ERROR_RESPONSES
 from app.settings import Settings
@@ -98,6 +98,7 @@ def create_app(
     app.include_router(documents.router, responses=ERROR_RESPONSES)
     app.include_router(ask.router, responses=ERROR_RESPONSES)
     app.include_router(openai_compat.router, responses=ERROR_RESPONSES)
+    app.include_router(conversations.router, responses=ERROR_RESPONSES)
     app.include_router(admin.router, responses=ERROR_RESPONSES)
     app.include_router(console.router)
     app.router.routes.append(Route(mcp_server.PATH, endpoint=mcp_server.ReadTokenGate(mcp_app, rt)))

@@ -232,6 +232,24 @@ class QueryLog(Base):
     feedback_new_topic: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
+class ConversationTurn(Base):
+    """One question of a conversation (`/ask` or `/v1/chat/completions` with a `conversation_id`):
+    as asked, as routed (made standalone, engine.followup), the answer and its route."""
+
+    __tablename__ = "conversation_turn"
+    __table_args__ = never_reused()
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    conversation_id: Mapped[str] = mapped_column(String(64), index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    question: Mapped[str] = mapped_column(Text)
+    standalone: Mapped[str] = mapped_column(Text)
+    answer: Mapped[str | None] = mapped_column(Text, nullable=True)
+    route: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # path, expert, reason
+    cited: Mapped[list[int]] = mapped_column(JSON, default=list)
+    query_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
 class RevokedSession(Base):
     """A console session signed out before it expired (sessions are otherwise stateless)."""
 

@@ -42,6 +42,8 @@ Positive = Annotated[int, Field(ge=1), BeforeValidator(_number_not_text)]
 TopK = Annotated[int, Field(ge=1, le=50), BeforeValidator(_number_not_text)]  # an expert's passages
 Lists = Annotated[int, Field(ge=1, le=65536), BeforeValidator(_number_not_text)]  # IVF lists to make
 Experts = Annotated[int, Field(ge=1, le=500), BeforeValidator(_number_not_text)]  # experts to make
+# A conversation's id, the client's choice (a UUID, say): letters, digits and `_.:-`.
+ConversationId = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
 Share = Annotated[float, Field(ge=0, le=1), BeforeValidator(_number_not_text)]  # a threshold: "0.5" is refused
 # Stored times are UTC; SQLite returns them without a zone, which a date-time must carry.
 Utc = Annotated[datetime, AfterValidator(lambda d: d if d.tzinfo else d.replace(tzinfo=UTC))]
@@ -272,6 +274,9 @@ class AskIn(Renamed):
     expert: Id | None = Field(None, description="Expert id for mode=expert (default: the router's top expert).")
     generate: StrictBool = True
     stream: StrictBool = False
+    conversation_id: ConversationId | None = Field(
+        None, description="A turn of this conversation (a new id starts one): a follow-up is made standalone first."
+    )
 
 
 class CitationOut(BaseModel):
@@ -300,3 +305,31 @@ class AskOut(BaseModel):
         description="The question's row in the query log (feedback names it); null if it could not be "
         "written (a full disk: the answer is still given)."
     )
+    conversation_id: str | None = None
+    standalone_question: str | None = Field(
+        None, description="With a conversation_id: the question as it was routed (a follow-up made standalone)."
+    )
+
+
+class TurnOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    created_at: Utc
+    question: str = Field(description="As asked.")
+    standalone: str = Field(description="As routed: a follow-up made standalone from the turn before.")
+    answer: str | None
+    route: dict[str, Any] = Field(description="path, expert, reason")
+    cited: list[int] = Field(description="The chunk ids cited, in order.")
+    query_id: int | None
+
+
+class ConversationOut(BaseModel):
+    id: str
+    turns: list[TurnOut]
+
+
+class ConversationSummary(BaseModel):
+    id: str
+    turns: int
+    last_at: Utc

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from app.schemas import CitationOut
+from app.schemas import CitationOut, ConversationId
 
 
 class ContentPart(BaseModel):
@@ -34,11 +34,16 @@ class ChatIn(BaseModel):
 
     model: str = Field(description='"moerag" routes as /ask does; "moerag/<expert name>" asks that expert.')
     messages: list[ChatMessage] = Field(
-        min_length=1, description="The last user message is the question; earlier turns are not read yet."
+        min_length=1,
+        description="The last user message is the question; the earlier user messages are the conversation "
+        "it follows up (made standalone as /ask does with a conversation_id).",
     )
     stream: StrictBool = False
     n: Literal[1] | None = Field(None, description="One answer a request: only 1.")
     tools: None = Field(None, description="Not supported: a knowledge base calls no tools.")
+    conversation_id: ConversationId | None = Field(
+        None, description="moerag's: a stored conversation (as on /ask); then only the last user message is read."
+    )
 
 
 class Moerag(BaseModel):
@@ -49,6 +54,8 @@ class Moerag(BaseModel):
     citations: list[CitationOut] | None = None
     query_id: int | None = None
     timings_ms: dict[str, float] | None = None
+    conversation_id: str | None = None
+    standalone_question: str | None = Field(None, description="The question as it was routed.")
 
 
 class ModelOut(BaseModel):

@@ -155,6 +155,24 @@ def copy_sample(sample: SampleStore, data_dir: Path) -> Path:
     return data_dir
 
 
+READ_TOKEN = "read-token"
+
+
+@pytest.fixture(scope="module")
+def sample_server(tmp_path_factory: pytest.TempPathFactory, sample_store: SampleStore) -> Iterator[Any]:
+    """A live `moerag serve` on a copy of the sample store with a read token (READ_TOKEN) set,
+    shared by one module's tests."""
+    from tests.server import Server
+
+    base = tmp_path_factory.mktemp("sample-server")
+    server = Server(copy_sample(sample_store, base / "data"), TOKEN, base / "server.log", MOERAG_READ_TOKEN=READ_TOKEN)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     return Settings(data_dir=tmp_path / "data", admin_token=TOKEN, checkpoint_seconds=0.2)  # type: ignore[arg-type]

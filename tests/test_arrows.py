@@ -10,6 +10,7 @@ FORBIDDEN = {
     "engine": {"app", "fastapi", "sqlalchemy", "starlette", "uvicorn", "alembic"},
     "index": {"app", "engine", "kernels", "fastapi", "sqlalchemy"},
     "kernels": {"app", "engine", "index", "fastapi", "sqlalchemy"},
+    "moerag": {"app", "engine", "index", "kernels", "fastapi", "sqlalchemy", "torch"},  # the client stands alone
 }
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,23 +17,16 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 
-from tests.conftest import TOKEN, SampleStore, copy_sample
+from tests.conftest import READ_TOKEN, SampleStore, copy_sample
 from tests.server import Server
 
-READ_TOKEN = "read-token"
 QUESTION = "How do I generate a secure random token?"
 TOOLS = {"ask", "search", "list_experts", "get_chunk"}
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory, sample_store: SampleStore) -> Iterator[Server]:
-    base = tmp_path_factory.mktemp("mcp")
-    server = Server(copy_sample(sample_store, base / "data"), TOKEN, base / "server.log", MOERAG_READ_TOKEN=READ_TOKEN)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
+def live(sample_server: Server) -> Server:
+    return sample_server
 
 
 def _http(live: Server, token: str = READ_TOKEN) -> Client:

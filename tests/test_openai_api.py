@@ -4,29 +4,21 @@ completion that carry /ask's citations and route, a forced expert, a bad model, 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from tests.conftest import TOKEN, SampleStore, copy_sample
+from tests.conftest import READ_TOKEN, TOKEN
 from tests.server import Server
 
-READ_TOKEN = "read-token"
 QUESTION = "How do I generate a secure random token?"
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory: pytest.TempPathFactory, sample_store: SampleStore) -> Iterator[Server]:
-    base = tmp_path_factory.mktemp("openai")
-    server = Server(copy_sample(sample_store, base / "data"), TOKEN, base / "server.log", MOERAG_READ_TOKEN=READ_TOKEN)
-    try:
-        server.start()
-        yield server
-    finally:
-        server.stop()
+def live(sample_server: Server) -> Server:
+    return sample_server
 
 
 def _client(live: Server, key: str = READ_TOKEN) -> openai.OpenAI:

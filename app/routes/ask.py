@@ -15,10 +15,9 @@ from app.deps import ReaderDep, RuntimeDep
 from app.routes.flow import LogOnce, answer_slots, check_rate, threaded_stream
 from app.runtime import Runtime
 from app.schemas import AskIn, AskOut
-from app.services.answering import answer_json, citations, prepare
+from app.services.answering import Asked, answer_json, citations, prepare
 from app.services.ask import route_json
 from engine.generators import GeneratorError
-from engine.pipeline import Prepared
 
 router = APIRouter(tags=["ask"])
 # What Swagger's "Try it out" pre-fills: without them it built a body from the schema, with
@@ -71,8 +70,8 @@ async def _ask(body: AskIn, request: Request, rt: Runtime) -> Response:
         else None
     )
     if body.stream:
-        prepared = await anyio.to_thread.run_sync(prepare, rt, body, limiter=slots)
-        events = threaded_stream(rt, prepared, lambda log: _events(prepared, body.generate, log))
+        asked = await anyio.to_thread.run_sync(prepare, rt, body, limiter=slots)
+        events = threaded_stream(rt, asked, lambda log: _events(asked, body, log))
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
     # One hop to a worker thread for the whole answer, and the body serialised once (returning
     # the model would have FastAPI validate it again): each cost ~0.2 ms of the GIL a question.
@@ -80,21 +79,26 @@ async def _ask(body: AskIn, request: Request, rt: Runtime) -> Response:
     return Response(body_json, media_type="application/json", headers=headers)
 
 
-def _events(prepared: Prepared, generate: bool, log: LogOnce) -> Iterator[str]:
+def _events(asked: Asked, body: AskIn, log: LogOnce) -> Iterator[str]:
     def event(name: str, data: object) -> str:
         return f"event: {name}\ndata: {json.dumps(data)}\n\n"
 
-    yield event(
-        "route",
-        {"route": route_json(prepared.route), "citations": [c.model_dump() for c in citations(prepared)]},
-    )
-    if generate:
+    prepared, text = asked.prepared, []
+    route: dict[str, Any] = {
+        "route": route_json(prepared.route),
+        "citations": [c.model_dump() for c in citations(prepared)],
+    }
+    if asked.turn is not None:
+        route |= {"conversation_id": body.conversation_id, "standalone_question": asked.standalone}
+    yield event("route", route)
+    if body.generate:
         try:
             for delta in prepared.answer_stream():
+                text.append(delta)
                 yield event("token", {"text": delta})
         except GeneratorError as exc:
             yield event("error", {"code": "generator_failed", "message": str(exc)})
-    query_id = log()
+    query_id = log(answer="".join(text) if body.generate else None)
     yield event("done", {"timings_ms": prepared.timings_ms, "query_id": query_id})
 
 

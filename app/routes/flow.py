@@ -16,8 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from app.errors import ApiError
 from app.proxies import client_address
 from app.runtime import Runtime
-from app.services.answering import finish
-from engine.pipeline import Prepared
+from app.services.answering import Asked, finish
 
 
 async def check_rate(request: Request, rt: Runtime) -> None:
@@ -46,34 +45,33 @@ def answer_slots(request: Request, rt: Runtime) -> anyio.CapacityLimiter:
 
 
 class LogOnce:
-    """Logs a question exactly once: at the end of its stream, or when the client cut it (marked)."""
+    """Logs a question (and its conversation turn) exactly once: at the end of its stream, with
+    the answer streamed, or when the client cut it (marked)."""
 
-    def __init__(self, rt: Runtime, prepared: Prepared) -> None:
-        self.rt, self.prepared = rt, prepared
+    def __init__(self, rt: Runtime, asked: Asked) -> None:
+        self.rt, self.asked = rt, asked
         self.lock = threading.Lock()
         self.done = False
         self.query_id: int | None = None
 
-    def __call__(self, aborted: bool = False) -> int | None:
+    def __call__(self, aborted: bool = False, answer: str | None = None) -> int | None:
         with self.lock:
             if not self.done:
                 if aborted:
-                    elapsed = (time.perf_counter() - self.prepared.started) * 1000
-                    self.prepared.timings_ms["aborted"] = self.prepared.timings_ms["total"] = elapsed
-                self.query_id, self.done = finish(self.rt, self.prepared), True
+                    timings = self.asked.prepared.timings_ms
+                    timings["aborted"] = timings["total"] = (time.perf_counter() - self.asked.prepared.started) * 1000
+                self.query_id, self.done = finish(self.rt, self.asked, answer), True
             return self.query_id
 
 
-async def threaded_stream(
-    rt: Runtime, prepared: Prepared, events: Callable[[LogOnce], Iterator[str]]
-) -> AsyncIterator[str]:
+async def threaded_stream(rt: Runtime, asked: Asked, events: Callable[[LogOnce], Iterator[str]]) -> AsyncIterator[str]:
     """`events(log)`'s items, each produced in a worker thread; a cut stream still logs its question.
 
     When the client goes away, this generator is closed (its `finally` runs) while the sync one
     would only be suspended forever: so the logging of a cut stream lives here, in a thread of
     its own (nothing may be awaited once the request is cancelled).
     """
-    log = LogOnce(rt, prepared)
+    log = LogOnce(rt, asked)
     items = events(log)
     try:
         while (chunk := await run_in_threadpool(next, items, None)) is not None:

@@ -35,8 +35,8 @@ async def chat_completions(body: ChatIn, request: Request, rt: RuntimeDep) -> Re
     try:
         if body.stream:
             ask = chat.ask_body(rt, body)
-            prepared = await anyio.to_thread.run_sync(prepare, rt, ask, limiter=slots)
-            stream = threaded_stream(rt, prepared, lambda log: chat.stream_chunks(prepared, body.model, log))
+            asked = await anyio.to_thread.run_sync(prepare, rt, ask, limiter=slots)
+            stream = threaded_stream(rt, asked, lambda log: chat.stream_chunks(asked, ask, body.model, log))
             return StreamingResponse(stream, media_type="text/event-stream")
         return Response(
             await anyio.to_thread.run_sync(chat.completion_json, rt, body, limiter=slots),

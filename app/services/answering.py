@@ -3,11 +3,13 @@ routed and retrieved by the engine's pipeline, counted and logged."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from app.errors import ApiError
 from app.limits import check_question
 from app.schemas import AskIn, AskOut, CitationOut
+from app.services import conversations
 from app.services.ask import log_question, route_json
 from engine.generators import GeneratorError, cited_numbers
 from engine.pipeline import AskRequest, Prepared
@@ -35,43 +37,72 @@ def citations(p: Prepared, answer: str | None = None) -> list[CitationOut]:
     ]
 
 
-def prepare(rt: Runtime, body: AskIn) -> Prepared:
-    """Check the question, then route and retrieve (or take a cached route and citations)."""
+@dataclass(frozen=True)
+class Asked:
+    """A question routed and retrieved; `turn`: the conversation turn it is, recorded by `finish`."""
+
+    prepared: Prepared
+    turn: conversations.Turn | None = None
+
+    @property
+    def standalone(self) -> str | None:
+        """The question as routed, when a conversation made it standalone (else None)."""
+        return self.turn.standalone if self.turn is not None else None
+
+
+def prepare(rt: Runtime, body: AskIn) -> Asked:
+    """Check the question (made standalone in its conversation), then route and retrieve (or
+    take a cached route and citations)."""
     check_question(body.query, body.k, rt.settings)
     if body.mode != "expert" and body.expert is not None:
         raise ApiError("invalid_request", "'expert' is only meaningful with mode='expert'")
     if body.expert is not None and body.expert not in rt.experts.profiles():
         raise ApiError("expert_not_found", f"no expert {body.expert}")
+    turn = None
+    if body.conversation_id is not None:
+        limit = rt.settings.max_question_chars
+        turn = conversations.begin(rt.sessions, body.conversation_id, body.query, limit)
+    query = turn.standalone if turn is not None else body.query
     try:
-        request = AskRequest(body.query, body.k, body.mode, body.expert)
-        return rt.answers.prepare((body.query, body.k, body.mode, body.expert), lambda: rt.pipeline.prepare(request))
+        request = AskRequest(query, body.k, body.mode, body.expert)
+        key = (query, body.k, body.mode, body.expert)
+        return Asked(rt.answers.prepare(key, lambda: rt.pipeline.prepare(request)), turn)
     except GeneratorError as exc:
         raise ApiError("generator_unavailable", str(exc)) from None
 
 
-def finish(rt: Runtime, prepared: Prepared) -> int | None:
-    """Count the answer and log the question; a full disk costs the log row, not the answer."""
+def finish(rt: Runtime, asked: Asked, answer: str | None = None) -> int | None:
+    """Count the answer, log the question and record its conversation turn; a full disk costs
+    the log row, not the answer."""
+    prepared = asked.prepared
     prepared.timings_ms.setdefault("generate", 0.0)
     prepared.timings_ms.setdefault("total", sum(v for k, v in prepared.timings_ms.items() if k != "total"))
     rt.metrics.observe(prepared.route, prepared.timings_ms)
-    return log_question(rt.sessions, prepared)
+    query_id = log_question(rt.sessions, prepared)
+    if asked.turn is not None:
+        route = route_json(prepared.route)
+        kept = {"path": route["path"], "expert": route["expert"], "reason": route["reason"]}
+        conversations.record(rt.sessions, asked.turn, kept, prepared, answer, query_id)
+    return query_id
 
 
 def answer_json(rt: Runtime, body: AskIn) -> bytes:
     """One answer as the API's JSON body (the CLI's local `ask` prints the same)."""
-    prepared = prepare(rt, body)
-    answer = None
+    asked = prepare(rt, body)
+    prepared, answer = asked.prepared, None
     if body.generate:
         try:
             answer = "".join(prepared.answer_stream())
         except GeneratorError as exc:
             raise ApiError("generator_failed", str(exc)) from None
-    query_id = finish(rt, prepared)
+    query_id = finish(rt, asked, answer)
     out = AskOut(
         answer=answer,
         citations=citations(prepared, answer),
         route=route_json(prepared.route),
         timings_ms={k: round(v, 3) for k, v in prepared.timings_ms.items()},
         query_id=query_id,
+        conversation_id=body.conversation_id,
+        standalone_question=asked.standalone,
     )
     return out.model_dump_json().encode()

@@ -10,19 +10,26 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Protocol
 
 from app.errors import ApiError
 from app.schemas import AskIn, CitationOut
 from app.schemas_openai import AssistantMessage, ChatCompletionOut, ChatIn, Choice, ModelList, ModelOut, Moerag
-from app.services.answering import citations, finish, prepare
+from app.services.answering import Asked, citations, finish, prepare
 from app.services.ask import route_json
+from engine.followup import standalone_chain
 from engine.generators import GeneratorError
-from engine.pipeline import Prepared
 
 if TYPE_CHECKING:
     from app.runtime import Runtime
+
+
+class LogAnswer(Protocol):
+    """Logs the question once, with the answer streamed (app.routes.flow.LogOnce)."""
+
+    def __call__(self, aborted: bool = False, answer: str | None = None) -> int | None: ...
+
 
 MODEL = "moerag"
 EXPERT_MODEL = MODEL + "/"  # + an expert's name
@@ -36,7 +43,10 @@ def models(rt: Runtime) -> ModelList:
 
 
 def ask_body(rt: Runtime, body: ChatIn) -> AskIn:
-    """The /ask request a chat request stands for: its model's mode and expert, its last user message."""
+    """The /ask request a chat request stands for: its model's mode and expert, and its question.
+
+    The question: with a `conversation_id`, the last user message (made standalone from the stored
+    turns); without one, the user messages of `messages` made standalone in turn (engine.followup)."""
     if body.model == MODEL:
         mode, expert = "auto", None
     elif body.model.startswith(EXPERT_MODEL):
@@ -47,21 +57,29 @@ def ask_body(rt: Runtime, body: ChatIn) -> AskIn:
         mode, expert = "expert", ids[0]
     else:
         raise ApiError("model_not_found", f"the model {body.model!r} does not exist; GET /v1/models lists them")
-    return AskIn(query=_question(body), mode=mode, expert=expert)
+    questions = _questions(body)
+    if body.conversation_id is not None:
+        return AskIn(query=questions[-1], mode=mode, expert=expert, conversation_id=body.conversation_id)
+    return AskIn(query=standalone_chain(questions, rt.settings.max_question_chars), mode=mode, expert=expert)
 
 
-def _question(body: ChatIn) -> str:
-    users = [m for m in body.messages if m.role == "user"]
-    if not users:
+def _questions(body: ChatIn) -> list[str]:
+    """The text of every user message, oldest first."""
+    texts = []
+    for m in body.messages:
+        if m.role != "user":
+            continue
+        content = m.content
+        if isinstance(content, list):
+            if any(part.type != "text" for part in content):
+                raise ApiError("invalid_request", "only text content parts are read")
+            content = "\n".join(part.text or "" for part in content)
+        texts.append(content or "")
+    if not texts:
         raise ApiError("invalid_request", "the messages hold no user message: the last one is the question")
-    content = users[-1].content
-    if isinstance(content, list):
-        if any(part.type != "text" for part in content):
-            raise ApiError("invalid_request", "only text content parts are read")
-        content = "\n".join(part.text or "" for part in content)
-    if not content or not content.strip():
+    if not texts[-1].strip():
         raise ApiError("invalid_request", "the last user message is empty")
-    return content
+    return texts
 
 
 def sources(cited: list[CitationOut]) -> str:
@@ -72,12 +90,14 @@ def sources(cited: list[CitationOut]) -> str:
 
 def completion_json(rt: Runtime, body: ChatIn) -> bytes:
     """One non-streamed completion, serialised (the route returns the bytes as they are)."""
-    prepared = prepare(rt, ask_body(rt, body))
+    ask = ask_body(rt, body)
+    asked = prepare(rt, ask)
+    prepared = asked.prepared
     try:
         answer = "".join(prepared.answer_stream())
     except GeneratorError as exc:
         raise ApiError("generator_failed", str(exc)) from None
-    query_id = finish(rt, prepared)
+    query_id = finish(rt, asked, answer)
     cited = citations(prepared, answer)
     out = ChatCompletionOut(
         id=_completion_id(),
@@ -89,12 +109,14 @@ def completion_json(rt: Runtime, body: ChatIn) -> bytes:
             citations=cited,
             query_id=query_id,
             timings_ms={k: round(v, 3) for k, v in prepared.timings_ms.items()},
+            conversation_id=body.conversation_id,
+            standalone_question=asked.standalone or ask.query,
         ),
     )
     return out.model_dump_json().encode()
 
 
-def stream_chunks(prepared: Prepared, model: str, log: Callable[[], int | None]) -> Iterator[str]:
+def stream_chunks(asked: Asked, ask: AskIn, model: str, log: LogAnswer) -> Iterator[str]:
     """OpenAI's stream: `data: <chat.completion.chunk>` lines, then `data: [DONE]`. The first chunk
     (role) carries route and citations; the text comes as deltas, then the sources; the last chunk
     (finish_reason "stop") carries query_id and timings. A generator failure is an `error` event."""
@@ -111,20 +133,27 @@ def stream_chunks(prepared: Prepared, model: str, log: Callable[[], int | None])
         }
         return f"data: {json.dumps(body)}\n\n"
 
+    prepared, text = asked.prepared, []
     cited = citations(prepared)
-    route = {"route": route_json(prepared.route), "citations": [c.model_dump() for c in cited]}
+    route = {
+        "route": route_json(prepared.route),
+        "citations": [c.model_dump() for c in cited],
+        "conversation_id": ask.conversation_id,
+        "standalone_question": asked.standalone or ask.query,
+    }
     yield chunk({"role": "assistant", "content": ""}, moerag=route)
     try:
         for delta in prepared.answer_stream():
+            text.append(delta)
             yield chunk({"content": delta})
     except GeneratorError as exc:
-        log()
+        log(answer="".join(text))
         error = {"message": str(exc), "type": "server_error", "param": None, "code": "generator_failed"}
         yield f"data: {json.dumps({'error': error})}\n\n"
         return
     if tail := sources(cited):
         yield chunk({"content": tail})
-    query_id = log()
+    query_id = log(answer="".join(text))
     yield chunk({}, "stop", moerag={"query_id": query_id, "timings_ms": prepared.timings_ms})
     yield "data: [DONE]\n\n"
 

@@ -1,0 +1,36 @@
+"""Conversations (`/ask` and `/v1/chat/completions` with a `conversation_id`): list, read, delete."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Response
+
+from app.deps import Limit, Offset, ReaderDep, RuntimeDep
+from app.schemas import PAGE_DEFAULT, ConversationOut, ConversationSummary, Page, TurnOut
+from app.services import conversations
+
+router = APIRouter(prefix="/conversations", tags=["conversations"], dependencies=[ReaderDep])
+ConversationPath = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
+
+
+@router.get("", response_model=Page[ConversationSummary])
+def list_conversations(rt: RuntimeDep, offset: Offset = 0, limit: Limit = PAGE_DEFAULT) -> Page[ConversationSummary]:
+    """Conversations with their number of turns, the most recent first."""
+    total, rows = conversations.conversation_page(rt.sessions, offset, limit)
+    items = [ConversationSummary(id=cid, turns=n, last_at=at) for cid, n, at in rows]
+    return Page(items=items, total=total, offset=offset, limit=limit)
+
+
+@router.get("/{conversation_id}", response_model=ConversationOut)
+def get_conversation(conversation_id: ConversationPath, rt: RuntimeDep) -> ConversationOut:
+    """Every turn: the question as asked and as routed, the answer, route and citations."""
+    turns = conversations.turns(rt.sessions, conversation_id)
+    return ConversationOut(id=conversation_id, turns=[TurnOut.model_validate(t) for t in turns])
+
+
+@router.delete("/{conversation_id}", status_code=204, response_class=Response)
+def delete_conversation(conversation_id: ConversationPath, rt: RuntimeDep) -> Response:
+    """Forget the conversation's turns (the questions stay in the query log, as every question does)."""
+    conversations.remove(rt.sessions, conversation_id)
+    return Response(status_code=204)

@@ -1,0 +1,98 @@
+"""Conversations: the turns of each, stored in SQL; a follow-up made standalone from the last turn."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.models import ConversationTurn
+from app.services.paging import page
+from engine.errors import NotFound
+from engine.followup import standalone
+from engine.pipeline import Prepared
+
+
+@dataclass(frozen=True)
+class Turn:
+    """A turn being answered: its conversation, the question as asked and as it is routed."""
+
+    conversation_id: str
+    question: str
+    standalone: str
+
+
+def begin(sessions: sessionmaker[Session], conversation_id: str, question: str, limit: int) -> Turn:
+    """The next turn of `conversation_id` (a new id starts a conversation): `question` made standalone."""
+    with sessions() as s:
+        previous = s.scalar(
+            select(ConversationTurn.standalone)
+            .where(ConversationTurn.conversation_id == conversation_id)
+            .order_by(ConversationTurn.id.desc())
+            .limit(1)
+        )
+    return Turn(conversation_id, question, standalone(question, previous, limit))
+
+
+def record(
+    sessions: sessionmaker[Session],
+    turn: Turn,
+    route: dict[str, Any],
+    prepared: Prepared,
+    answer: str | None,
+    query_id: int | None,
+) -> None:
+    with sessions.begin() as s:
+        s.add(
+            ConversationTurn(
+                conversation_id=turn.conversation_id,
+                question=turn.question,
+                standalone=turn.standalone,
+                answer=answer,
+                route=route,
+                cited=[c.chunk.id for c in prepared.citations],
+                query_id=query_id,
+            )
+        )
+
+
+def turns(sessions: sessionmaker[Session], conversation_id: str) -> list[ConversationTurn]:
+    """The conversation's turns, oldest first; NotFound for an id with none."""
+    with sessions() as s:
+        rows = list(
+            s.scalars(
+                select(ConversationTurn)
+                .where(ConversationTurn.conversation_id == conversation_id)
+                .order_by(ConversationTurn.id)
+            )
+        )
+    if not rows:
+        raise NotFound(f"conversation {conversation_id!r} not found")
+    return rows
+
+
+def conversation_page(
+    sessions: sessionmaker[Session], offset: int, limit: int
+) -> tuple[int, list[tuple[str, int, datetime]]]:
+    """(conversations in all, [(id, turns, last turn's time)]), the most recent first."""
+    last = func.max(ConversationTurn.created_at)
+    stmt = (
+        select(ConversationTurn.conversation_id, func.count(ConversationTurn.id), last)
+        .group_by(ConversationTurn.conversation_id)
+        .order_by(last.desc(), ConversationTurn.conversation_id)
+    )
+    with sessions() as s:
+        total, rows = page(s, stmt, offset, limit)
+    return total, [(cid, int(n), at) for cid, n, at in rows]
+
+
+def remove(sessions: sessionmaker[Session], conversation_id: str) -> int:
+    """Delete the conversation's turns (their questions stay in the query log); NotFound if it has none."""
+    with sessions.begin() as s:
+        gone = s.execute(delete(ConversationTurn).where(ConversationTurn.conversation_id == conversation_id)).rowcount  # type: ignore[attr-defined]
+    if not gone:
+        raise NotFound(f"conversation {conversation_id!r} not found")
+    return int(gone)

@@ -1,0 +1,338 @@
+"""moerag's Python client: the HTTP API, typed, synchronous (`Client`) and asynchronous
+(`AsyncClient`), on httpx. The CLI's remote mode runs through it.
+
+    from moerag.client import Client
+
+    with Client("http://127.0.0.1:8000", token="…") as kb:
+        kb.upload_folder("docs/", progress=lambda done, total: print(done, "/", total))
+        answer = kb.ask("How do I undo the last commit?")
+        print(answer["answer"], answer["route"]["path"])
+
+Every refusal is an `ApiError` with the server's status, `code` and `message`; a server that
+cannot be reached is an `Unreachable`. Long work (bulk uploads, router training, reclustering)
+is a job: the methods that start one wait for it by default, reporting `progress(done, total)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, TypedDict
+
+import httpx
+
+Progress = Callable[[int, int], None]
+Json = dict[str, Any]
+UPLOAD_BATCH = 50  # files a bulk upload sends at once
+POLL_SECONDS = 0.5  # how often a job is read while waiting for it
+SUFFIXES = (".txt", ".md", ".markdown", ".html", ".htm", ".pdf")  # what a folder upload sends
+
+
+class ApiError(Exception):
+    """The server refused a request: its HTTP status and moerag's error `code` and `message`."""
+
+    def __init__(self, url: str, status: int, code: str, message: str) -> None:
+        super().__init__(f"{url} answered {status}: {code}: {message}")
+        self.url, self.status, self.code, self.message = url, status, code, message
+
+
+class Unreachable(ApiError):
+    """No answer from the server at all (refused, timed out, reset)."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        Exception.__init__(self, f"cannot reach {url}: {reason}")
+        self.url, self.status, self.code, self.message = url, 0, "unreachable", reason
+
+
+class JobFailed(ApiError):
+    """A job the server ran ended `failed`: its id, kind and error."""
+
+    def __init__(self, url: str, job: Job) -> None:
+        Exception.__init__(self, f"job {job['id']} ({job['kind']}) failed: {job['error']}")
+        self.url, self.status, self.code, self.message, self.job = url, 200, "job_failed", str(job["error"]), job
+
+
+class Route(TypedDict):
+    path: str
+    expert: Json | None
+    confidence: float | None
+    reason: str
+    detail: str
+
+
+class Citation(TypedDict):
+    n: int
+    document_id: int
+    source: str
+    title: str
+    chunk_id: int
+    heading: str
+    score: float
+    text: str
+    used: bool
+
+
+class Answer(TypedDict):
+    answer: str | None
+    citations: list[Citation]
+    route: Route
+    timings_ms: dict[str, float]
+    query_id: int | None
+    conversation_id: str | None
+    standalone_question: str | None
+
+
+class Job(TypedDict):
+    id: int
+    kind: str
+    status: str
+    done: int
+    total: int
+    error: str | None
+    result: Json | None
+
+
+def _error(url: str, r: httpx.Response) -> ApiError:
+    try:
+        err = r.json()["error"]
+        return ApiError(url, r.status_code, str(err["code"]), str(err["message"]))
+    except (ValueError, KeyError, TypeError):
+        return ApiError(url, r.status_code, "http_error", r.text[:300])
+
+
+def _ask_body(question: str, **options: Any) -> Json:
+    return {"query": question, **{k: v for k, v in options.items() if v is not None}}
+
+
+def folder_files(folder: str | Path) -> list[Path]:
+    """The files a folder upload sends: every text, Markdown, HTML or PDF file under it, sorted."""
+    return sorted(p for p in Path(folder).rglob("*") if p.is_file() and p.suffix.lower() in SUFFIXES)
+
+
+def _batches(files: Sequence[str | Path], batch: int) -> Iterator[list[tuple[str, tuple[str, bytes]]]]:
+    paths = [Path(f) for f in files]
+    for start in range(0, len(paths), batch):
+        yield [("files", (str(p), p.read_bytes())) for p in paths[start : start + batch]]
+
+
+def _shifted(progress: Progress | None, base: int, total: int) -> Progress | None:
+    """One batch's job progress as progress over all the files."""
+    if progress is None:
+        return None
+    return lambda done, _total: progress(base + done, total)
+
+
+def _tally(totals: dict[str, Any], job: Job) -> None:
+    result = job["result"] or {}
+    for key in ("created", "duplicate", "failed", "chunks"):
+        totals[key] += result.get(key, 0)
+    totals["failures"] += result.get("failures", [])
+
+
+def _sse(line: str, name: str) -> tuple[str, Json | None]:
+    """One line of a server-sent event stream, given the current event's name: (the name after
+    it, its data when the line carries them)."""
+    if line.startswith("event: "):
+        return line[7:], None
+    if line.startswith("data: "):
+        return name, json.loads(line[6:])
+    return name, None
+
+
+def _events(lines: Iterator[str]) -> Iterator[tuple[str, Json]]:
+    """Server-sent events as (name, data): `route`, `token`, `error`, `done`."""
+    name = "message"
+    for line in lines:
+        name, data = _sse(line, name)
+        if data is not None:
+            yield name, data
+
+
+class Client:
+    """A moerag server, synchronously. `token`: the admin token for writes, the read token (or
+    none, where reads are open) for questions."""
+
+    def __init__(self, url: str, token: str | None = None, *, timeout: float = 300.0, **httpx_options: Any) -> None:
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, **httpx_options)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.http.close()
+
+    def request(self, method: str, path: str, ok: tuple[int, ...] = (200,), **kw: Any) -> Any:
+        """One call: the response's JSON (None when empty); ApiError for any other status."""
+        try:
+            r = self.http.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise Unreachable(self.url, str(exc) or type(exc).__name__) from None
+        if r.status_code not in ok:
+            raise _error(f"{self.url}{path}", r)
+        return r.json() if r.content else None
+
+    # ---- questions ---------------------------------------------------------------------------
+
+    def ask(self, question: str, **options: Any) -> Answer:
+        """Route, retrieve, answer. Options as /ask takes them: k, mode, expert, generate, conversation_id."""
+        return self.request("POST", "/ask", json=_ask_body(question, **options))
+
+    def ask_stream(self, question: str, **options: Any) -> Iterator[tuple[str, Json]]:
+        """The answer as it is made: ("route", route and citations), ("token", {"text"})…, ("done", …)."""
+        body = _ask_body(question, stream=True, **options)
+        try:
+            with self.http.stream("POST", "/ask", json=body) as r:
+                if r.status_code != 200:
+                    r.read()
+                    raise _error(f"{self.url}/ask", r)
+                yield from _events(r.iter_lines())
+        except httpx.HTTPError as exc:
+            raise Unreachable(self.url, str(exc) or type(exc).__name__) from None
+
+    def search(self, query: str, k: int | None = None, clusters: list[int] | None = None) -> Json:
+        return self.request("POST", "/search", json={"query": query, "k": k, "clusters": clusters})
+
+    # ---- documents ---------------------------------------------------------------------------
+
+    def upload(self, path: str | Path, title: str | None = None, source: str | None = None) -> Json:
+        """One file (text, Markdown, HTML, PDF); the same bytes again answer `duplicate`."""
+        p = Path(path)
+        data = {k: v for k, v in {"title": title, "source": source or str(p)}.items() if v is not None}
+        return self.request("POST", "/documents", ok=(200, 201), files={"file": (p.name, p.read_bytes())}, data=data)
+
+    def upload_many(
+        self, files: Sequence[str | Path], progress: Progress | None = None, batch: int = UPLOAD_BATCH
+    ) -> Json:
+        """Many files through bulk jobs: totals created, duplicate, failed, chunks, and the failures."""
+        totals: Json = {"created": 0, "duplicate": 0, "failed": 0, "chunks": 0, "failures": []}
+        base = 0
+        for part in _batches(files, batch):
+            job = self.request("POST", "/documents/bulk", ok=(202,), files=part)
+            job = self.wait(job, _shifted(progress, base, len(files)))
+            _tally(totals, job)
+            base += len(part)
+        return totals
+
+    def upload_folder(self, folder: str | Path, progress: Progress | None = None) -> Json:
+        return self.upload_many(folder_files(folder), progress)
+
+    def documents(self, offset: int = 0, limit: int = 50, q: str | None = None) -> Json:
+        params = {"offset": offset, "limit": limit, **({"q": q} if q else {})}
+        return self.request("GET", "/documents", params=params)
+
+    def delete_document(self, document_id: int) -> Json:
+        return self.request("DELETE", f"/documents/{document_id}")
+
+    # ---- experts, router, jobs -----------------------------------------------------------------
+
+    def experts(self) -> list[Json]:
+        return self.request("GET", "/admin/api/experts", params={"limit": 500})["items"]
+
+    def train_router(self, activate: bool = True, wait: bool = True, progress: Progress | None = None) -> Job:
+        job = self.request("POST", "/admin/api/router/train", ok=(202,), json={"activate": activate})
+        return self.wait(job, progress) if wait else job
+
+    def router_versions(self) -> list[Json]:
+        return self.request("GET", "/admin/api/router/versions", params={"limit": 500})["items"]
+
+    def activate_router(self, version_id: int) -> Json:
+        return self.request("POST", f"/admin/api/router/versions/{version_id}/activate")
+
+    def recluster(self, clusters: int | None = None, wait: bool = True, progress: Progress | None = None) -> Job:
+        job = self.request("POST", "/admin/api/recluster", ok=(202,), json={"clusters": clusters})
+        return self.wait(job, progress) if wait else job
+
+    def job(self, job_id: int) -> Job:
+        return self.request("GET", f"/jobs/{job_id}")
+
+    def wait(self, job: Job, progress: Progress | None = None) -> Job:
+        """Read the job until it ends, reporting progress; a failed job is a JobFailed."""
+        while job["status"] not in ("done", "failed"):
+            time.sleep(POLL_SECONDS)
+            job = self.job(job["id"])
+            if progress is not None:
+                progress(job["done"], job["total"] or 1)
+        if job["status"] == "failed":
+            raise JobFailed(f"{self.url}/jobs/{job['id']}", job)
+        return job
+
+
+class AsyncClient:
+    """`Client`'s questions, searches, uploads and jobs for asyncio code (the same names, awaited)."""
+
+    def __init__(self, url: str, token: str | None = None, *, timeout: float = 300.0, **httpx_options: Any) -> None:
+        self.url = url.rstrip("/")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.AsyncClient(base_url=self.url, headers=headers, timeout=timeout, **httpx_options)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.http.aclose()
+
+    async def request(self, method: str, path: str, ok: tuple[int, ...] = (200,), **kw: Any) -> Any:
+        try:
+            r = await self.http.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise Unreachable(self.url, str(exc) or type(exc).__name__) from None
+        if r.status_code not in ok:
+            raise _error(f"{self.url}{path}", r)
+        return r.json() if r.content else None
+
+    async def ask(self, question: str, **options: Any) -> Answer:
+        return await self.request("POST", "/ask", json=_ask_body(question, **options))
+
+    async def ask_stream(self, question: str, **options: Any) -> AsyncIterator[tuple[str, Json]]:
+        body = _ask_body(question, stream=True, **options)
+        try:
+            async with self.http.stream("POST", "/ask", json=body) as r:
+                if r.status_code != 200:
+                    await r.aread()
+                    raise _error(f"{self.url}/ask", r)
+                name = "message"
+                async for line in r.aiter_lines():
+                    name, data = _sse(line, name)
+                    if data is not None:
+                        yield name, data
+        except httpx.HTTPError as exc:
+            raise Unreachable(self.url, str(exc) or type(exc).__name__) from None
+
+    async def search(self, query: str, k: int | None = None, clusters: list[int] | None = None) -> Json:
+        return await self.request("POST", "/search", json={"query": query, "k": k, "clusters": clusters})
+
+    async def upload_many(
+        self, files: Sequence[str | Path], progress: Progress | None = None, batch: int = UPLOAD_BATCH
+    ) -> Json:
+        totals: Json = {"created": 0, "duplicate": 0, "failed": 0, "chunks": 0, "failures": []}
+        base = 0
+        for part in _batches(files, batch):
+            job = await self.request("POST", "/documents/bulk", ok=(202,), files=part)
+            job = await self.wait(job, _shifted(progress, base, len(files)))
+            _tally(totals, job)
+            base += len(part)
+        return totals
+
+    async def upload_folder(self, folder: str | Path, progress: Progress | None = None) -> Json:
+        return await self.upload_many(folder_files(folder), progress)
+
+    async def job(self, job_id: int) -> Job:
+        return await self.request("GET", f"/jobs/{job_id}")
+
+    async def wait(self, job: Job, progress: Progress | None = None) -> Job:
+        while job["status"] not in ("done", "failed"):
+            await asyncio.sleep(POLL_SECONDS)
+            job = await self.job(job["id"])
+            if progress is not None:
+                progress(job["done"], job["total"] or 1)
+        if job["status"] == "failed":
+            raise JobFailed(f"{self.url}/jobs/{job['id']}", job)
+        return job

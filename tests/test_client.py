@@ -1,0 +1,67 @@
+"""The Python client (moerag.client) against a live server on a copy of the sample store: the
+README's example as written, the async client, and errors as ApiError, JobFailed, Unreachable."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from pathlib import Path
+
+import pytest
+
+from moerag.client import ApiError, AsyncClient, Client, Unreachable
+from tests.conftest import READ_TOKEN, TOKEN
+from tests.server import Server, free_port
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+@pytest.fixture(scope="module")
+def live(sample_server: Server) -> Server:
+    return sample_server
+
+
+def test_the_readme_example_runs_as_written(
+    live: Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = README.read_text()
+    example = re.search(r"```python\n(from moerag\.client import Client\n.*?)```", text, re.S)
+    assert example is not None, "README has the client example"
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "tokens.md").write_text(
+        "# Tokens\n\nA token of 32 random bytes is long enough for most uses. " * 3
+    )
+    (tmp_path / "docs" / "notes.txt").write_text("Secrets come from the operating system's random source.")
+    monkeypatch.chdir(tmp_path)
+    code = example.group(1).replace("http://127.0.0.1:8000", live.url).replace("ADMIN_TOKEN", TOKEN)
+    exec(compile(code, "README.md", "exec"), {})
+    out = capsys.readouterr().out
+    assert "2/2" in out and "2 documents added" in out and "[route]" in out and "[done]" in out
+    with Client(live.url, TOKEN) as kb:
+        turns = kb.request("GET", "/conversations/demo")["turns"]
+        assert turns[1]["standalone"].endswith("and how long should it be?") and turns[1]["answer"]
+        assert {d["source"] for d in kb.documents(q="tokens")["items"]} >= {"docs/tokens.md"}
+
+
+def test_errors_are_typed(live: Server) -> None:
+    with Client(live.url, READ_TOKEN) as kb:
+        with pytest.raises(ApiError) as refused:
+            kb.ask("How do I generate a secure random token?", mode="expert", expert=999_999)
+        assert refused.value.status == 404 and refused.value.code == "expert_not_found"
+        with pytest.raises(ApiError) as forbidden:
+            kb.train_router()  # the read token cannot write
+        assert forbidden.value.status == 401
+    with Client(f"http://127.0.0.1:{free_port()}") as nobody, pytest.raises(Unreachable):
+        nobody.ask("anyone?")
+
+
+def test_the_async_client_asks_streams_and_searches(live: Server) -> None:
+    async def tour() -> tuple[dict[str, object], list[str], int]:
+        async with AsyncClient(live.url, READ_TOKEN) as kb:
+            answer = await kb.ask("How do I generate a secure random token?")
+            names = [name async for name, _ in kb.ask_stream("How do I generate a secure random token?")]
+            hits = await kb.search("secure random token", k=3)
+            return dict(answer), names, len(hits["hits"])
+
+    answer, names, hits = asyncio.run(tour())
+    assert answer["answer"] and names[0] == "route" and names[-1] == "done" and "token" in names and hits == 3
