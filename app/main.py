@@ -13,7 +13,6 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
-from mcp.server.transport_security import TransportSecuritySettings
 from starlette.datastructures import MutableHeaders
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -44,14 +43,7 @@ def create_app(
     thread, so the port answers from the first second (/readyz 503 "preparing" meanwhile).
     """
     rt = runtime or Runtime(settings or Settings())
-    agents = mcp_server.build(rt)
-    mcp_app = agents.streamable_http_app(
-        streamable_http_path=mcp_server.PATH,
-        stateless_http=True,  # no session state in one process: any worker of `serve --workers N` answers
-        # Host and Origin are not checked: the server may be reached under any name, and the
-        # read token guards /mcp as it guards /ask.
-        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
-    )
+    agents = mcp_server.LazyMcp(rt)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -66,7 +58,7 @@ def create_app(
                     prepare()
                 rt.start()
         try:
-            async with agents.session_manager.run():  # the MCP sessions live as long as the app
+            async with agents.running():  # MCP's session manager, once /mcp is first asked
                 yield
         finally:
             if starter is not None:
@@ -101,7 +93,7 @@ def create_app(
     app.include_router(conversations.router, responses=ERROR_RESPONSES)
     app.include_router(admin.router, responses=ERROR_RESPONSES)
     app.include_router(console.router)
-    app.router.routes.append(Route(mcp_server.PATH, endpoint=mcp_server.ReadTokenGate(mcp_app, rt)))
+    app.router.routes.append(Route(mcp_server.PATH, endpoint=mcp_server.ReadTokenGate(agents, rt)))
     app.mount("/admin/static", StaticFiles(directory=console.CONSOLE_DIR / "static"), name="console-static")
     return app
 

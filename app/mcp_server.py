@@ -9,14 +9,14 @@ stdio by `moerag mcp` and over streamable HTTP at `/mcp` on the server, where th
 
 from __future__ import annotations
 
+import importlib
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
-from mcp.server.mcpserver import MCPServer
-from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
+from anyio.abc import TaskGroup, TaskStatus
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -30,6 +30,9 @@ from app.services.search import run_search
 from engine.errors import MoeragError
 
 if TYPE_CHECKING:
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+
     from app.runtime import Runtime
 
 PATH = "/mcp"  # where the server mounts the streamable HTTP transport
@@ -51,6 +54,8 @@ def _anticipated(kind: type[Exception]) -> Iterator[None]:
 
 def build(rt: Runtime) -> MCPServer:
     """The MCP server over one runtime (started, or starting: tools wait for nothing and say so)."""
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
 
     server = MCPServer(
         "moerag",
@@ -120,6 +125,57 @@ def build(rt: Runtime) -> MCPServer:
         return "\n\n".join(c.text for c in doc.chunks)
 
     return server
+
+
+class LazyMcp:
+    """The streamable HTTP transport, built on the first request to /mcp: the SDK's import (~0.5 s)
+    is not paid by every server start. `running()` spans the app's life (its lifespan enters it);
+    the session manager runs in its task group from the first request on."""
+
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+        self._app: ASGIApp | None = None
+        self._lock = anyio.Lock()
+        self._tasks: TaskGroup | None = None
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        async with anyio.create_task_group() as tasks:
+            self._tasks = tasks
+            try:
+                yield
+            finally:
+                tasks.cancel_scope.cancel()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._app is None:
+            async with self._lock:
+                if self._app is None:
+                    self._app = await self._build()
+        await self._app(scope, receive, send)
+
+    async def _build(self) -> ASGIApp:
+        if self._tasks is None:
+            raise RuntimeError("the app's lifespan has not started: LazyMcp.running() was not entered")
+        await anyio.to_thread.run_sync(importlib.import_module, "mcp.server.mcpserver")  # off the event loop
+        from mcp.server.transport_security import TransportSecuritySettings
+
+        server = build(self.rt)
+        app = server.streamable_http_app(
+            streamable_http_path=PATH,
+            stateless_http=True,  # no session state in one process: any worker of `serve --workers N` answers
+            # Host and Origin are not checked: the server may be reached under any name, and the
+            # read token guards /mcp as it guards /ask.
+            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        )
+        await self._tasks.start(self._serve, server.session_manager)
+        return app
+
+    @staticmethod
+    async def _serve(manager: StreamableHTTPSessionManager, *, task_status: TaskStatus[None]) -> None:
+        async with manager.run():
+            task_status.started()
+            await anyio.sleep_forever()
 
 
 class ReadTokenGate:
