@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from app.cli_common import ingest_files, local_runtime, require_store, server_for, settings_from, token_for
 from app.cli_experts import add_commands as add_expert_commands
+from app.cli_sync import cmd_sync, every_seconds
 from app.settings import Settings
 
 if TYPE_CHECKING:
@@ -293,6 +294,10 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("file", help='JSONL with {"question": ..., "expert": name or id}')
     ev.set_defaults(func=cmd_router_eval)
 
+    sync = sub.add_parser("sync", parents=[remote], help="mirror a folder: changed files in, removed ones out")
+    sync.add_argument("folder")
+    sync.add_argument("--every", type=every_seconds, help="run again after this long (30s, 10m, 2h), until stopped")
+    sync.set_defaults(func=cmd_sync)
     mcp = sub.add_parser("mcp", help="serve MCP over stdio (tools ask, search, list_experts, get_chunk)")
     mcp.set_defaults(func=cmd_mcp)
     sample = sub.add_parser("sample", help="write the pydoc sample corpus to a folder")

@@ -28,7 +28,7 @@ from app.migrate import upgrade
 from app.models import Chunk, Cluster, Document, Job, stack
 from app.services.answer_cache import AnswerCache
 from app.services.ask import SqlChunkStore
-from app.services.bulk import bulk_handler
+from app.services.bulk import bulk_handler, sync_handler
 from app.services.console_sessions import ConsoleSessions
 from app.services.content_fit import ContentFit
 from app.services.documents import Ingestor
@@ -110,9 +110,8 @@ class Runtime:
         self.experts = ExpertDirectory(self.sessions)
         self.generators = Generators(settings)  # name -> generator (the experts' and the fallback's)
         self.console_sessions = ConsoleSessions(self.sessions)
-        self.ask_limiter = (
-            RateLimiter(self.engine, settings.ask_rate_per_minute) if settings.ask_rate_per_minute else None
-        )
+        per_minute = settings.ask_rate_per_minute
+        self.ask_limiter = RateLimiter(self.engine, per_minute) if per_minute else None
         self.metrics = Metrics(
             question_stats=lambda: self._services.questions.stats if self._services else None,
             drift=lambda: self._services.routers.drift() if self._services and self._services.routers.drift else None,
@@ -296,6 +295,7 @@ class Runtime:
                     "realign": self._realign_job,
                     "train": self._train_job,
                     "refit": Refit(indexes, routers).job,
+                    "sync": sync_handler(ingestor),
                 },
                 exclusive=self.engine.dialect.name == "sqlite",  # else other processes may run jobs too
                 lease_seconds=s.job_lease_seconds,

@@ -160,3 +160,11 @@ class ExampleTry(Renamed):
     RENAMED: ClassVar[dict[str, str]] = {"question": "query"}
 
     query: str = Field(min_length=1, max_length=2000)
+
+
+class SyncIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    folder: str = Field(
+        min_length=1, max_length=4096, description="An absolute folder under MOERAG_SYNC_ROOTS, on the server."
+    )

@@ -186,6 +186,11 @@ class Settings(BaseSettings):
         "`*` for any): for the rate limit's key and uvicorn's forwarded_allow_ips. Empty: the peer is the client.",
     )
     max_top_k: int = Field(50, ge=1)
+    sync_roots: str = Field(
+        "",
+        description="Folders `POST /admin/api/sync` may mirror, with everything under them (os.pathsep-separated "
+        "absolute paths). Empty: the server syncs nothing it is sent (`moerag sync` without a server needs none).",
+    )
     openai_base_url: str | None = Field(None, description="OpenAI-compatible server, e.g. http://127.0.0.1:8080/v1")
     openai_model: str = "default"
     default_generator: str = Field(

@@ -257,6 +257,19 @@ def walk_playground_and_chunk_viewer(page: Any) -> None:
     expect(page.locator("#pg-cites li.used mark").first).to_be_visible()  # the quoted sentence, highlighted
     expect(page.locator("#pg-probs svg")).to_have_count(1)
     expect(page.locator("#pg-timings tr", has_text="total")).to_have_count(1)
+    # A follow-up in the playground's conversation: routed with the question before it.
+    page.fill("#pg-q", "and how do I undo that?")
+    page.click("#pg-go")
+    expect(page.locator("#pg-turns li")).to_have_count(2)
+    expect(page.locator("#pg-turns li").nth(1)).to_contain_text(
+        "rebase replay commits onto another branch? and how do I undo that?"
+    )
+    expect(page.locator("#pg-turns li").nth(1)).to_contain_text("git")
+    page.click("#pg-new")
+    expect(page.locator("#pg-turns li")).to_have_count(0)
+    page.fill("#pg-q", "How does a git rebase replay commits onto another branch?")
+    page.click("#pg-go")
+    expect(page.locator("#pg-turns li")).to_have_count(1)
     if page.locator("#toast").is_visible():
         page.click("#toast-close")
     page.screenshot(path=str(ARTIFACTS / "8-playground.png"), full_page=True)

@@ -227,3 +227,40 @@ def test_an_unusable_snapshot_url_is_a_clear_error(tmp_path: Path) -> None:
 
     with pytest.raises(RuntimeError, match="MOERAG_SNAPSHOT_URL='nosuchproto://x' cannot be opened"):
         SnapshotStore(tmp_path, "nosuchproto://x")
+
+
+def test_a_snapshot_replaced_while_it_is_being_read_is_listed_again(
+    settings: Settings, embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process lists the newest snapshot and, before it reads it, another process's writer puts a
+    newer one in place and removes it (seen on PostgreSQL in the suite: the start rebuilt from SQL,
+    "cannot read …@5.faiss"). The reader lists again and loads the newer one."""
+    from app.services.snapshots import SnapshotStore, position_of, snapshot_name
+
+    a = Runtime(settings, embedder=embedder)
+    a.start(run_jobs=False)
+    for t in TOPICS:
+        a.ingestor.ingest(Upload(data=topic_doc(t, 1, 4).encode(), source=f"{t}.md"))
+    a.indexes.checkpoint()
+    version = a.indexes.index.version
+    a.close()
+    original, swaps = SnapshotStore.read, []
+
+    def replaced_first(self: SnapshotStore, location: str) -> bytes:
+        if not swaps:  # the writer: a newer snapshot in place, this one removed
+            old = Path(location)
+            position = position_of(old.name, version)
+            assert position is not None
+            newer = old.with_name(snapshot_name(version, position + 1))
+            newer.write_bytes(old.read_bytes())
+            old.unlink()
+            swaps.append(newer.name)
+        return original(self, location)
+
+    monkeypatch.setattr(SnapshotStore, "read", replaced_first)
+    b = Runtime(settings, embedder=embedder)
+    b.start(run_jobs=False)
+    try:
+        assert swaps and b.index_status == "loaded", b.index_status
+    finally:
+        b.close()

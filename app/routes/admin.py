@@ -26,17 +26,26 @@ from app.schemas_admin import (
     ReclusterIn,
     RefitIn,
     RouterVersionOut,
+    SyncIn,
     TrainIn,
 )
 from app.services import clusters as cluster_service
 from app.services import experts as expert_service
 from app.services import questions as question_service
+from app.services import sync as sync_service
 from engine.errors import NotFound
 
 router = APIRouter(prefix="/admin/api", tags=["admin"], dependencies=[AdminDep])
 
 
 # ---- clusters -----------------------------------------------------------------------------------------
+
+
+@router.post("/sync", response_model=JobOut, status_code=202)
+def sync(body: SyncIn, rt: RuntimeDep) -> JobOut:
+    """Mirror a folder into the store (a job): new files in, changed ones updated, removed ones deleted."""
+    folder = sync_service.allowed_folder(body.folder, rt.settings.sync_roots)
+    return JobOut.model_validate(rt.jobs.submit("sync", {"folder": folder}, coalesce=True))
 
 
 @router.post("/recluster", response_model=JobOut, status_code=202)

@@ -13,6 +13,7 @@ from typing import Any
 
 from app.services.documents import Ingestor, Upload
 from app.services.jobs import JobContext
+from app.services.sync import sync_folder
 from engine.errors import EmptyDocument
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -79,3 +80,13 @@ def _read(f: dict[str, Any]) -> Upload:
         title=f.get("title"),
         content_type=f.get("content_type"),
     )
+
+
+def sync_handler(ingestor: Ingestor) -> Callable[[JobContext], dict[str, Any]]:
+    """The `sync` job: params {"folder"} (app.services.sync); an interrupted one runs whole again
+    when resumed (a sync is idempotent: what it did already is unchanged the second time)."""
+
+    def run(ctx: JobContext) -> dict[str, Any]:
+        return sync_folder(ingestor, ingestor.sessions, ctx.params["folder"], lambda d, t: ctx.progress(d, t))
+
+    return run

@@ -93,6 +93,23 @@ class IndexManager:
             )
         return state
 
+    def _read_newest(self, version: str, snapshots: list[tuple[int, str]]) -> tuple[int, bytes]:
+        """(position, bytes) of the newest snapshot. Another process's writer may put a newer one in
+        place and remove this one between the listing and the read: the listing is then read again
+        (a few times) before the snapshot counts as unreadable."""
+        for _ in range(3):
+            position, where = snapshots[-1]
+            try:
+                return position, self.store.read(where)
+            except FileNotFoundError as exc:
+                fresh = self.snapshots(version)
+                if not fresh or fresh[-1][1] == where:
+                    raise IndexCorrupt(f"cannot read {where}: {exc}") from exc
+                snapshots = fresh
+            except OSError as exc:
+                raise IndexCorrupt(f"cannot read {where}: {exc}") from exc
+        raise IndexCorrupt("the newest snapshot was replaced three times while it was read")
+
     def open(self) -> str:
         """Load the newest snapshot, replay the index log after it and check the result against SQL
         exactly; anything missing, corrupt or different: rebuild from SQL."""
@@ -108,14 +125,10 @@ class IndexManager:
             try:
                 if not snapshots:
                     raise IndexCorrupt(f"no index snapshot for version {version}")
-                position, where = snapshots[-1]
+                position, data = self._read_newest(version, snapshots)
                 with self.sessions() as s:
                     if position < log_files.horizon(s):
                         raise IndexCorrupt(f"the snapshot at {position} is older than the compacted index log")
-                try:
-                    data = self.store.read(where)
-                except OSError as exc:
-                    raise IndexCorrupt(f"cannot read {where}: {exc}") from exc
                 loaded = ClusteredIndex.from_bytes(data, version)
                 if loaded.nlist != nlist or loaded.dim != self.dim:
                     raise IndexCorrupt(

@@ -1,7 +1,7 @@
 // moerag admin console: one page per tab, each drawn from the admin JSON API (see api.js).
 import { $, all, api, esc, status, waitJob } from "./api.js";
 import { bars, colorOf, lineChart, scatter } from "./plots.js";
-import { ask, openChunk, routeProbabilities } from "./viewer.js";
+import { ask, newConversation, openChunk, routeProbabilities } from "./viewer.js";
 
 const state = { experts: [], clusters: [], clusterPage: 0, docPage: 0, docQuery: "", proposal: null };
 const PAGE = 50;
@@ -281,6 +281,7 @@ on("try-form", "submit", async (e) => {
     routeProbabilities(rt.top);
 });
 on("pg-form", "submit", (e) => { e.preventDefault(); return ask(state); });
+on("pg-new", "click", () => newConversation(state));
 on("pg-mode", "change", () => { $("pg-expert").disabled = $("pg-mode").value !== "expert"; });
 on("cv-close", "click", () => $("chunk-viewer").close());
 on("doc-search", "submit", (e) => { e.preventDefault(); state.docQuery = $("doc-q").value.trim(); state.docPage = 0; return refresh("documents"); });

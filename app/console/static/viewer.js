@@ -48,8 +48,18 @@ export const routeProbabilities = (top) =>
 
 const answerHtml = (answer) => esc(answer).replace(/\[(\d+)\]/g, (_, n) => `<a href="#cite-${n}" class="cite-ref" data-n="${n}">[${n}]</a>`);
 
+// The playground's conversation: an id of its own until "New conversation" (app.services.conversations).
+export function newConversation(state) {
+  state.conversation = (crypto.randomUUID ? crypto.randomUUID() : `c-${Date.now().toString(36)}-${Math.random().toString(36).slice(2)}`);
+  $("pg-turns").innerHTML = "";
+}
+
 export async function ask(state) {
   const body = { query: $("pg-q").value, mode: $("pg-mode").value };
+  if ($("pg-conv").checked) {
+    if (!state.conversation) newConversation(state);
+    body.conversation_id = state.conversation;
+  }
   if ($("pg-k").value) body.k = +$("pg-k").value;
   if (body.mode === "expert" && $("pg-expert").value) body.expert = +$("pg-expert").value;
   $("pg-go").disabled = true;
@@ -68,6 +78,11 @@ export async function ask(state) {
     <br><span class="muted">${esc(rt.reason)}: ${esc(rt.detail)}</span>
     <br><span class="muted small">scanned ${rt.clusters_scanned} clusters, ${rt.vectors_scanned} vectors · router v${rt.router_version ?? "—"} · catalogue v${rt.catalogue_version ?? "—"}</span>`;
   $("pg-probs").innerHTML = routeProbabilities(rt.top);
+  if (r.conversation_id) {
+    const routed = r.standalone_question === body.query ? "" : ` → <i>${esc(r.standalone_question)}</i>`;
+    $("pg-turns").insertAdjacentHTML("beforeend", `<li>${esc(body.query)}${routed}
+      <span class="path-${rt.path}">${rt.path}${rt.expert ? " → " + esc(rt.expert.name) : ""}</span></li>`);
+  }
   $("pg-timings").innerHTML = Object.entries(r.timings_ms).map(([k, v]) => `<tr><td>${esc(k)}</td><td class="num">${v.toFixed(1)} ms</td></tr>`).join("");
   document.querySelectorAll("#pg-answer .cite-ref").forEach((a) => a.addEventListener("click", (e) => {
     e.preventDefault();

@@ -1,0 +1,63 @@
+"""`moerag sync FOLDER [--every 10m]`: a folder mirrored into the store, here or on its server."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from app.cli_common import local_runtime, server_for, settings_from, token_for
+from app.settings import Settings
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def every_seconds(text: str) -> float:
+    """'90s', '10m', '2h', '1d' (or bare seconds) -> seconds; at least one second."""
+    found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
+    if found is None or float(found.group(1)) * _UNITS[found.group(2) or "s"] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a period such as 30s, 10m, 2h or 1d")
+    return float(found.group(1)) * _UNITS[found.group(2) or "s"]
+
+
+def cmd_sync(args: argparse.Namespace) -> None:
+    settings = settings_from(args)
+    folder = Path(args.folder).expanduser().resolve()
+    if not folder.is_dir():
+        raise SystemExit(f"moerag: {folder}: no such folder")
+    while True:
+        result = _sync_once(args, settings, folder)
+        failures = result.pop("failures", [])
+        for failure in failures:
+            print(f"failed {failure['source']}: {failure['error']}", file=sys.stderr)
+        print(json.dumps(result))
+        if args.every is None:
+            if result["failed"]:
+                raise SystemExit(1)  # the counts are printed; the status says not everything went in
+            return
+        time.sleep(args.every)
+
+
+def _sync_once(args: argparse.Namespace, settings: Settings, folder: Path) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    with tqdm(unit="file", desc="sync", disable=args.quiet) as bar:
+
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        if server := server_for(args, settings):
+            from app.cli_remote import Remote
+
+            with Remote(server, token_for(args, settings, admin=True)) as api:
+                job = api.call("POST", "/admin/api/sync", ok=(202,), json={"folder": str(folder)})
+                return dict(api.follow_job(job, progress)["result"])
+        from app.services.sync import sync_folder
+
+        with local_runtime(settings) as rt:
+            return sync_folder(rt.ingestor, rt.sessions, folder, progress)
