@@ -191,7 +191,7 @@ def test_console_end_to_end_in_chromium(tmp_path: Path) -> None:
 
             api.post("/ask", json={"question": "What does SQLite's write-ahead log do?"})
             page.click("#tab-questions")
-            expect(page.locator("#q-rows tr")).to_have_count(2)  # the playground's and this one
+            expect(page.locator("#q-rows tr")).to_have_count(4)  # the playground's three and this one
             page.locator("#q-rows .q-label").first.select_option("new")  # issue 40 #6: "none of these"
             expect(page.locator("#status")).to_have_text(
                 "labelled as a new topic: the router learns that no expert fits it"
