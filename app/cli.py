@@ -14,11 +14,11 @@ from app.cli_common import ingest_files, local_runtime, require_store, server_fo
 from app.cli_experts import add_commands as add_expert_commands
 from app.cli_sync import cmd_sync, every_seconds
 from app.settings import Settings
+from engine.parsing import document_files
 
 if TYPE_CHECKING:
     pass
 
-SUPPORTED_SUFFIXES = {".txt", ".text", ".md", ".markdown", ".html", ".htm", ".xhtml", ".pdf", ".rst"}
 log = logging.getLogger("moerag")
 
 
@@ -28,14 +28,7 @@ def collect_files(paths: Sequence[str]) -> list[Path]:
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
-            for f in sorted(p.rglob("*")):
-                rel = f.relative_to(p)
-                if (
-                    f.is_file()
-                    and f.suffix.lower() in SUPPORTED_SUFFIXES
-                    and not any(part.startswith(".") for part in rel.parts)
-                ):
-                    found.append(f)
+            found.extend(document_files(p))
         elif p.is_file():
             found.append(p)
         else:

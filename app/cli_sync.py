@@ -19,9 +19,10 @@ _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 def every_seconds(text: str) -> float:
     """'90s', '10m', '2h', '1d' (or bare seconds) -> seconds; at least one second."""
     found = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*", text)
-    if found is None or float(found.group(1)) * _UNITS[found.group(2) or "s"] < 1:
+    seconds = float(found.group(1)) * _UNITS[found.group(2) or "s"] if found else 0.0
+    if seconds < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a period such as 30s, 10m, 2h or 1d")
-    return float(found.group(1)) * _UNITS[found.group(2) or "s"]
+    return seconds
 
 
 def cmd_sync(args: argparse.Namespace) -> None:

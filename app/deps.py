@@ -90,10 +90,14 @@ def optional_read_security(spec: dict[str, Any]) -> dict[str, Any]:
 async def require_reader(request: Request, rt: RuntimeDep, credentials: ReadBearer) -> None:
     """Reads are open unless MOERAG_READ_TOKEN is set; then its token, the admin token or a console session
     (looked up in SQL, in the thread pool: the open case, the hot path of /ask and /search, does no I/O)."""
+    await check_reader(request, rt, _authorization(credentials))
+
+
+async def check_reader(request: Request, rt: Runtime, authorization: str | None) -> None:
+    """`require_reader`'s rule for any request (the /mcp transport, outside FastAPI's dependencies)."""
     configured = rt.settings.read_token
     if configured is None:
         return
-    authorization = _authorization(credentials)
     if token_matches(configured.get_secret_value(), authorization) or token_matches(rt.admin_token, authorization):
         return
     cookie = request.cookies.get(SESSION_COOKIE)

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from pydantic import ValidationError
+from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.auth import token_matches
+from app.deps import check_reader
 from app.errors import ApiError, error_body
 from app.schemas import AskIn, SearchIn
 from app.services import library
@@ -179,21 +180,21 @@ class LazyMcp:
 
 
 class ReadTokenGate:
-    """The HTTP transport behind the read token (when MOERAG_READ_TOKEN is set; the admin token
-    also passes): a 401 in moerag's error shape otherwise."""
+    """The HTTP transport behind the read rule of every other read (app.deps.check_reader): the
+    read token, the admin token or a console session when MOERAG_READ_TOKEN is set; a 401 in
+    moerag's error shape otherwise."""
 
     def __init__(self, app: ASGIApp, rt: Runtime) -> None:
         self.app, self.rt = app, rt
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        configured = self.rt.settings.read_token
-        if configured is not None and scope["type"] == "http":
-            headers = dict(scope.get("headers") or [])
-            given = headers.get(b"authorization", b"").decode("latin-1") or None
-            if not (token_matches(configured.get_secret_value(), given) or token_matches(self.rt.admin_token, given)):
-                body = error_body(
-                    "unauthorized", "the MCP endpoint needs the read token: Authorization: Bearer <token>"
+        if scope["type"] == "http":
+            request = Request(scope)
+            try:
+                await check_reader(request, self.rt, request.headers.get("authorization"))
+            except ApiError as exc:
+                await JSONResponse(error_body(exc.code, exc.message), exc.status, headers=exc.headers)(
+                    scope, receive, send
                 )
-                await JSONResponse(body, 401, headers={"WWW-Authenticate": "Bearer"})(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import re
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import TYPE_CHECKING
 
 import charset_normalizer
@@ -32,6 +32,20 @@ _EXTENSIONS = {
     ".xhtml": "html",
     ".pdf": "pdf",
 }
+SUFFIXES = frozenset(_EXTENSIONS)  # the file types a folder walk takes (`moerag ingest`, `moerag sync`)
+
+
+def document_files(folder: Path) -> list[Path]:
+    """Every file under `folder` of a type moerag reads, in path order; hidden entries skipped."""
+    return [
+        f
+        for f in sorted(folder.rglob("*"))
+        if f.is_file()
+        and f.suffix.lower() in SUFFIXES
+        and not any(part.startswith(".") for part in f.relative_to(folder).parts)
+    ]
+
+
 _MIME_KINDS = {v: k for k, v in MIME_BY_KIND.items()} | {"application/xhtml+xml": "html"}
 
 

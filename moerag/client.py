@@ -28,7 +28,8 @@ Progress = Callable[[int, int], None]
 Json = dict[str, Any]
 UPLOAD_BATCH = 50  # files a bulk upload sends at once
 POLL_SECONDS = 0.5  # how often a job is read while waiting for it
-SUFFIXES = (".txt", ".md", ".markdown", ".html", ".htm", ".pdf")  # what a folder upload sends
+# What a folder upload sends: engine.parsing.SUFFIXES (the client imports nothing of the server's).
+SUFFIXES = frozenset({".txt", ".text", ".rst", ".md", ".markdown", ".html", ".htm", ".xhtml", ".pdf"})
 
 
 class ApiError(Exception):
@@ -108,8 +109,16 @@ def _ask_body(question: str, **options: Any) -> Json:
 
 
 def folder_files(folder: str | Path) -> list[Path]:
-    """The files a folder upload sends: every text, Markdown, HTML or PDF file under it, sorted."""
-    return sorted(p for p in Path(folder).rglob("*") if p.is_file() and p.suffix.lower() in SUFFIXES)
+    """The files a folder upload sends, as `moerag ingest` walks a folder: every file of a type
+    moerag reads, in path order, hidden entries skipped."""
+    root = Path(folder)
+    return [
+        f
+        for f in sorted(root.rglob("*"))
+        if f.is_file()
+        and f.suffix.lower() in SUFFIXES
+        and not any(part.startswith(".") for part in f.relative_to(root).parts)
+    ]
 
 
 def _batches(files: Sequence[str | Path], batch: int) -> Iterator[list[tuple[str, tuple[str, bytes]]]]:

@@ -77,3 +77,11 @@ def test_every_error_code_has_one_status() -> None:
         if isinstance(cls, type) and issubclass(cls, errors.MoeragError) and cls is not errors.MoeragError
     }
     assert codes and codes <= set(STATUS), sorted(codes - set(STATUS))
+
+
+def test_the_client_reads_the_same_file_types_as_the_server() -> None:
+    """moerag.client keeps its own copy of the folder walk's types (it imports nothing of the server)."""
+    from engine.parsing import SUFFIXES
+    from moerag import client
+
+    assert client.SUFFIXES == SUFFIXES

@@ -47,16 +47,12 @@ def ask_body(rt: Runtime, body: ChatIn) -> AskIn:
 
     The question: with a `conversation_id`, the last user message (made standalone from the stored
     turns); without one, the user messages of `messages` made standalone in turn (engine.followup)."""
-    if body.model == MODEL:
-        mode, expert = "auto", None
-    elif body.model.startswith(EXPERT_MODEL):
-        name = body.model[len(EXPERT_MODEL) :]
-        ids = [i for i, p in rt.experts.profiles().items() if p.name == name]
-        if not ids:
-            raise ApiError("model_not_found", f"the model {body.model!r} does not exist; GET /v1/models lists them")
-        mode, expert = "expert", ids[0]
-    else:
+    by_model: dict[str, int | None] = {MODEL: None}
+    by_model |= {EXPERT_MODEL + p.name: i for i, p in rt.experts.profiles().items()}  # names are unique
+    if body.model not in by_model:
         raise ApiError("model_not_found", f"the model {body.model!r} does not exist; GET /v1/models lists them")
+    expert = by_model[body.model]
+    mode = "auto" if expert is None else "expert"
     questions = _questions(body)
     if body.conversation_id is not None:
         return AskIn(query=questions[-1], mode=mode, expert=expert, conversation_id=body.conversation_id)

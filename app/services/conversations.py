@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import CursorResult, delete, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.models import ConversationTurn
@@ -92,7 +92,8 @@ def conversation_page(
 def remove(sessions: sessionmaker[Session], conversation_id: str) -> int:
     """Delete the conversation's turns (their questions stay in the query log); NotFound if it has none."""
     with sessions.begin() as s:
-        gone = s.execute(delete(ConversationTurn).where(ConversationTurn.conversation_id == conversation_id)).rowcount  # type: ignore[attr-defined]
+        result = s.execute(delete(ConversationTurn).where(ConversationTurn.conversation_id == conversation_id))
+        gone = cast(CursorResult[Any], result).rowcount
     if not gone:
         raise NotFound(f"conversation {conversation_id!r} not found")
     return int(gone)

@@ -22,9 +22,8 @@ from app.errors import ApiError
 from app.models import Document
 from app.services.documents import Ingestor, Upload
 from engine.errors import MoeragError, NotConfigured
+from engine.parsing import document_files
 
-# What a folder holds that moerag reads (the CLI's `ingest` walks folders for the same).
-SUFFIXES = frozenset({".txt", ".text", ".md", ".markdown", ".html", ".htm", ".xhtml", ".pdf", ".rst"})
 Progress = Callable[[int, int], None]
 
 
@@ -45,9 +44,8 @@ def allowed_folder(folder: str, roots: str) -> str:
 
 
 def folder_files(folder: Path) -> dict[str, Path]:
-    """{absolute path: file} for every readable document file under `folder`, in path order."""
-    found = (p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in SUFFIXES)
-    return {str(p): p for p in sorted(found)}
+    """{absolute path: file} for the files under `folder` that `moerag ingest` would take."""
+    return {str(p): p for p in document_files(folder)}
 
 
 def _stored(sessions: Callable[[], Session], root: Path) -> dict[str, tuple[int, str]]:
