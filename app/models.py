@@ -91,6 +91,9 @@ class Document(Base):
     size: Mapped[int] = mapped_column(BigInteger)
     status: Mapped[str] = mapped_column(String(16), default="ready")
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSON, default=dict)
+    # Median cosine of its chunks to the nearest other document's chunk among the fitted content
+    # (index.fit; None: unknown). Fitted documents are measured leave-one-document-out.
+    fit: Mapped[float | None] = mapped_column(Float, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
 
@@ -159,6 +162,8 @@ class IndexState(Base):
     nlist: Mapped[int] = mapped_column(Integer)
     dim: Mapped[int] = mapped_column(Integer)
     model: Mapped[str] = mapped_column(String(200))
+    # Chunks with an id up to this are the content the lists and experts were fitted on (ids grow).
+    fitted_through: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
 
 

@@ -266,7 +266,7 @@ class Runtime:
                 index=lambda: indexes.index,
                 lexical=self.lexical.current,
                 serving=lambda: self._serving,
-                store=SqlChunkStore(self.sessions),
+                store=SqlChunkStore(self.sessions, content_fit.new_topics),
                 generator=self.generators,
                 config=PipelineConfig(
                     threshold=s.route_threshold,
@@ -294,7 +294,7 @@ class Runtime:
                     "recluster": self._recluster_job,
                     "realign": self._realign_job,
                     "train": self._train_job,
-                    "refit": Refit(indexes, routers).job,
+                    "refit": Refit(indexes, routers, content_fit.new_topics).job,
                     "sync": sync_handler(ingestor),
                 },
                 exclusive=self.engine.dialect.name == "sqlite",  # else other processes may run jobs too

@@ -12,9 +12,15 @@ gate alone, as before it):
   (the aim: within 1 point of the check off);
 - the drift report after the ingest: documents that fit no expert, against the domain's pages.
 
+With `--known-share 0.1` it also measures the cost on content that is not new: a store of all six
+domains less a random tenth of their pages (seed 0), six experts, a router; then that tenth is
+ingested as a team adds documents on known topics. Reported: the share of those documents the
+drift report counts as fitting no expert (false alarms), and every dev question's expert-path
+coverage and hit@10 with the check on and off.
+
     python benchmarks/evalcorpus.py build --out /var/tmp/eval/corpus
     python benchmarks/held_out_topic.py --corpus /var/tmp/eval/corpus --work /var/tmp/eval/held \
-        --cache /var/tmp/eval/emb.sqlite --domains git sqlite debian
+        --cache /var/tmp/eval/emb.sqlite --domains git sqlite debian --known-share 0.1
 
 Results: benchmarks/results/held-out-topic.json.
 """
@@ -87,6 +93,19 @@ def ask(rt: Any, questions: list[dict[str, str]], open_set: bool) -> dict[str, A
     }
 
 
+def fit_experts(rt: Any, args: argparse.Namespace, known: list[Path], domains: list[str]) -> dict[str, Any]:
+    """Ingest `known`, cluster it, one expert per domain, a router trained and active."""
+    out: dict[str, Any] = {"known": ingest(rt, args.corpus, known)}
+    out["recluster"] = rt.indexes.recluster()
+    rt.catalogue.sync()
+    map_domains(rt, domains)
+    t0 = time.perf_counter()
+    trained = rt.routers.train(activate=True, force=True)
+    rt.catalogue.sync()
+    out["router"] = {"version": trained["version"], "seconds": round(time.perf_counter() - t0, 1)}
+    return out
+
+
 def run_domain(held: str, args: argparse.Namespace, embedder: Any, questions: list[dict[str, str]]) -> dict[str, Any]:
     from app.runtime import Runtime
     from app.settings import Settings
@@ -100,14 +119,7 @@ def run_domain(held: str, args: argparse.Namespace, embedder: Any, questions: li
         files = html_files(args.corpus)
         known = [f for f in files if domain_of(f.relative_to(args.corpus).as_posix()) != held]
         new = [f for f in files if domain_of(f.relative_to(args.corpus).as_posix()) == held]
-        out: dict[str, Any] = {"known": ingest(rt, args.corpus, known)}
-        out["recluster"] = rt.indexes.recluster()
-        rt.catalogue.sync()
-        map_domains(rt, [d for d in DOMAINS if d != held])
-        t0 = time.perf_counter()
-        trained = rt.routers.train(activate=True, force=True)
-        rt.catalogue.sync()
-        out["router"] = {"version": trained["version"], "seconds": round(time.perf_counter() - t0, 1)}
+        out = fit_experts(rt, args, known, [d for d in DOMAINS if d != held])
         inside = [q for q in questions if q["domain"] != held]
         out["in_domain_before_ingest"] = {"on": ask(rt, inside, True), "off": ask(rt, inside, False)}
         out["held_out_ingest"] = ingest(rt, args.corpus, new)
@@ -125,12 +137,41 @@ def run_domain(held: str, args: argparse.Namespace, embedder: Any, questions: li
         rt.close()
 
 
+def run_known(args: argparse.Namespace, embedder: Any, questions: list[dict[str, str]]) -> dict[str, Any]:
+    """New documents on known topics: how many the drift report flags, what the check costs."""
+    import random
+
+    from app.runtime import Runtime
+    from app.settings import Settings
+    from benchmarks.routing_report import DOMAINS
+
+    data = args.work / "held-known"
+    shutil.rmtree(data, ignore_errors=True)
+    rt = Runtime(Settings(data_dir=data, question_cache=0, answer_cache=0), embedder=embedder)
+    rt.start(run_jobs=False)
+    try:
+        files = html_files(args.corpus)
+        later = set(random.Random(0).sample(range(len(files)), round(args.known_share * len(files))))
+        new = [f for i, f in enumerate(files) if i in later]
+        out = fit_experts(rt, args, [f for i, f in enumerate(files) if i not in later], list(DOMAINS))
+        out["new_known_ingest"] = ingest(rt, args.corpus, new)
+        drift = rt.routers.staleness()["drift"]
+        out["drift"] = {"documents": drift["documents"], "chunks": drift["chunks"], "new_pages": len(new)}
+        out["drift"]["false_alarm_share"] = round(drift["documents"] / max(len(new), 1), 4)
+        out["questions"] = {"on": ask(rt, questions, True), "off": ask(rt, questions, False)}
+        print(json.dumps({"known": out}), flush=True)
+        return out
+    finally:
+        rt.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--corpus", type=Path, required=True, help="the eval mirror (benchmarks/evalcorpus.py build)")
     ap.add_argument("--work", type=Path, required=True, help="where the stores are built (one per domain)")
     ap.add_argument("--cache", type=Path, help="embedding cache by text hash (benchmarks/embcache.py)")
-    ap.add_argument("--domains", nargs="+", default=["git", "sqlite", "debian"])
+    ap.add_argument("--domains", nargs="*", default=["git", "sqlite", "debian"])
+    ap.add_argument("--known-share", type=float, default=0.0, help="also ingest this share of pages late (run_known)")
     ap.add_argument("--name", default="held-out-topic")
     args = ap.parse_args()
 
@@ -144,6 +185,8 @@ def main() -> None:
     result: dict[str, Any] = {"domains": {}}
     for held in args.domains:
         result["domains"][held] = run_domain(held, args, embedder, questions)
+    if args.known_share > 0:
+        result["new_known_documents"] = run_known(args, embedder, questions)
     result["command"] = " ".join(["python", *sys.argv])
     result["model"] = {"name": embedder.name, "dtype": embedder.dtype_name}
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -224,6 +224,18 @@ class ClusteredIndex:
         scanned = int(self.list_sizes()[nearest[nearest >= 0]].sum())
         return scores, ids, scanned
 
+    def neighbours(self, q: Floats, k: int, nprobe: int, through: int | None = None) -> tuple[Floats, Ints]:
+        """Each row's k nearest vectors in its own `nprobe` nearest lists, only ids <= `through`
+        when given (chunk ids grow: the content stored up to a moment). q [Q, D] -> (scores
+        [Q, K], ids [Q, K]); missing slots get id -1."""
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        selector = faiss.IDSelectorRange(0, through + 1) if through is not None else None  # alive for the call
+        ivf_params: Any = faiss.SearchParametersIVF
+        params = ivf_params(sel=selector, nprobe=max(1, min(nprobe, self.nlist)))
+        with self._lock:
+            scores, ids = self._ivf.search(q, k, params=params)
+        return scores, ids
+
     # ---- persistence -------------------------------------------------------------------------
 
     def to_bytes(self) -> bytes:

@@ -8,12 +8,13 @@ from pathlib import Path
 import numpy as np
 from sqlalchemy import select, update
 
-from app.models import Chunk, Cluster
+from app.models import Chunk, Cluster, Document, IndexState
 from app.services.proposals import labels, name_groups
 from app.services.refit import _components, _match
 from engine.embedder import Embedder
 from engine.route_check import no_expert_fits
-from index.fit import fits, floors
+from index import ClusteredIndex, kmeans
+from index.fit import document_fit, document_fits_within, document_floors, fits, floors
 
 
 def test_fit_is_the_cosine_to_the_own_list_and_unknown_for_the_single_zero_list() -> None:
@@ -81,8 +82,13 @@ def test_a_store_clustered_before_fit_existed_is_filled_in_at_start(tmp_path: Pa
         with rt.sessions.begin() as s:
             assert None not in s.scalars(select(Chunk.fit)).all()
             assert None not in s.scalars(select(Cluster.fit_floor)).all()
+            state = s.get(IndexState, 1)
+            assert state is not None and state.fitted_through == max(s.scalars(select(Chunk.id)))
+            assert None not in s.scalars(select(Document.fit)).all()
             s.execute(update(Chunk).values(fit=None))
             s.execute(update(Cluster).values(fit_floor=None))
+            s.execute(update(Document).values(fit=None))
+            state.fitted_through = None
     finally:
         rt.close()
     rt = Runtime(settings, embedder=embedder)
@@ -91,6 +97,45 @@ def test_a_store_clustered_before_fit_existed_is_filled_in_at_start(tmp_path: Pa
         with rt.sessions() as s:
             assert None not in s.scalars(select(Chunk.fit)).all()
             assert None not in s.scalars(select(Cluster.fit_floor)).all()
+            assert None not in s.scalars(select(Document.fit)).all()
+            assert s.scalar(select(IndexState.fitted_through)) == max(s.scalars(select(Chunk.id)))
         assert rt.routers.staleness()["drift"]["summary"] == "no experts yet"
     finally:
         rt.close()
+
+
+def _documents(rng: np.random.Generator, center: np.ndarray, n: int, spread: float) -> np.ndarray:
+    """n documents of 4 chunks each around `center`: [n * 4, D] unit vectors."""
+    out = []
+    for _ in range(n):
+        doc = center + spread * rng.standard_normal(center.shape)
+        out.append(doc + 0.05 * rng.standard_normal((4, len(center))))
+    x = np.concatenate(out).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def test_a_sibling_topic_falls_below_its_experts_document_floor_and_a_known_one_does_not() -> None:
+    """The document fit (index.fit): leave-one-document-out on the fitted content, a new document
+    against ids up to the watermark only, and floors per expert."""
+    rng = np.random.default_rng(3)
+    d = 32
+    a, b = rng.standard_normal(d), rng.standard_normal(d)
+    sibling = a + 0.9 * rng.standard_normal(d)  # near expert a, not of it
+    x = np.concatenate([_documents(rng, a, 30, 0.3), _documents(rng, b, 30, 0.3)])  # [240, D]
+    ids, documents = np.arange(len(x)), np.arange(len(x)) // 4
+    index = ClusteredIndex.create(kmeans(x, 4, seed=0), "v")
+    index.add(x, ids, index.assign(x))
+    fitted = document_fits_within(index, x, ids, documents)
+    assert len(fitted) == 60 and all(0 < f <= 1 for f in fitted.values())
+    floor = document_floors(fitted, {doc: 0 if doc < 30 else 1 for doc in fitted})
+    assert set(floor) == {0, 1}
+    through = int(ids.max())
+    new = {"known": _documents(rng, a, 1, 0.3), "sibling": _documents(rng, sibling, 1, 0.3)}
+    for i, part in enumerate(new.values()):  # stored after the fitting, each with the other's neighbours
+        index.add(part, np.arange(len(part)) + through + 1 + 4 * i, index.assign(part))
+    got = {k: document_fit(index, v, through) for k, v in new.items()}
+    assert got["known"] is not None and got["known"] > floor[0]
+    assert got["sibling"] is not None and got["sibling"] < floor[0]
+    assert document_fit(index, new["sibling"], -1) is None  # nothing fitted to compare with
+    few = document_floors({1: 0.2, 2: 0.9, 3: 0.5}, {1: 0, 2: 0, 3: 1})
+    assert few[0] == few[1] == float(np.quantile([0.2, 0.9, 0.5], 0.1))  # too few: the floor over all

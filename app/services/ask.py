@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from sqlalchemy import Table, bindparam, insert, select
@@ -40,15 +40,25 @@ class SqlChunkStore:
         .where(Chunk.id.in_(bindparam("ids", expanding=True)))
     )
 
-    def __init__(self, sessions: sessionmaker[Session]) -> None:
+    def __init__(
+        self, sessions: sessionmaker[Session], new_topics: Callable[[], dict[int, float]] | None = None
+    ) -> None:
         self.engine = sessions.kw["bind"]
+        self.new_topics = new_topics  # {document: fit margin} of documents newer than the experts
 
     def fetch(self, ids: Sequence[int]) -> dict[int, ChunkRecord]:
+        """The chunks by id; a chunk's fit margin is its list's or its document's, the lower."""
         if not ids:
             return {}
         with self.engine.connect() as c:
             rows = c.execute(self._FETCH, {"ids": [int(i) for i in ids]}).all()
-        return {r[0]: ChunkRecord(*r) for r in rows}
+        new = self.new_topics() if self.new_topics is not None else {}
+        return {r[0]: ChunkRecord(r[0], r[1], r[2], r[3], r[4], r[5], r[6], _lower(r[7], new.get(r[1]))) for r in rows}
+
+
+def _lower(a: float | None, b: float | None) -> float | None:
+    """The lower of two margins, None (unknown) standing aside."""
+    return b if a is None else a if b is None else min(a, b)
 
 
 def _expert_json(e: ExpertProfile | None) -> dict[str, Any] | None:

@@ -1,5 +1,6 @@
-"""Content fit (index.fit) in the store: back-fill for stores clustered before it existed, and
-the drift report: which documents' content fits no expert (it outgrew the experts)."""
+"""Content fit (index.fit) in the store: back-fill for stores clustered before it existed, the new
+topics (documents stored after the fitting whose fit lies below their expert's floor), and the
+drift report: which documents' content fits no expert (it outgrew the experts)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import numpy as np
 from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.models import Chunk, Cluster, Document, Expert, stack
+from app.models import Chunk, Cluster, Document, Expert, IndexState, stack
 from app.services.indexing import IndexManager
-from index.fit import fits, floors
+from index.fit import document_fits_within, document_floors, fits, floors
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +31,7 @@ class ContentFit:
     def __init__(self, sessions: sessionmaker[Session], indexes: IndexManager, version: Callable[[], int]) -> None:
         self.sessions, self.indexes, self.version = sessions, indexes, version
         self._drift: tuple[int, dict[str, Any]] | None = None  # (catalogue version, report)
+        self._new: tuple[int, dict[int, float]] | None = None  # (catalogue version, new topics)
         self._lock = threading.Lock()
 
     def backfill(self) -> int:
@@ -58,9 +60,40 @@ class ContentFit:
                     lists = np.fromiter((r[1] for r in members), dtype=np.int64, count=len(members))
                     floor = floors(fit, lists, indexes.index.nlist)
                     s.execute(update(Cluster), [{"id": c, "fit_floor": float(f)} for c, f in enumerate(floor)])
-        if rows or floorless:
-            log.info("content fit filled in for %d chunks and %d lists", len(rows), floorless)
+            with self.sessions() as s:
+                through = s.scalar(select(IndexState.fitted_through).where(IndexState.id == 1))
+            documents = 0 if through is not None else self._backfill_documents()
+        if rows or floorless or documents:
+            log.info("content fit filled in for %d chunks, %d lists and %d documents", len(rows), floorless, documents)
         return len(rows)
+
+    def _backfill_documents(self) -> int:
+        """Everything stored now becomes the fitted content: each document's fit, leave-one-document-out."""
+        index = self.indexes.index
+        with self.sessions() as s:
+            rows = s.execute(select(Chunk.id, Chunk.document_id, Chunk.embedding).order_by(Chunk.id)).all()
+        if not rows:
+            return 0
+        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        documents = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
+        fit = document_fits_within(index, stack((r[2] for r in rows), self.indexes.dim), ids, documents)
+        with self.sessions.begin() as s:
+            state = self.indexes.lock_clustering(s, index.version)
+            s.execute(update(Document), [{"id": d, "fit": f} for d, f in fit.items()])
+            state.fitted_through = int(ids.max())
+        return len(fit)
+
+    def new_topics(self) -> dict[int, float]:
+        """{document: its fit minus its expert's floor} for the documents stored after the fitting
+        (index.fit): below 0 a new topic. Computed once per catalogue version."""
+        version = self.version()
+        cached = self._new
+        if cached is not None and cached[0] == version:
+            return cached[1]
+        with self._lock, self.sessions() as s:
+            margins = _new_topics(s)
+        self._new = (version, margins)
+        return margins
 
     def drift(self) -> dict[str, Any]:
         """Documents most of whose chunks fit no expert's lists (below the floor), once experts exist.
@@ -72,39 +105,69 @@ class ContentFit:
         cached = self._drift
         if cached is not None and cached[0] == version:
             return cached[1]
+        new = [d for d, m in self.new_topics().items() if m < 0]
         with self._lock, self.sessions() as s:
-            report = _drift(s)
+            report = _drift(s, new)
         self._drift = (version, report)
         return report
 
 
-def _drift(s: Session) -> dict[str, Any]:
+def _new_topics(s: Session) -> dict[int, float]:
+    through = s.scalar(select(IndexState.fitted_through).where(IndexState.id == 1))
+    if through is None:
+        return {}
+    votes: dict[int, tuple[int, int]] = {}  # document -> (its expert, chunks there): the most chunks wins
+    first: dict[int, int] = {}  # document -> its first chunk id
+    per_expert = (
+        select(Chunk.document_id, Cluster.expert_id, func.count(Chunk.id), func.min(Chunk.id))
+        .join(Cluster, Cluster.id == Chunk.cluster_id)
+        .group_by(Chunk.document_id, Cluster.expert_id)
+    )
+    for d, e, n, lowest in s.execute(per_expert):
+        first[d] = min(first.get(d, lowest), lowest)
+        if e is not None and n > votes.get(d, (0, 0))[1]:
+            votes[d] = (e, n)
+    fit: dict[int, float] = {d: f for d, f in s.execute(select(Document.id, Document.fit)) if f is not None}
+    expert_of = {d: e for d, (e, _) in votes.items()}
+    fitted = {d: f for d, f in fit.items() if first.get(d, through + 1) <= through}
+    floor = document_floors(fitted, expert_of)
+    return {
+        d: f - floor[expert_of[d]] for d, f in fit.items() if first.get(d, 0) > through and expert_of.get(d) in floor
+    }
+
+
+def _drift(s: Session, new: list[int]) -> dict[str, Any]:
+    """The documents most of whose chunks fit below their lists' floors, and the `new` topics."""
     none = {"chunks": 0, "documents": 0, "shown": [], "summary": "every document fits an expert"}
     if (s.scalar(select(func.count(Expert.id))) or 0) == 0:
         return none | {"summary": "no experts yet"}
     outside = func.sum(outside_fit())
-    per_document = (
-        select(Chunk.document_id, func.count(Chunk.id).label("n"), outside.label("outside"))
+    below = (
+        select(Chunk.document_id, func.count(Chunk.id), outside)
         .join(Cluster, Cluster.id == Chunk.cluster_id)
         .group_by(Chunk.document_id)
         .having(2 * outside > func.count(Chunk.id))
-        .subquery()
     )
-    totals = s.execute(
-        select(func.count(), func.coalesce(func.sum(per_document.c.outside), 0)).select_from(per_document)
-    ).one()
-    documents, chunks = int(totals[0]), int(totals[1])
-    if not documents:
+    found: dict[int, tuple[int, int]] = {d: (int(n), int(o)) for d, n, o in s.execute(below)}  # (chunks, outside)
+    if new:
+        sizes = select(Chunk.document_id, func.count(Chunk.id)).where(Chunk.document_id.in_(new))
+        for d, n in s.execute(sizes.group_by(Chunk.document_id)):
+            found[d] = (int(n), int(n))  # a new topic: none of its chunks fits an expert
+    if not found:
         return none
-    shown = s.execute(
-        select(Document.id, Document.title, Document.source, per_document.c.n, per_document.c.outside)
-        .join(per_document, per_document.c.document_id == Document.id)
-        .order_by(per_document.c.outside.desc(), Document.id)
-        .limit(DRIFT_DOCUMENTS_SHOWN)
-    ).all()
+    documents, chunks = len(found), sum(o for _, o in found.values())
+    first = sorted(found, key=lambda d: (-found[d][1], d))[:DRIFT_DOCUMENTS_SHOWN]
+    about = {
+        d: (t, src)
+        for d, t, src in s.execute(select(Document.id, Document.title, Document.source).where(Document.id.in_(first)))
+    }
     return {
         "chunks": chunks,
         "documents": documents,
-        "shown": [{"id": d, "title": t, "source": src, "chunks": n, "outside": o} for d, t, src, n, o in shown],
+        "shown": [
+            {"id": d, "title": about[d][0], "source": about[d][1], "chunks": found[d][0], "outside": found[d][1]}
+            for d in first
+            if d in about
+        ],
         "summary": f"content outgrew the experts: {chunks} chunks from {documents} documents fit no expert",
     }

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from app.catalogue import stage_index_changes
 from app.models import Chunk, Document
-from app.services.indexing import IndexManager
+from app.services.indexing import IndexManager, Placement
 from engine.blocks import ParsedDocument
 from engine.chunking import Chunk as TextChunk
 from engine.chunking import ChunkingConfig, chunk_document
@@ -99,10 +99,8 @@ class Ingestor:
             pos += len(p.chunks)
         return out
 
-    def _chunk_rows(
-        self, p: _Prepared, vectors: Vectors, placed: tuple[np.ndarray, list[float | None]], document_id: int
-    ) -> list[Chunk]:
-        clusters, fit = placed
+    def _chunk_rows(self, p: _Prepared, vectors: Vectors, placed: Placement, document_id: int) -> list[Chunk]:
+        clusters, fit = placed.lists, placed.fits
         return [
             Chunk(
                 document_id=document_id,
@@ -141,8 +139,8 @@ class Ingestor:
     def _try_commit_new(self, p: _Prepared, vectors: Vectors) -> Outcome:
         up = p.upload
         with self.indexes.write_lock:
-            placement = self.indexes.place_document(vectors)  # [N] lists, [N] fits
-            clusters = placement[0]
+            placement = self.indexes.place_document(vectors)
+            clusters = placement.lists
             placed = self.indexes.index.version
             try:
                 with self.sessions() as s, s.begin():
@@ -156,6 +154,7 @@ class Ingestor:
                         size=len(up.data),
                         status="ready",
                         meta=up.metadata,
+                        fit=placement.document_fit,
                     )
                     s.add(doc)
                     s.flush()
@@ -237,8 +236,8 @@ class Ingestor:
         prepared = self._prepare(upload)
         vectors = self._embed([prepared])[0]
         with self.indexes.write_lock:
-            placement = self.indexes.place_document(vectors)  # [N] lists, [N] fits
-            clusters = placement[0]
+            placement = self.indexes.place_document(vectors)
+            clusters = placement.lists
             with self.sessions() as s, s.begin():
                 self.indexes.lock_clustering(s, self.indexes.index.version)
                 doc = s.get(Document, document_id)
@@ -256,6 +255,7 @@ class Ingestor:
                     doc.source = upload.source
                 if upload.metadata:
                     doc.meta = upload.metadata
+                doc.fit = placement.document_fit
                 rows = self._chunk_rows(prepared, vectors, placement, document_id)
                 s.add_all(rows)
                 s.flush()

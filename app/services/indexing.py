@@ -6,7 +6,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from sqlalchemy import func, select, update
@@ -21,7 +21,7 @@ from app.services.snapshots import SnapshotStore
 from app.settings import Settings
 from engine.errors import IndexMoved
 from index import ClusteredIndex, IndexCorrupt
-from index.fit import fits
+from index.fit import document_fit, fits
 from index.placement import leakage, outside, place
 
 log = logging.getLogger(__name__)
@@ -32,6 +32,15 @@ _BATCH = 10_000
 
 class ModelMismatch(RuntimeError):
     pass
+
+
+class Placement(NamedTuple):
+    """Where one document's chunks go: lists [N], their fits [N] (None: unknown) and the
+    document's fit against the fitted content (index.fit; None: unknown)."""
+
+    lists: np.ndarray
+    fits: list[float | None]
+    document_fit: float | None
 
 
 class IndexManager:
@@ -270,14 +279,17 @@ class IndexManager:
             owned: dict[int, int | None] = {c: e for c, e in s.execute(select(Cluster.id, Cluster.expert_id))}
         return owners_of([owned.get(c) for c in range(self.index.nlist)])
 
-    def place_document(self, vectors: np.ndarray) -> tuple[np.ndarray, list[float | None]]:
-        """One document's chunk vectors [N, D] -> ([N] their lists, [N] their fits); under `write_lock`."""
+    def place_document(self, vectors: np.ndarray) -> Placement:
+        """One document's chunk vectors [N, D] -> its lists, chunk fits and document fit; under `write_lock`."""
         if self.index.nlist == 1 or len(vectors) == 0:
             lists = self.index.assign(vectors)
         else:
             owners = np.zeros(len(vectors), dtype=np.int64)
             lists = place(vectors, owners, self.index.centroids(), self.groups())
-        return lists, self.fits_of(vectors, lists)
+        with self.sessions() as s:  # changes only with the clustering, which the commit checks
+            through = s.scalar(select(IndexState.fitted_through).where(IndexState.id == 1))
+        fit = document_fit(self.index, vectors, through) if through is not None else None
+        return Placement(lists, self.fits_of(vectors, lists), fit)
 
     def fits_of(self, vectors: np.ndarray, lists: np.ndarray) -> list[float | None]:
         """[N] each vector's fit in its list of the live index (index.fit; None: unknown, one list)."""

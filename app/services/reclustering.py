@@ -1,7 +1,8 @@
 """Recluster: k-means over the stored embeddings into new lists, experts carried over by vote.
 
-The lists' fit floors and every chunk's fit (index.fit) are set in the same transaction, so the
-open-set check and the drift report always read the clustering that is live.
+The lists' fit floors, every chunk's fit and every document's fit (index.fit) are set in the same
+transaction, with the id up to which the content is the fitted content, so the open-set check and
+the drift report always read the clustering that is live.
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ import numpy as np
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from app.models import Chunk, Cluster, stack
+from app.models import Chunk, Cluster, Document, stack
 from engine.keywords import cluster_keywords
 from index import ClusteredIndex, auto_cluster_count, kmeans
-from index.fit import fits, floors
+from index.fit import document_fits_within, fits, floors
 from index.placement import place
 
 if TYPE_CHECKING:
@@ -84,6 +85,7 @@ def commit(
     index is staged, then adopted. -> (the index, chunks placed). Call under `write_lock`."""
     fresh = ClusteredIndex.create(c.centroids, uuid.uuid4().hex)
     fresh.add(c.x, c.ids, c.assigned)
+    document_fit = document_fits_within(fresh, c.x, c.ids, c.documents)  # everything here is fitted content
     indexes.stage(fresh)  # adopted by `follow` when the commit below is applied
     try:
         with indexes.sessions.begin() as s:
@@ -109,7 +111,11 @@ def commit(
                         for i, a, f in zip(ids, assigned, fit if fit is not None else ids, strict=True)
                     ],
                 )
+            present = set(s.scalars(select(Document.id)))
+            if fitted := [{"id": d, "fit": f} for d, f in document_fit.items() if d in present]:
+                s.execute(update(Document), fitted)
             state.version, state.nlist = fresh.version, c.k
+            state.fitted_through = int(c.ids.max()) if len(c.ids) else None
     finally:
         indexes.stage(None)
     indexes.adopt(fresh)

@@ -83,8 +83,11 @@ class _Plan:
 
 
 class Refit:
-    def __init__(self, indexes: IndexManager, routers: RouterManager) -> None:
+    def __init__(
+        self, indexes: IndexManager, routers: RouterManager, new_topics: Callable[[], dict[int, float]] | None = None
+    ) -> None:
         self.indexes, self.routers = indexes, routers
+        self.new_topics = new_topics  # {document: fit margin} of documents newer than the experts (index.fit)
 
     def job(self, ctx: JobContext) -> dict[str, Any]:
         """The `refit` job: params experts, clusters (0: automatic), apply (False: the plan only),
@@ -160,10 +163,12 @@ class Refit:
             today = dict(s.execute(select(Expert.id, Expert.name)).tuples().all())
             titles = dict(s.execute(select(Document.id, Document.title)).tuples().all())
         # Today's expert of each chunk, where the chunk fits its list (unknown fit counts as fitting)
-        # or its document does: a few outliers of a document that fits are not new content (the
-        # drift report's rule, app.services.content_fit).
+        # or its document does: a few outliers of a document that fits are not new content; a
+        # document newer than the experts that fits none of them is (the drift report's rules,
+        # app.services.content_fit).
         below = np.array([r[6] is not None and r[6] < 0 for r in rows], dtype=bool)  # [N]
-        fitting = ~(below & outgrown_documents(documents, below))  # [N]
+        new = [d for d, m in (self.new_topics() if self.new_topics is not None else {}).items() if m < 0]
+        fitting = ~(below & outgrown_documents(documents, below)) & ~np.isin(documents, new)  # [N]
         held = [owner.get(r[1]) if ok else None for r, ok in zip(rows, fitting, strict=True)]
         extend = experts == 0 and bool(today) and not fitting.all()
         if extend:  # the content that fits no expert gets lists of its own, so it is not split into old ones
