@@ -1,4 +1,5 @@
-"""`moerag experts refit`: re-fit the experts to the content, the diff shown first, applied with --yes."""
+"""`moerag experts refit`: re-fit the experts to the content, the diff shown first, applied with --yes;
+`moerag experts define`: an expert defined by documents (ids, a source folder, a tag)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,17 @@ def add_commands(sub: Any, remote: argparse.ArgumentParser) -> None:
     refit.add_argument("--keep-emptied", action="store_true", help="keep the experts the refit leaves empty")
     refit.add_argument("--yes", action="store_true", help="apply the plan (without it only the diff is printed)")
     refit.set_defaults(func=cmd_refit)
+    define = actions.add_parser(
+        "define",
+        parents=[remote],
+        help="define an expert by documents: it gets lists of exactly their chunks, then a router is trained",
+    )
+    define.add_argument("expert", help="the expert's id or name")
+    define.add_argument("--ids", default="", help="comma-separated document ids")
+    define.add_argument("--source-prefix", help="documents whose source starts with this (a folder: docs/k8s/)")
+    define.add_argument("--tag", help="documents whose metadata tags hold this")
+    define.add_argument("--clear", action="store_true", help="define it by its clusters again (it keeps them)")
+    define.set_defaults(func=cmd_define)
 
 
 def cmd_refit(args: argparse.Namespace) -> None:
@@ -60,6 +72,69 @@ def cmd_refit(args: argparse.Namespace) -> None:
         print("nothing changed: run again with --yes to apply this plan")
 
 
+def cmd_define(args: argparse.Namespace) -> None:
+    try:
+        ids = [int(i) for i in args.ids.split(",") if i.strip()]
+    except ValueError:
+        raise SystemExit(f"moerag: --ids takes comma-separated document ids, not {args.ids!r}") from None
+    selector = {k: v for k, v in (("ids", ids), ("source_prefix", args.source_prefix), ("tag", args.tag)) if v}
+    if not selector and not args.clear:
+        raise SystemExit("moerag: give --ids, --source-prefix or --tag (or --clear)")
+    settings = settings_from(args)
+    server = server_for(args, settings)
+    if server:
+        from app.cli_remote import Remote
+
+        with Remote(server, token_for(args, settings, admin=True)) as api:
+            expert = _expert_id(args.expert, api.call("GET", "/admin/api/experts", params={"limit": 500})["items"])
+            path = f"/admin/api/experts/{expert}/documents"
+            if args.clear:
+                api.call("DELETE", path, ok=(204,))
+                result: dict[str, Any] = {"cleared": expert}
+            else:
+                result = dict(api.follow_job(api.call("PUT", path, ok=(202,), json=selector))["result"])
+    else:
+        result = _define_here(settings, args.expert, None if args.clear else selector)
+    print(json.dumps(result) if args.json else _said(result))
+
+
+def _define_here(settings: Any, name: str, selector: dict[str, Any] | None) -> dict[str, Any]:
+    from sqlalchemy import select
+
+    from app.models import Expert
+    from app.services import expert_documents, expert_scopes
+    from engine.errors import MoeragError
+
+    with local_runtime(settings) as rt:
+        with rt.sessions() as s:
+            expert = _expert_id(name, [{"id": i, "name": n} for i, n in s.execute(select(Expert.id, Expert.name))])
+        try:
+            expert_documents.define(rt.sessions, expert, selector)
+            if selector is None:
+                return {"cleared": expert}
+            result = expert_scopes.carve(rt.indexes, expert)
+            result["router"] = {k: v for k, v in rt.routers.train(activate=True, force=True).items() if k == "version"}
+            return result
+        except MoeragError as exc:
+            raise SystemExit(f"moerag: {exc.code}: {exc.message}") from None
+
+
+def _expert_id(name: str, experts: list[dict[str, Any]]) -> int:
+    for e in experts:
+        if str(e["id"]) == name or e["name"] == name:
+            return int(e["id"])
+    raise SystemExit(f"moerag: no expert {name!r} (ids and names: moerag's console, or GET /admin/api/experts)")
+
+
+def _said(result: dict[str, Any]) -> str:
+    if "cleared" in result:
+        return f"expert {result['cleared']} is defined by its clusters again"
+    return (
+        f"{result['documents']} documents ({result['chunks']} chunks) now make up the expert's "
+        f"{result['lists']} lists; router {result.get('router')}"
+    )
+
+
 def _remote(server: str, token: str | None, progress: Callable[[int, int], None]) -> Any:
     from app.cli_remote import Remote
 
@@ -72,10 +147,11 @@ def _remote(server: str, token: str | None, progress: Callable[[int, int], None]
 
 
 def _local(rt: Any, progress: Callable[[int, int], None]) -> Any:
+    from app.services.content_fit import ContentFit
     from app.services.refit import Refit
     from engine.errors import MoeragError
 
-    refit = Refit(rt.indexes, rt.routers)
+    refit = Refit(rt.indexes, rt.routers, ContentFit(rt.sessions, rt.indexes, lambda: rt.catalogue.version).new_topics)
 
     def run(params: dict[str, Any]) -> dict[str, Any]:
         experts, clusters = params["experts"] or 0, params["clusters"] or 0

@@ -135,6 +135,8 @@ class Expert(Base):
     generator: Mapped[str] = mapped_column(String(200), default="")  # "": the server's default
     top_k: Mapped[int] = mapped_column(Integer, default=5)
     threshold: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # Defined by documents (app.services.expert_documents): {"ids", "source_prefix", "tag"}; None: by clusters.
+    documents: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 

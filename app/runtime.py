@@ -32,6 +32,7 @@ from app.services.bulk import bulk_handler, sync_handler
 from app.services.console_sessions import ConsoleSessions
 from app.services.content_fit import ContentFit
 from app.services.documents import Ingestor
+from app.services.expert_scopes import scope_handler
 from app.services.experts import ExpertDirectory
 from app.services.generation import Generators
 from app.services.indexing import IndexManager
@@ -292,9 +293,10 @@ class Runtime:
                 {
                     "ingest": bulk_handler(ingestor),
                     "recluster": self._recluster_job,
-                    "realign": self._realign_job,
+                    "realign": lambda ctx: indexes.realign(ctx.progress),
                     "train": self._train_job,
                     "refit": Refit(indexes, routers, content_fit.new_topics).job,
+                    "scope": scope_handler(indexes, routers),
                     "sync": sync_handler(ingestor),
                 },
                 exclusive=self.engine.dialect.name == "sqlite",  # else other processes may run jobs too
@@ -365,14 +367,10 @@ class Runtime:
         """The cluster -> expert mapping changed: documents are re-placed by a job (its id)."""
         return self.jobs.submit("realign", {}, total=3, coalesce=True).id
 
-    def _realign_job(self, ctx: JobContext) -> dict[str, Any]:
-        return self.indexes.realign(lambda done, total: ctx.progress(done, total))
-
     def _train_job(self, ctx: JobContext) -> dict[str, Any]:
+        p = ctx.params
         return self.routers.train(
-            lambda done, total: ctx.progress(done, total),
-            activate=bool(ctx.params.get("activate", True)),
-            force=bool(ctx.params.get("force", False)),
+            ctx.progress, activate=bool(p.get("activate", True)), force=bool(p.get("force", False))
         )
 
     def _clean_spool(self) -> None:

@@ -42,7 +42,18 @@ class ExpertOut(BaseModel):
     generator: str
     top_k: int
     threshold: float | None
+    documents: dict[str, Any] | None = Field(None, description="Defined by these documents (null: by its clusters).")
     clusters: list[int] = Field(default_factory=list)
+
+
+class ExpertDocumentsIn(BaseModel):
+    """The documents an expert is defined by: any of ids, a source folder (prefix), a tag."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ids: list[Id] = Field(default_factory=list, max_length=10_000)
+    source_prefix: str | None = Field(None, min_length=1, max_length=1024, description="e.g. docs/k8s/")
+    tag: str | None = Field(None, min_length=1, max_length=200, description="metadata.tags holds it")
 
 
 class ClusterSample(BaseModel):

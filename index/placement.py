@@ -16,6 +16,8 @@ similarity matrix.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import numpy as np
 import numpy.typing as npt
 
@@ -59,15 +61,34 @@ def _voted(x: Floats, owners: Ints, centroids: Floats, groups: Ints) -> Ints:
     return pairs[majority]
 
 
-def place(x: Floats, owners: Ints, centroids: Floats, groups: Ints) -> Ints:
-    """[N] list of each vector: the nearest list within its owner's group (see the module doc)."""
+def place(
+    x: Floats,
+    owners: Ints,
+    centroids: Floats,
+    groups: Ints,
+    pinned: dict[int, int] | None = None,
+    reserved: Collection[int] = (),
+) -> Ints:
+    """[N] list of each vector: the nearest list within its owner's group (see the module doc).
+
+    pinned: owner -> the group it must go to, whatever the vote (an expert defined by its
+    documents; a pinned group that holds no list is ignored); reserved: groups only their pinned
+    owners go to (the others vote among the rest of the lists, while there are any).
+    """
     x = np.ascontiguousarray(x, dtype=np.float32)
     if len(x) == 0:
         return np.zeros(0, dtype=np.int64)
     groups = np.asarray(groups, dtype=np.int64)
     owners = np.asarray(owners, dtype=np.int64)
-    chosen = _voted(x, owners, centroids, groups)  # [O, 2] sorted by owner
+    open_lists = ~np.isin(groups, list(reserved))  # [C]
+    if not open_lists.any():
+        open_lists[:] = True
+    chosen = _voted(x, owners, centroids[open_lists], groups[open_lists])  # [O, 2] sorted by owner
     target = chosen[np.searchsorted(chosen[:, 0], owners), 1]  # [N] group per vector
+    held = set(groups.tolist())
+    if pinned := {o: g for o, g in (pinned or {}).items() if g in held}:
+        forced = np.fromiter((pinned.get(int(o), -2) for o in owners), dtype=np.int64, count=len(owners))
+        target = np.where(forced != -2, forced, target)  # -2: not pinned (-1 is a group)
     out = np.empty(len(x), dtype=np.int64)
     for g in np.unique(target):
         rows = np.flatnonzero(target == g)

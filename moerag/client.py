@@ -259,6 +259,25 @@ class Client:
         job = self.request("POST", "/admin/api/recluster", ok=(202,), json={"clusters": clusters})
         return self.wait(job, progress) if wait else job
 
+    def create_expert(self, name: str, **fields: Any) -> Json:
+        """A new expert (fields: description, system_prompt, generator, top_k, threshold)."""
+        return self.request("POST", "/admin/api/experts", ok=(201,), json={"name": name, **fields})
+
+    def define_expert(
+        self,
+        expert_id: int,
+        ids: list[int] | None = None,
+        source_prefix: str | None = None,
+        tag: str | None = None,
+        wait: bool = True,
+        progress: Progress | None = None,
+    ) -> Job:
+        """Define an expert by documents (ids, a source folder, a tag): a job gives it lists of
+        exactly their chunks and retrains the router."""
+        body = {k: v for k, v in (("ids", ids), ("source_prefix", source_prefix), ("tag", tag)) if v}
+        job = self.request("PUT", f"/admin/api/experts/{expert_id}/documents", ok=(202,), json=body)
+        return self.wait(job, progress) if wait else job
+
     def job(self, job_id: int) -> Job:
         return self.request("GET", f"/jobs/{job_id}")
 

@@ -207,6 +207,7 @@ def test_console_end_to_end_in_chromium(tmp_path: Path) -> None:
             expect(page.locator("#doc-rows tr")).to_have_count(25)
             walk_document_search_and_neighbours(page, api)
             walk_refit_and_history(page, api, dialogs)
+            walk_define_by_documents(page, api, dialogs)
             page.click("#tab-overview")
             expect(page.locator("#ov-share svg")).to_have_count(1)
             page.screenshot(path=str(ARTIFACTS / "7-overview-after.png"), full_page=True)
@@ -336,6 +337,23 @@ def walk_proposal_diff(page: Any, api: Any, git_clusters: list[int]) -> None:
     experts = {e["name"]: e["clusters"] for e in api.get("/admin/api/experts").json()["items"]}
     assert git_clusters[0] in experts["git, moved"] and set(git_clusters[1:]) <= set(experts["git"])
     assert experts["Everything else"] and not set(experts["Everything else"]) & set(git_clusters)
+
+
+def walk_define_by_documents(page: Any, api: Any, dialogs: dict[str, Any]) -> None:
+    """Issue 40 #4: an expert defined by a source folder gets exactly those documents' chunks."""
+    from playwright.sync_api import expect
+
+    expert = api.post("/admin/api/experts", json={"name": "python notes"}).json()["id"]
+    page.click("#tab-experts")
+    page.select_option("#ex-def-expert", label="python notes")
+    page.fill("#ex-def-prefix", "python-")
+    page.click("#ex-def-run")
+    expect(page.locator("#status")).to_contain_text("“python notes” holds 6 documents", timeout=180_000)
+    assert dialogs["seen"][-1].startswith("Define “python notes” by these documents?")
+    expect(page.locator(f"#ex-rows tr[data-id='{expert}']")).to_contain_text("(by documents)")
+    listed = {e["id"]: e for e in api.get("/admin/api/experts").json()["items"]}
+    assert listed[expert]["documents"] == {"source_prefix": "python-"} and listed[expert]["clusters"]
+    page.screenshot(path=str(ARTIFACTS / "3f-define-by-documents.png"), full_page=True)
 
 
 def walk_refit_and_history(page: Any, api: Any, dialogs: dict[str, Any]) -> None:

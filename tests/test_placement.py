@@ -34,3 +34,14 @@ def test_unowned_lists_and_ties() -> None:
     assert owner_groups(x, owners, centroids, groups) == {7: -1, 8: 5}
     assert place(x, owners, centroids, groups).tolist() == [0, 0, 1, 1]
     assert place(np.zeros((0, 3), dtype=np.float32), np.zeros(0, dtype=np.int64), centroids, groups).size == 0
+
+
+def test_pinned_documents_go_to_their_group_and_a_reserved_group_takes_no_other() -> None:
+    centroids = np.eye(4, dtype=np.float32)
+    groups = np.array([10, 10, 20, 30])  # group 30: an expert defined by documents
+    x = unit(np.array([[1, 0, 0, 0.1], [0, 0.1, 0, 1], [0, 0, 0.2, 1], [0.1, 0, 0, 1]], dtype=np.float32))
+    owners = np.array([1, 2, 2, 3])  # document 2 is pinned to 30; 3 sits nearest list 3 but is not
+    placed = place(x, owners, centroids, groups, {2: 30}, {30})
+    assert placed[1:3].tolist() == [3, 3]  # pinned: the nearest list of its group, whatever the vote
+    assert groups[placed[3]] != 30 and groups[placed[0]] == 10  # reserved: the others vote elsewhere
+    assert place(x, owners, centroids, groups, {2: 99}).tolist() == place(x, owners, centroids, groups).tolist()

@@ -17,6 +17,7 @@ from app.schemas_admin import (
     ClusterSample,
     ExampleIn,
     ExampleTry,
+    ExpertDocumentsIn,
     ExpertIn,
     ExpertOut,
     ExpertPatch,
@@ -30,10 +31,11 @@ from app.schemas_admin import (
     TrainIn,
 )
 from app.services import clusters as cluster_service
+from app.services import expert_documents
 from app.services import experts as expert_service
 from app.services import questions as question_service
 from app.services import sync as sync_service
-from engine.errors import NotFound
+from engine.errors import InputError, NotFound
 
 router = APIRouter(prefix="/admin/api", tags=["admin"], dependencies=[AdminDep])
 
@@ -142,6 +144,25 @@ def patch_expert(expert_id: IdPath, body: ExpertPatch, rt: RuntimeDep) -> Expert
 def delete_expert(expert_id: IdPath, rt: RuntimeDep) -> Response:
     expert_service.delete(rt.sessions, expert_id)
     rt.mapping_changed()
+    return Response(status_code=204)
+
+
+@router.put("/experts/{expert_id:int}/documents", response_model=JobOut, status_code=202)
+def define_by_documents(expert_id: IdPath, body: ExpertDocumentsIn, rt: RuntimeDep) -> JobOut:
+    """Define an expert by documents (ids, a source folder, a tag): a job gives it lists fitted on
+    exactly their chunks (matching documents stored later go there too) and trains a router."""
+    selector = body.model_dump(exclude_defaults=True)
+    if not selector:
+        raise InputError("give ids, source_prefix or tag: the documents that define the expert")
+    held = expert_documents.define(rt.sessions, expert_id, selector)
+    job = rt.jobs.submit("scope", {"expert_id": expert_id, "documents": held}, total=100)
+    return JobOut.model_validate(job)
+
+
+@router.delete("/experts/{expert_id:int}/documents", status_code=204)
+def undefine_by_documents(expert_id: IdPath, rt: RuntimeDep) -> Response:
+    """The expert is defined by its clusters again (it keeps them); later documents are placed by vote."""
+    expert_documents.define(rt.sessions, expert_id, None)
     return Response(status_code=204)
 
 

@@ -139,7 +139,7 @@ class Ingestor:
     def _try_commit_new(self, p: _Prepared, vectors: Vectors) -> Outcome:
         up = p.upload
         with self.indexes.write_lock:
-            placement = self.indexes.place_document(vectors)
+            placement = self.indexes.place_document(vectors, up.source, up.metadata)
             clusters = placement.lists
             placed = self.indexes.index.version
             try:
@@ -230,13 +230,14 @@ class Ingestor:
             if doc.content_hash == upload.content_hash:
                 n = len(doc.chunks)
                 return Outcome("unchanged", doc.source, doc.id, n)
+            source, meta = upload.source or doc.source, upload.metadata or doc.meta
         other = self._duplicate(upload.content_hash)
         if other is not None:
             raise Conflict(f"document {other.document_id} already has exactly this content")
         prepared = self._prepare(upload)
         vectors = self._embed([prepared])[0]
         with self.indexes.write_lock:
-            placement = self.indexes.place_document(vectors)
+            placement = self.indexes.place_document(vectors, source, meta, document_id)
             clusters = placement.lists
             with self.sessions() as s, s.begin():
                 self.indexes.lock_clustering(s, self.indexes.index.version)

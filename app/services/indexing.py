@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.catalogue import read_version, stage_index_changes
 from app.models import Chunk, Cluster, IndexState, stack
+from app.services import expert_documents
 from app.services import index_log as log_files
 from app.services.reclustering import owners_of, recluster
 from app.services.snapshots import SnapshotStore
@@ -279,15 +280,21 @@ class IndexManager:
             owned: dict[int, int | None] = {c: e for c, e in s.execute(select(Cluster.id, Cluster.expert_id))}
         return owners_of([owned.get(c) for c in range(self.index.nlist)])
 
-    def place_document(self, vectors: np.ndarray) -> Placement:
-        """One document's chunk vectors [N, D] -> its lists, chunk fits and document fit; under `write_lock`."""
+    def place_document(
+        self, vectors: np.ndarray, source: str, meta: Any = None, document_id: int | None = None
+    ) -> Placement:
+        """One document's chunk vectors [N, D] -> its lists, chunk fits and document fit; under
+        `write_lock`. A document an expert is defined by goes into that expert's lists."""
+        with self.sessions() as s:  # changes only with the clustering, which the commit checks
+            through = s.scalar(select(IndexState.fitted_through).where(IndexState.id == 1))
+            selectors = expert_documents.defined(s)
         if self.index.nlist == 1 or len(vectors) == 0:
             lists = self.index.assign(vectors)
         else:
             owners = np.zeros(len(vectors), dtype=np.int64)
-            lists = place(vectors, owners, self.index.centroids(), self.groups())
-        with self.sessions() as s:  # changes only with the clustering, which the commit checks
-            through = s.scalar(select(IndexState.fitted_through).where(IndexState.id == 1))
+            expert = expert_documents.expert_for(selectors, document_id, source, meta)
+            pins = {0: expert} if expert is not None else {}
+            lists = place(vectors, owners, self.index.centroids(), self.groups(), pins, set(selectors))
         fit = document_fit(self.index, vectors, through) if through is not None else None
         return Placement(lists, self.fits_of(vectors, lists), fit)
 
@@ -305,6 +312,7 @@ class IndexManager:
                 rows = s.execute(
                     select(Chunk.id, Chunk.document_id, Chunk.cluster_id, Chunk.embedding).order_by(Chunk.id)
                 ).all()
+                pins = expert_documents.pinned(s)
             report(1, 3)
             n = len(rows)
             ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=n)
@@ -312,7 +320,7 @@ class IndexManager:
             before = np.fromiter((r[2] for r in rows), dtype=np.int64, count=n)
             x = stack((r[3] for r in rows), self.dim)
             leak_before = leakage(owners, before, groups)
-            after = place(x, owners, self.index.centroids(), groups) if self.index.nlist > 1 else before
+            after = place(x, owners, self.index.centroids(), groups, *pins) if self.index.nlist > 1 else before
             moved = np.flatnonzero(after != before)
             report(2, 3)
             if moved.size:

@@ -19,6 +19,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from app.models import Chunk, Cluster, Document, stack
+from app.services import expert_documents
 from engine.keywords import cluster_keywords
 from index import ClusteredIndex, auto_cluster_count, kmeans
 from index.fit import document_fits_within, fits, floors
@@ -66,11 +67,18 @@ def cluster(indexes: IndexManager, x: np.ndarray, clusters: int) -> np.ndarray:
 
 
 def lay_out(
-    ids: np.ndarray, x: np.ndarray, documents: np.ndarray, texts: list[str], centroids: np.ndarray, groups: np.ndarray
+    ids: np.ndarray,
+    x: np.ndarray,
+    documents: np.ndarray,
+    texts: list[str],
+    centroids: np.ndarray,
+    groups: np.ndarray,
+    pins: tuple[dict[int, int], set[int]] = ({}, set()),
 ) -> Clustering:
-    """Place every chunk (a document inside one group of lists), with the lists' keywords and fits."""
+    """Place every chunk (a document inside one group of lists; `pins`: documents pinned to a
+    group, the groups reserved to them, index.placement), with the lists' keywords and fits."""
     k = len(centroids)
-    assigned = place(x, documents, centroids, groups)  # [N]
+    assigned = place(x, documents, centroids, groups, *pins)  # [N]
     keywords = cluster_keywords(texts, assigned, k)
     fit = fits(x, centroids, assigned)  # [N] or None (one list)
     floor = floors(fit, assigned, k) if fit is not None and k > 1 else None  # [C]
@@ -161,7 +169,9 @@ def recluster(indexes: IndexManager, clusters: int = 0, progress: Progress | Non
             votes[new_cluster][old_expert.get(r[1])] += 1
         experts = [v.most_common(1)[0][0] if v else None for v in votes]
         documents = np.fromiter((r[4] for r in rows), dtype=np.int64, count=n)
-        layout = lay_out(ids, x, documents, [r[3] for r in rows], centroids, owners_of(experts))
+        with indexes.sessions() as s:
+            pins = expert_documents.pinned(s)  # documents of experts defined by them stay theirs
+        layout = lay_out(ids, x, documents, [r[3] for r in rows], centroids, owners_of(experts), pins)
         report(3, 4)
         fresh, n = commit(indexes, layout, lambda s: experts)
         report(4, 4)

@@ -24,7 +24,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.models import Document, Expert, stack
-from app.services import reclustering
+from app.services import expert_documents, expert_scopes, reclustering
 from app.services.experts import create_expert, delete_expert
 from app.services.indexing import IndexManager
 from app.services.jobs import JobContext
@@ -132,8 +132,14 @@ class Refit:
                 return [ids[int(g)] if g >= 0 else None for g in plan.group_of_list]
 
             fresh, n = reclustering.commit(self.indexes, plan.layout, owners)
+            version = fresh.version
+            with self.indexes.sessions() as s:
+                carved = sorted(set(expert_documents.pinned(s)[0].values()))
+            for e in carved:  # their documents' chunks were placed in the new lists: their own again
+                version = expert_scopes.carve(self.indexes, e)["version"]
             report(50, 100)
-        result = plan.to_json() | {"applied": True, "version": fresh.version, "deleted_emptied": delete_emptied}
+        result = plan.to_json() | {"applied": True, "version": version, "deleted_emptied": delete_emptied}
+        result["defined_by_documents"] = carved
         for g, e in created.items():
             result["experts"][g]["expert_id"] = e
         with self.routers.sessions() as s:
@@ -152,15 +158,18 @@ class Refit:
     def _plan(self, experts: int, clusters: int, progress: Progress | None) -> _Plan:
         report = progress or (lambda done, total: None)
         rows, owner = reclustering.read_chunks(self.indexes)
+        with self.indexes.sessions() as s:
+            where, defined = expert_documents.pinned(s)
+        rows = [r for r in rows if r[4] not in where]  # experts defined by documents keep theirs (`apply`)
         if not rows:
-            raise NotTrainable("nothing to re-fit: the store has no chunks; ingest documents first")
+            raise NotTrainable("nothing to re-fit: the store has no chunks outside experts defined by documents")
         report(1, 4)
         n = len(rows)
         ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=n)
         x = stack((r[2] for r in rows), self.indexes.dim)  # [N, D]
         documents = np.fromiter((r[4] for r in rows), dtype=np.int64, count=n)
         with self.indexes.sessions() as s:
-            today = dict(s.execute(select(Expert.id, Expert.name)).tuples().all())
+            today = {e: name for e, name in s.execute(select(Expert.id, Expert.name)) if e not in defined}
             titles = dict(s.execute(select(Document.id, Document.title)).tuples().all())
         # Today's expert of each chunk, where the chunk fits its list (unknown fit counts as fitting)
         # or its document does: a few outliers of a document that fits are not new content; a

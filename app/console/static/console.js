@@ -57,8 +57,10 @@ const pages = {
       <td><input data-f="system_prompt" value="${esc(e.system_prompt)}"></td><td><input data-f="generator" value="${esc(e.generator)}"></td>
       <td><input data-f="top_k" type="number" min="1" max="50" value="${e.top_k}"></td>
       <td><input data-f="threshold" type="number" step="0.01" min="0" max="1" value="${e.threshold ?? ""}"></td>
-      <td>${e.clusters.length}</td><td><button class="ex-save">Save</button> <button class="ex-delete danger">Delete</button></td></tr>`);
+      <td title="${e.documents ? esc(`defined by documents: ${JSON.stringify(e.documents)}`) : "defined by its clusters"}">${e.clusters.length}${e.documents ? " (by documents)" : ""}</td><td><button class="ex-save">Save</button> <button class="ex-delete danger">Delete</button></td></tr>`);
     $("ex-rows").innerHTML = rows.join("") || '<tr><td colspan="9" class="muted">no experts yet</td></tr>';
+    const chosen = $("ex-def-expert").value;
+    $("ex-def-expert").innerHTML = expertOptions(chosen ? +chosen : null, false);
     document.querySelectorAll(".ex-save").forEach((b) => b.addEventListener("click", async () => {
       const tr = b.closest("tr"), body = {};
       tr.querySelectorAll("input").forEach((i) => { body[i.dataset.f] = i.type === "number" ? (i.value === "" ? null : +i.value) : i.value; });
@@ -251,6 +253,20 @@ on("pr-accept", "click", async () => {
   status(`${plural(r.proposals.length, "expert")} created: ${r.proposals.map((x) => x.name).join(", ")}`);
   $("pr-accept").disabled = true; $("pr-rows").innerHTML = ""; $("pr-diff").innerHTML = "";
   await refresh("clusters");
+});
+on("ex-define", "submit", async (e) => {
+  e.preventDefault();
+  const id = +$("ex-def-expert").value, body = {};
+  if ($("ex-def-prefix").value) body.source_prefix = $("ex-def-prefix").value;
+  if ($("ex-def-tag").value) body.tag = $("ex-def-tag").value;
+  const ids = $("ex-def-ids").value.split(",").map((v) => v.trim()).filter(Boolean).map(Number);
+  if (ids.length) body.ids = ids;
+  if (!id || !Object.keys(body).length) return status("choose an expert and give a folder, a tag or ids", true);
+  if (!confirm(`Define “${expertName(id)}” by these documents? Its lists are replaced by lists of exactly their chunks and the router is retrained.`)) return;
+  const done = await waitJob((await api("PUT", `/admin/api/experts/${id}/documents`, body)).id, $("ex-def-progress"), $("ex-def-job"));
+  if (done.status !== "done") return status(`defining failed: ${done.error}`, true);
+  status(`“${expertName(id)}” holds ${plural(done.result.documents, "document")} in ${plural(done.result.lists, "list")}`);
+  await refresh("experts");
 });
 on("ex-new", "submit", async (e) => {
   e.preventDefault();
