@@ -113,8 +113,6 @@ def test_the_cli_defines_and_clears_an_expert_by_documents(tmp_path: Path, capsy
         create_expert(s, {"name": "rest"})
     engine.dispose()
     capsys.readouterr()
-    with pytest.raises(SystemExit, match="no expert 'nobody'"):
-        main(["--data-dir", data, "experts", "define", "nobody", "--tag", "x"])
     with pytest.raises(SystemExit, match="give --ids, --source-prefix or --tag"):
         main(["--data-dir", data, "experts", "define", "py"])
     folder = f"{docs / 'python'}/"  # a file's source is its path as given to `ingest`
@@ -123,3 +121,28 @@ def test_the_cli_defines_and_clears_an_expert_by_documents(tmp_path: Path, capsy
     assert result["documents"] == 4 and result["lists"] >= 1, result
     main(["--data-dir", data, "experts", "define", "py", "--clear"])
     assert "defined by its clusters again" in capsys.readouterr().out
+
+
+def test_a_store_of_one_list_is_carved_into_the_experts_lists_and_the_rest(runtime: Any) -> None:
+    from app.services import expert_documents, expert_scopes
+    from app.services.documents import Upload
+    from app.services.experts import create_expert
+
+    for t in ("git", "sqlite"):
+        for i in range(4):
+            runtime.ingestor.ingest(Upload(data=topic_doc(t, i, 4).encode(), source=f"{t}-{i}.md"))
+    assert runtime.indexes.index.nlist == 1  # never clustered
+    with runtime.sessions.begin() as s:
+        expert = create_expert(s, {"name": "git"}).id
+    assert expert_documents.define(runtime.sessions, expert, {"source_prefix": "git-"}) == 4
+    result = expert_scopes.carve(runtime.indexes, expert)
+    assert result["documents"] == 4 and runtime.indexes.index.nlist == result["lists"] + 1
+    with runtime.sessions() as s:
+        rows = s.execute(
+            select(Cluster.expert_id, Document.source)
+            .select_from(Chunk)
+            .join(Document)
+            .join(Cluster, Cluster.id == Chunk.cluster_id)
+        ).all()
+    assert {src for e, src in rows if e == expert} == {f"git-{i}.md" for i in range(4)}
+    assert {src for e, src in rows if e is None} == {f"sqlite-{i}.md" for i in range(4)}

@@ -52,11 +52,11 @@ def carve(indexes: Any, expert_id: int, progress: Progress | None = None) -> dic
         documents = np.fromiter((r[4] for r in rows), dtype=np.int64, count=n)
         own = np.isin(documents, mine)  # [N]
         index = indexes.index
-        others = [c for c in range(index.nlist) if owner.get(c) != expert_id]
-        base = index.centroids()[others] if index.nlist > 1 else np.zeros((0, indexes.dim), dtype=np.float32)
-        if len(base) == 0 and not own.all():  # a store of one list: the rest gets lists of its own
+        others = [c for c in range(index.nlist) if owner.get(c) != expert_id] if index.nlist > 1 else []
+        base, experts = index.centroids()[others], [owner.get(c) for c in others]  # [C0, D]: the others' lists
+        if not others and not own.all():  # one list (too small to cluster) or all the expert's: the rest
             base = reclustering.cluster(indexes, x[~own], 0)
-        experts = [owner.get(c) for c in others] if index.nlist > 1 else [None] * len(base)
+            experts = [None] * len(base)
         k = auto_cluster_count(int(own.sum()))
         carved = kmeans(x[own], k, seed=indexes.settings.cluster_seed)  # [K, D]
         centroids = np.concatenate([base, carved]).astype(np.float32)  # [C, D]
