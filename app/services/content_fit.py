@@ -32,6 +32,7 @@ class ContentFit:
         self.sessions, self.indexes, self.version = sessions, indexes, version
         self._drift: tuple[int, dict[str, Any]] | None = None  # (catalogue version, report)
         self._new: tuple[int, dict[int, float]] | None = None  # (catalogue version, new topics)
+        self._floors: tuple[Any, dict[int, float]] | None = None  # ((watermark, mapping), expert floors)
         self._lock = threading.Lock()
 
     def backfill(self) -> int:
@@ -91,9 +92,18 @@ class ContentFit:
         if cached is not None and cached[0] == version:
             return cached[1]
         with self._lock, self.sessions() as s:
-            margins = _new_topics(s)
+            margins = _new_topics(s, self._floors_for)
         self._new = (version, margins)
         return margins
+
+    def _floors_for(self, s: Session, through: int) -> dict[int, float]:
+        """The experts' document floors, kept while the watermark and the list -> expert mapping
+        stand (they read every fitted chunk: 0.1 s on 46k chunks)."""
+        key = (through, tuple(s.execute(select(Cluster.id, Cluster.expert_id).order_by(Cluster.id)).tuples()))
+        cached = self._floors
+        if cached is None or cached[0] != key:
+            cached = self._floors = (key, _floors(s, through))
+        return cached[1]
 
     def drift(self) -> dict[str, Any]:
         """Documents most of whose chunks fit no expert's lists (below the floor), once experts exist.
@@ -112,28 +122,44 @@ class ContentFit:
         return report
 
 
-def _new_topics(s: Session) -> dict[int, float]:
+def _experts_of(s: Session, chunks: Any) -> dict[int, int]:
+    """{document: the expert holding most of its chunks} over the chunks matching `chunks`."""
+    votes: dict[int, tuple[int, int]] = {}  # document -> (its expert, chunks there)
+    per_expert = (
+        select(Chunk.document_id, Cluster.expert_id, func.count(Chunk.id))
+        .join(Cluster, Cluster.id == Chunk.cluster_id)
+        .where(chunks)
+        .group_by(Chunk.document_id, Cluster.expert_id)
+    )
+    for d, e, n in s.execute(per_expert):
+        if e is not None and n > votes.get(d, (0, 0))[1]:
+            votes[d] = (e, n)
+    return {d: e for d, (e, _) in votes.items()}
+
+
+def _floors(s: Session, through: int) -> dict[int, float]:
+    """{expert: its document floor} over the fitted documents (index.fit `document_floors`)."""
+    expert_of = _experts_of(s, Chunk.id <= through)
+    fitted = select(Document.id, Document.fit).where(
+        Document.id.in_(select(Chunk.document_id).where(Chunk.id <= through))
+    )
+    return document_floors({d: f for d, f in s.execute(fitted) if f is not None}, expert_of)
+
+
+def _new_topics(s: Session, floors_for: Callable[[Session, int], dict[int, float]]) -> dict[int, float]:
+    """{document stored after the fitting: its fit minus its expert's floor}; the floors from
+    `floors_for(s, fitted_through)`. Reads only the chunks above the watermark, by primary key."""
     through = s.scalar(select(IndexState.fitted_through).where(IndexState.id == 1))
     if through is None:
         return {}
-    votes: dict[int, tuple[int, int]] = {}  # document -> (its expert, chunks there): the most chunks wins
-    first: dict[int, int] = {}  # document -> its first chunk id
-    per_expert = (
-        select(Chunk.document_id, Cluster.expert_id, func.count(Chunk.id), func.min(Chunk.id))
-        .join(Cluster, Cluster.id == Chunk.cluster_id)
-        .group_by(Chunk.document_id, Cluster.expert_id)
+    expert_of = _experts_of(s, Chunk.id > through)  # a document's chunks are written together: all above
+    if not expert_of:
+        return {}
+    floor = floors_for(s, through)
+    fit = s.execute(
+        select(Document.id, Document.fit).where(Document.id.in_(select(Chunk.document_id).where(Chunk.id > through)))
     )
-    for d, e, n, lowest in s.execute(per_expert):
-        first[d] = min(first.get(d, lowest), lowest)
-        if e is not None and n > votes.get(d, (0, 0))[1]:
-            votes[d] = (e, n)
-    fit: dict[int, float] = {d: f for d, f in s.execute(select(Document.id, Document.fit)) if f is not None}
-    expert_of = {d: e for d, (e, _) in votes.items()}
-    fitted = {d: f for d, f in fit.items() if first.get(d, through + 1) <= through}
-    floor = document_floors(fitted, expert_of)
-    return {
-        d: f - floor[expert_of[d]] for d, f in fit.items() if first.get(d, 0) > through and expert_of.get(d) in floor
-    }
+    return {d: f - floor[expert_of[d]] for d, f in fit if f is not None and expert_of[d] in floor}
 
 
 def _drift(s: Session, new: list[int]) -> dict[str, Any]:
