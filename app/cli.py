@@ -287,8 +287,14 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("file", help='JSONL with {"question": ..., "expert": name or id}')
     ev.set_defaults(func=cmd_router_eval)
 
-    sync = sub.add_parser("sync", parents=[remote], help="mirror a folder: changed files in, removed ones out")
-    sync.add_argument("folder")
+    sync = sub.add_parser(
+        "sync", parents=[remote], help="mirror a folder, a git repository or a web site: changes in, removed ones out"
+    )
+    sync.add_argument("folder", nargs="?", help="a local folder (or give --git or --site)")
+    sync.add_argument("--git", help="a git repository URL (cloned with the git command, then fetched)")
+    sync.add_argument("--branch", help="--git: the branch (default: the repository's)")
+    sync.add_argument("--site", help="a web site's start page: its folder on that host is crawled")
+    sync.add_argument("--max-pages", type=int, default=200, help="--site: pages to crawl at most (default 200)")
     sync.add_argument("--every", type=every_seconds, help="run again after this long (30s, 10m, 2h), until stopped")
     sync.set_defaults(func=cmd_sync)
     mcp = sub.add_parser("mcp", help="serve MCP over stdio (tools ask, search, list_experts, get_chunk)")

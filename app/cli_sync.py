@@ -1,4 +1,5 @@
-"""`moerag sync FOLDER [--every 10m]`: a folder mirrored into the store, here or on its server."""
+"""`moerag sync FOLDER|--git URL|--site URL [--every 10m]`: a folder, a git repository or a web
+site mirrored into the store, here or on its server."""
 
 from __future__ import annotations
 
@@ -27,11 +28,20 @@ def every_seconds(text: str) -> float:
 
 def cmd_sync(args: argparse.Namespace) -> None:
     settings = settings_from(args)
-    folder = Path(args.folder).expanduser().resolve()
-    if not folder.is_dir():
-        raise SystemExit(f"moerag: {folder}: no such folder")
+    if sum(x is not None for x in (args.folder, args.git, args.site)) != 1:
+        raise SystemExit("moerag: give one source: a FOLDER, --git URL or --site URL")
+    if args.max_pages < 1:
+        raise SystemExit("moerag: --max-pages takes a positive count")
+    source: dict[str, Any] = {"git": args.git, "branch": args.branch} if args.git else {}
+    if args.site:
+        source = {"site": args.site, "max_pages": args.max_pages}
+    if args.folder is not None:
+        folder = Path(args.folder).expanduser().resolve()
+        if not folder.is_dir():
+            raise SystemExit(f"moerag: {folder}: no such folder")
+        source = {"folder": str(folder)}
     while True:
-        result = _sync_once(args, settings, folder)
+        result = _sync_once(args, settings, source)
         failures = result.pop("failures", [])
         for failure in failures:
             print(f"failed {failure['source']}: {failure['error']}", file=sys.stderr)
@@ -43,7 +53,7 @@ def cmd_sync(args: argparse.Namespace) -> None:
         time.sleep(args.every)
 
 
-def _sync_once(args: argparse.Namespace, settings: Settings, folder: Path) -> dict[str, Any]:
+def _sync_once(args: argparse.Namespace, settings: Settings, source: dict[str, Any]) -> dict[str, Any]:
     from tqdm import tqdm
 
     with tqdm(unit="file", desc="sync", disable=args.quiet) as bar:
@@ -56,9 +66,19 @@ def _sync_once(args: argparse.Namespace, settings: Settings, folder: Path) -> di
             from app.cli_remote import Remote
 
             with Remote(server, token_for(args, settings, admin=True)) as api:
-                job = api.call("POST", "/admin/api/sync", ok=(202,), json={"folder": str(folder)})
+                job = api.call("POST", "/admin/api/sync", ok=(202,), json=source)
                 return dict(api.follow_job(job, progress)["result"])
         from app.services.sync import sync_folder
+        from app.services.sync_sources import sync_git, sync_site
+        from engine.errors import MoeragError
 
         with local_runtime(settings) as rt:
-            return sync_folder(rt.ingestor, rt.sessions, folder, progress)
+            try:
+                if "git" in source:
+                    cache = settings.resolved_data_dir / "sources"
+                    return sync_git(rt.ingestor, rt.sessions, source["git"], source["branch"], cache, progress)
+                if "site" in source:
+                    return sync_site(rt.ingestor, rt.sessions, source["site"], source["max_pages"], progress)
+                return sync_folder(rt.ingestor, rt.sessions, source["folder"], progress)
+            except MoeragError as exc:
+                raise SystemExit(f"moerag: {exc.code}: {exc.message}") from None

@@ -31,6 +31,7 @@ STATUS: dict[str, int] = {
     "not_configured": 409,
     "unknown_expert": 422,
     "index_moved": 503,
+    "source_unavailable": 502,
     # requests
     "malformed_json": 400,
     "invalid_request": 422,

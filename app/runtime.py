@@ -297,7 +297,7 @@ class Runtime:
                     "train": self._train_job,
                     "refit": Refit(indexes, routers, content_fit.new_topics).job,
                     "scope": scope_handler(indexes, routers),
-                    "sync": sync_handler(ingestor),
+                    "sync": sync_handler(ingestor, s.resolved_data_dir / "sources"),
                 },
                 exclusive=self.engine.dialect.name == "sqlite",  # else other processes may run jobs too
                 lease_seconds=s.job_lease_seconds,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
 from app.schemas import ClusterOut, Experts, Id, Int, Lists, Renamed, Share, TopK, Utc
 from engine.generators import GENERATOR_NAME
@@ -174,8 +174,20 @@ class ExampleTry(Renamed):
 
 
 class SyncIn(BaseModel):
+    """One source to mirror: a folder on the server, a git repository or a web site."""
+
     model_config = ConfigDict(extra="forbid")
 
-    folder: str = Field(
-        min_length=1, max_length=4096, description="An absolute folder under MOERAG_SYNC_ROOTS, on the server."
+    folder: str | None = Field(
+        None, min_length=1, max_length=4096, description="An absolute folder under MOERAG_SYNC_ROOTS, on the server."
     )
+    git: str | None = Field(None, min_length=1, max_length=2048, description="A repository URL under MOERAG_SYNC_URLS.")
+    branch: str | None = Field(None, min_length=1, max_length=255, pattern=r"^[\w./-]+$", description="git: the branch")
+    site: str | None = Field(None, min_length=1, max_length=2048, description="A start page under MOERAG_SYNC_URLS.")
+    max_pages: int = Field(200, ge=1, le=10_000, description="site: pages to crawl at most")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SyncIn:
+        if sum(x is not None for x in (self.folder, self.git, self.site)) != 1:
+            raise ValueError("give exactly one of folder, git or site")
+        return self

@@ -191,6 +191,11 @@ class Settings(BaseSettings):
         description="Folders `POST /admin/api/sync` may mirror, with everything under them (os.pathsep-separated "
         "absolute paths). Empty: the server syncs nothing it is sent (`moerag sync` without a server needs none).",
     )
+    sync_urls: str = Field(
+        "",
+        description="URL prefixes (whitespace-separated) `POST /admin/api/sync` may fetch: git repositories and web "
+        "sites under them. Empty: the server fetches no URL it is sent (`moerag sync` without a server needs none).",
+    )
     openai_base_url: str | None = Field(None, description="OpenAI-compatible server, e.g. http://127.0.0.1:8080/v1")
     openai_model: str = "default"
     default_generator: str = Field(

@@ -70,6 +70,12 @@ class NotConfigured(MoeragError):
     code = "not_configured"
 
 
+class SourceUnavailable(MoeragError):
+    """A source to sync (a git repository, a web site) could not be read: its message says why."""
+
+    code = "source_unavailable"
+
+
 class TooManyJobs(MoeragError):
     """The job queue is full (MOERAG_MAX_QUEUED_JOBS): retry once some have run."""
 

@@ -35,6 +35,7 @@ from app.services import expert_documents
 from app.services import experts as expert_service
 from app.services import questions as question_service
 from app.services import sync as sync_service
+from app.services.sync_sources import allowed_url
 from engine.errors import InputError, NotFound
 
 router = APIRouter(prefix="/admin/api", tags=["admin"], dependencies=[AdminDep])
@@ -45,9 +46,15 @@ router = APIRouter(prefix="/admin/api", tags=["admin"], dependencies=[AdminDep])
 
 @router.post("/sync", response_model=JobOut, status_code=202)
 def sync(body: SyncIn, rt: RuntimeDep) -> JobOut:
-    """Mirror a folder into the store (a job): new files in, changed ones updated, removed ones deleted."""
-    folder = sync_service.allowed_folder(body.folder, rt.settings.sync_roots)
-    return JobOut.model_validate(rt.jobs.submit("sync", {"folder": folder}, coalesce=True))
+    """Mirror a folder, a git repository or a web site into the store (a job): new files in,
+    changed ones updated, removed ones deleted."""
+    if body.folder is not None:
+        params: dict[str, object] = {"folder": sync_service.allowed_folder(body.folder, rt.settings.sync_roots)}
+    elif body.git is not None:
+        params = {"git": allowed_url(body.git, rt.settings.sync_urls), "branch": body.branch}
+    else:
+        params = {"site": allowed_url(body.site or "", rt.settings.sync_urls), "max_pages": body.max_pages}
+    return JobOut.model_validate(rt.jobs.submit("sync", params, coalesce=True))
 
 
 @router.post("/recluster", response_model=JobOut, status_code=202)

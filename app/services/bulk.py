@@ -82,11 +82,19 @@ def _read(f: dict[str, Any]) -> Upload:
     )
 
 
-def sync_handler(ingestor: Ingestor) -> Callable[[JobContext], dict[str, Any]]:
-    """The `sync` job: params {"folder"} (app.services.sync); an interrupted one runs whole again
-    when resumed (a sync is idempotent: what it did already is unchanged the second time)."""
+def sync_handler(ingestor: Ingestor, cache: Path) -> Callable[[JobContext], dict[str, Any]]:
+    """The `sync` job: params {"folder"}, {"git", "branch"} or {"site", "max_pages"}
+    (app.services.sync, sync_sources; git clones kept in `cache`); an interrupted one runs whole
+    again when resumed (a sync is idempotent: what it did already is unchanged the second time)."""
 
     def run(ctx: JobContext) -> dict[str, Any]:
-        return sync_folder(ingestor, ingestor.sessions, ctx.params["folder"], lambda d, t: ctx.progress(d, t))
+        from app.services.sync_sources import sync_git, sync_site
+
+        p, progress = ctx.params, (lambda d, t: ctx.progress(d, t))
+        if p.get("git"):
+            return sync_git(ingestor, ingestor.sessions, p["git"], p.get("branch"), cache, progress)
+        if p.get("site"):
+            return sync_site(ingestor, ingestor.sessions, p["site"], int(p.get("max_pages") or 200), progress)
+        return sync_folder(ingestor, ingestor.sessions, p["folder"], progress)
 
     return run

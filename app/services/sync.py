@@ -10,7 +10,7 @@ server, which records the result with the job; `moerag sync FOLDER [--every 10m]
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from app.errors import ApiError
 from app.models import Document
 from app.services.documents import Ingestor, Upload
-from engine.errors import MoeragError, NotConfigured
+from engine.errors import InputError, MoeragError, NotConfigured
 from engine.parsing import document_files
 
 Progress = Callable[[int, int], None]
@@ -48,9 +48,8 @@ def folder_files(folder: Path) -> dict[str, Path]:
     return {str(p): p for p in document_files(folder)}
 
 
-def _stored(sessions: Callable[[], Session], root: Path) -> dict[str, tuple[int, str]]:
-    """{source: (document id, content hash)} for the documents under `root`."""
-    prefix = str(root) + os.sep
+def _stored(sessions: Callable[[], Session], prefix: str) -> dict[str, tuple[int, str]]:
+    """{source: (document id, content hash)} for the documents whose source starts with `prefix`."""
     with sessions() as s:
         rows = s.execute(
             select(Document.source, Document.id, Document.content_hash).where(
@@ -63,15 +62,31 @@ def _stored(sessions: Callable[[], Session], root: Path) -> dict[str, tuple[int,
 def sync_folder(
     ingestor: Ingestor, sessions: Callable[[], Session], folder: str | Path, progress: Progress | None = None
 ) -> dict[str, Any]:
-    """Mirror `folder` into the store: -> {added, updated, deleted, unchanged, duplicate, failed,
-    chunks, failures: [{source, error}]}."""
+    """Mirror `folder` into the store: -> {folder, added, updated, deleted, unchanged, duplicate,
+    failed, chunks, failures: [{source, error}]}."""
     root = Path(folder).expanduser().resolve()
     if not root.is_dir():
         raise ApiError("invalid_request", f"{root} is not a folder")
-    files, stored = folder_files(root), _stored(sessions, root)
+    readers = {source: partial(_read, path, source) for source, path in folder_files(root).items()}
+    return {"folder": str(root), **mirror(ingestor, sessions, str(root) + os.sep, readers, progress)}
+
+
+def mirror(
+    ingestor: Ingestor,
+    sessions: Callable[[], Session],
+    prefix: str,
+    readers: Mapping[str, Callable[[], Upload]],
+    progress: Progress | None = None,
+    keep: Collection[str] = (),
+) -> dict[str, Any]:
+    """The store's documents under source `prefix` made those of `readers` ({source: its upload,
+    read when called; InputError: that one fails}), sources in `keep` left as they are even when
+    absent: -> the counts and the failures."""
+    stored = _stored(sessions, prefix)
     counts = dict.fromkeys(("added", "updated", "deleted", "unchanged", "duplicate", "failed", "chunks"), 0)
     failures: list[dict[str, str]] = []
-    total, done = len(files) + len(set(stored) - set(files)), 0
+    gone = sorted(set(stored) - set(readers) - set(keep))
+    total, done = len(readers) + len(gone), 0
 
     def step() -> None:
         nonlocal done
@@ -83,47 +98,38 @@ def sync_folder(
         counts["failed"] += 1
         failures.append({"source": source, "error": error})
 
-    new: list[str] = []
-    for source, path in files.items():
-        if source not in stored:
-            if os.access(path, os.R_OK):
-                new.append(source)
-            else:
-                failed(source, "the file cannot be read")
-                step()
-            continue
+    new = [source for source in readers if source not in stored]
+    for source in (s for s in readers if s in stored):
         doc_id, digest = stored[source]
         try:
-            upload = Upload(data=path.read_bytes(), source=source, filename=path.name)
+            upload = readers[source]()
             if upload.content_hash == digest:
                 counts["unchanged"] += 1
             else:
                 counts["chunks"] += ingestor.update(doc_id, upload).chunks
                 counts["updated"] += 1
-        except (OSError, MoeragError) as exc:
-            failed(source, getattr(exc, "message", None) or str(exc))
+        except MoeragError as exc:
+            failed(source, exc.message)
         step()
-
-    def thunks() -> Iterator[Callable[[], Upload]]:
-        for source in new:
-            yield partial(_read, files[source], source)
-
-    for source, outcome in zip(new, ingestor.ingest_many(thunks()), strict=True):
+    for source, outcome in zip(new, ingestor.ingest_many(readers[s] for s in new), strict=True):
         if outcome.error is not None:
             failed(source, outcome.error.message)
         else:
             counts["added" if outcome.status == "created" else "duplicate"] += 1
             counts["chunks"] += outcome.added
         step()
-    for source in sorted(set(stored) - set(files)):
+    for source in gone:
         try:
             ingestor.delete(stored[source][0])
             counts["deleted"] += 1
         except MoeragError as exc:  # deleted meanwhile
             failed(source, exc.message)
         step()
-    return {"folder": str(root), **counts, "failures": failures[:100]}
+    return {**counts, "failures": failures[:100]}
 
 
 def _read(path: Path, source: str) -> Upload:
-    return Upload(data=path.read_bytes(), source=source, filename=path.name)
+    try:
+        return Upload(data=path.read_bytes(), source=source, filename=path.name)
+    except OSError as exc:
+        raise InputError(f"the file cannot be read: {exc.strerror or exc}") from None

@@ -1,0 +1,193 @@
+"""Sources beyond a local folder, mirrored as a folder is (app.services.sync `mirror`): a git
+repository and a web site.
+
+- **git**: cloned (`--depth 1`, the branch given or the default one), later fetched and reset, by
+  the `git` command into `<data dir>/sources/`; its files are what `moerag ingest` takes from a
+  folder. A file's source is `<url>/<path in the repository>`.
+- **site**: crawled breadth-first from a start page, following links within the start page's
+  folder on the same host (`https://docs.example.com/guide/` holds `.../guide/a.html`, not
+  `.../blog/`), at most `max_pages` pages of the types moerag ingests; a page's source is its
+  URL without query or fragment. A page that fails to fetch is reported, not fatal.
+
+A server fetches only URLs under `MOERAG_SYNC_URLS` (`allowed_url`): a sync is a request the
+server makes on the caller's behalf.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+from collections import deque
+from collections.abc import Callable
+from functools import partial
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+from urllib.parse import urldefrag, urljoin, urlsplit
+
+from sqlalchemy.orm import Session
+
+from app.errors import ApiError
+from app.services.documents import Ingestor, Upload
+from app.services.sync import Progress, folder_files, mirror
+from engine.errors import InputError, NotConfigured, SourceUnavailable
+from engine.parsing import SUFFIXES
+
+GIT_SECONDS = 300  # a clone or fetch that takes longer fails the sync
+PAGE_SECONDS = 30  # one page's fetch
+PAGE_BYTES = 20 * 1024 * 1024  # a larger page is reported as failed
+MAX_PAGES = 200  # the default crawl bound
+_SCHEMES = ("http://", "https://", "file://", "ssh://", "git@")
+
+
+def allowed_url(url: str, allowed: str) -> str:
+    """`url` if it starts with one of `allowed` (MOERAG_SYNC_URLS, whitespace-separated prefixes)."""
+    prefixes = allowed.split()
+    if not prefixes:
+        raise NotConfigured("this server fetches no URL: set MOERAG_SYNC_URLS to the URL prefixes it may mirror")
+    if not url.startswith(_SCHEMES):
+        raise ApiError("invalid_request", f"{url!r} is not an http(s), file, ssh or git URL")
+    if not any(url.startswith(p) for p in prefixes):
+        raise ApiError("invalid_request", f"{url} is outside MOERAG_SYNC_URLS")
+    return url
+
+
+# ---- git ----------------------------------------------------------------------------------------
+
+
+def _git(*args: str) -> None:
+    if shutil.which("git") is None:
+        raise NotConfigured("syncing a git repository needs the `git` command on this machine")
+    env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}  # never wait for a password
+    try:
+        done = subprocess.run(["git", *args], capture_output=True, text=True, timeout=GIT_SECONDS, env=env)
+    except subprocess.TimeoutExpired:
+        raise SourceUnavailable(f"git {args[0]} took over {GIT_SECONDS} s") from None
+    if done.returncode != 0:
+        raise SourceUnavailable(f"git {args[0]} failed: {done.stderr.strip()[-500:]}")
+
+
+def checkout(url: str, branch: str | None, cache: Path) -> Path:
+    """The repository's files at the branch's newest commit, in a folder of `cache`."""
+    dest = cache / hashlib.sha256(f"{url}#{branch or ''}".encode()).hexdigest()[:16]
+    if (dest / ".git").is_dir():
+        _git("-C", str(dest), "fetch", "--quiet", "--depth", "1", "origin", branch or "HEAD")
+        _git("-C", str(dest), "reset", "--quiet", "--hard", "FETCH_HEAD")
+    else:
+        shutil.rmtree(dest, ignore_errors=True)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        _git("clone", "--quiet", "--depth", "1", *(["--branch", branch] if branch else []), "--", url, str(dest))
+    return dest
+
+
+def sync_git(
+    ingestor: Ingestor,
+    sessions: Callable[[], Session],
+    url: str,
+    branch: str | None,
+    cache: Path,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Mirror a git repository's files: -> {git, branch, added, updated, ..., failures}."""
+    root = checkout(url, branch, cache)
+    prefix = url.rstrip("/") + "/"
+    readers = {}
+    for path in folder_files(root).values():
+        source = prefix + path.relative_to(root).as_posix()
+        readers[source] = partial(_file, path, source)
+    return {"git": url, "branch": branch, **mirror(ingestor, sessions, prefix, readers, progress)}
+
+
+def _given(upload: Upload) -> Upload:
+    return upload
+
+
+def _file(path: Path, source: str) -> Upload:
+    try:
+        return Upload(data=path.read_bytes(), source=source, filename=path.name)
+    except OSError as exc:
+        raise InputError(f"the file cannot be read: {exc.strerror or exc}") from None
+
+
+# ---- a web site ---------------------------------------------------------------------------------
+
+
+class _Links(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self.hrefs.extend(v for k, v in attrs if k == "href" and v)
+
+
+def _page_url(url: str) -> str:
+    """Without fragment or query: one document per page."""
+    return urldefrag(url)[0].split("?", 1)[0]
+
+
+def _wanted(url: str, scope: str) -> bool:
+    path = urlsplit(url).path
+    suffix = Path(path).suffix.lower()
+    return url.startswith(scope) and (path.endswith("/") or suffix in ("", ".htm", ".html") or suffix in SUFFIXES)
+
+
+def crawl(start: str, max_pages: int, get: Callable[[str], Any]) -> tuple[dict[str, Upload], list[dict[str, str]]]:
+    """Breadth-first from `start` within its folder: ({url: its upload}, [{source, error}]).
+    `get(url)` is an httpx-like GET (a response with status_code, headers, content, url)."""
+    scope = start if start.endswith("/") else start.rsplit("/", 1)[0] + "/"
+    queue, seen = deque([_page_url(start)]), {_page_url(start)}
+    pages: dict[str, Upload] = {}
+    failures: list[dict[str, str]] = []
+    while queue and len(pages) < max_pages:
+        url = queue.popleft()
+        try:
+            r = get(url)
+        except Exception as exc:  # any transport error: that page fails, the crawl goes on
+            failures.append({"source": url, "error": f"fetch failed: {type(exc).__name__}: {exc}"})
+            continue
+        if r.status_code != 200:
+            failures.append({"source": url, "error": f"HTTP {r.status_code}"})
+            continue
+        if len(r.content) > PAGE_BYTES:
+            failures.append({"source": url, "error": f"larger than {PAGE_BYTES} bytes"})
+            continue
+        kind = r.headers.get("content-type", "").split(";")[0].strip() or None
+        name = Path(urlsplit(url).path).name or "index.html"
+        pages[url] = Upload(data=r.content, source=url, filename=name, content_type=kind)
+        if kind in ("text/html", "application/xhtml+xml"):
+            links = _Links()
+            links.feed(r.content.decode(r.encoding or "utf-8", errors="replace"))
+            for href in links.hrefs:
+                target = _page_url(urljoin(str(r.url), href))
+                if target not in seen and _wanted(target, scope):
+                    seen.add(target)
+                    queue.append(target)
+    return pages, failures
+
+
+def sync_site(
+    ingestor: Ingestor,
+    sessions: Callable[[], Session],
+    start: str,
+    max_pages: int = MAX_PAGES,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
+    """Mirror a site's pages under the start page's folder: -> {site, pages, added, ..., failures}."""
+    import httpx
+
+    scope = start if start.endswith("/") else start.rsplit("/", 1)[0] + "/"
+    with httpx.Client(timeout=PAGE_SECONDS, follow_redirects=True, headers={"User-Agent": "moerag-sync"}) as http:
+        pages, unreachable = crawl(start, max_pages, http.get)
+    if not pages:
+        raise SourceUnavailable(f"no page of {start} could be fetched: {unreachable[:3]}")
+    # A page that did not answer this time is kept, not deleted: only pages the crawl reached count.
+    readers = {url: partial(_given, upload) for url, upload in pages.items()}
+    kept = {f["source"] for f in unreachable}
+    result = mirror(ingestor, sessions, scope, readers, progress, keep=kept)
+    result["failed"] += len(unreachable)
+    result["failures"] = (unreachable + result["failures"])[:100]
+    return {"site": start, "pages": len(pages), **result}
