@@ -159,7 +159,9 @@ def _new_topics(s: Session, floors_for: Callable[[Session, int], dict[int, float
     fit = s.execute(
         select(Document.id, Document.fit).where(Document.id.in_(select(Chunk.document_id).where(Chunk.id > through)))
     )
-    return {d: f - floor[expert_of[d]] for d, f in fit if f is not None and expert_of[d] in floor}
+    return {
+        d: f - floor[e] for d, f in fit if f is not None and (e := expert_of.get(d)) is not None and e in floor
+    }  # a document in lists no expert owns has no floor: it is on no expert's path
 
 
 def _drift(s: Session, new: list[int]) -> dict[str, Any]:
