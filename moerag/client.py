@@ -259,6 +259,24 @@ class Client:
         job = self.request("POST", "/admin/api/recluster", ok=(202,), json={"clusters": clusters})
         return self.wait(job, progress) if wait else job
 
+    def sync(
+        self,
+        folder: str | None = None,
+        git: str | None = None,
+        branch: str | None = None,
+        site: str | None = None,
+        max_pages: int = 200,
+        wait: bool = True,
+        progress: Progress | None = None,
+    ) -> Job:
+        """Mirror one source on the server: a folder under MOERAG_SYNC_ROOTS, or a git repository
+        (`branch`) or a web site (`max_pages`) under MOERAG_SYNC_URLS; the job's result: the counts."""
+        body: Json = {"folder": folder} if folder else {"git": git, "branch": branch} if git else {}
+        if site:
+            body = {"site": site, "max_pages": max_pages}
+        job = self.request("POST", "/admin/api/sync", ok=(202,), json=body)
+        return self.wait(job, progress) if wait else job
+
     def create_expert(self, name: str, **fields: Any) -> Json:
         """A new expert (fields: description, system_prompt, generator, top_k, threshold)."""
         return self.request("POST", "/admin/api/experts", ok=(201,), json={"name": name, **fields})

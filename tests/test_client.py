@@ -51,6 +51,13 @@ def test_errors_are_typed(live: Server) -> None:
         with pytest.raises(ApiError) as forbidden:
             kb.train_router()  # the read token cannot write
         assert forbidden.value.status == 401
+    with Client(live.url, TOKEN) as admin:
+        with pytest.raises(ApiError) as unset:
+            admin.sync(site="https://docs.example.org/guide/")  # the sample server fetches no URL
+        assert unset.value.status == 409 and unset.value.code == "not_configured"
+        with pytest.raises(ApiError) as missing:
+            admin.define_expert(999_999, source_prefix="docs/")
+        assert missing.value.status == 404
     with Client(f"http://127.0.0.1:{free_port()}") as nobody, pytest.raises(Unreachable):
         nobody.ask("anyone?")
 

@@ -96,7 +96,14 @@ def test_console_end_to_end_in_chromium(tmp_path: Path) -> None:
     from tests.server import Server
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    server = Server(tmp_path / "data", TOKEN, tmp_path / "server.log", MOERAG_CLUSTERS="4", MOERAG_ROUTER_SAMPLES="300")
+    server = Server(
+        tmp_path / "data",
+        TOKEN,
+        tmp_path / "server.log",
+        MOERAG_CLUSTERS="4",
+        MOERAG_ROUTER_SAMPLES="300",
+        MOERAG_SYNC_ROOTS=str(tmp_path / "sync"),
+    )
     try:
         api = server.start()
         files = [
@@ -208,6 +215,7 @@ def test_console_end_to_end_in_chromium(tmp_path: Path) -> None:
             walk_document_search_and_neighbours(page, api)
             walk_refit_and_history(page, api, dialogs)
             walk_define_by_documents(page, api, dialogs)
+            walk_sync_a_folder(page, tmp_path / "sync")
             page.click("#tab-overview")
             expect(page.locator("#ov-share svg")).to_have_count(1)
             page.screenshot(path=str(ARTIFACTS / "7-overview-after.png"), full_page=True)
@@ -354,6 +362,23 @@ def walk_define_by_documents(page: Any, api: Any, dialogs: dict[str, Any]) -> No
     listed = {e["id"]: e for e in api.get("/admin/api/experts").json()["items"]}
     assert listed[expert]["documents"] == {"source_prefix": "python-"} and listed[expert]["clusters"]
     page.screenshot(path=str(ARTIFACTS / "3f-define-by-documents.png"), full_page=True)
+
+
+def walk_sync_a_folder(page: Any, root: Path) -> None:
+    """Issue 36: the console syncs a folder inside MOERAG_SYNC_ROOTS and says why not outside it."""
+    from playwright.sync_api import expect
+
+    (root / "notes").mkdir(parents=True)
+    (root / "notes" / "wal.md").write_text(topic_doc("sqlite", 41))
+    (root / "apt.md").write_text(topic_doc("debian", 42))
+    page.click("#tab-documents")
+    page.fill("#sync-where", str(root.parent / "elsewhere"))
+    page.click("#sync-go")
+    expect(page.locator("#status")).to_contain_text("outside MOERAG_SYNC_ROOTS")
+    page.fill("#sync-where", str(root))
+    page.click("#sync-go")
+    expect(page.locator("#status")).to_contain_text("synced: 2 added, 0 updated, 0 deleted", timeout=60_000)
+    page.screenshot(path=str(ARTIFACTS / "3g-sync.png"), full_page=True)
 
 
 def walk_refit_and_history(page: Any, api: Any, dialogs: dict[str, Any]) -> None:

@@ -315,6 +315,18 @@ on("doc-upload", "submit", async (e) => {
   }
   await refresh("documents");
 });
+on("sync-form", "submit", async (e) => {
+  e.preventDefault();
+  const kind = $("sync-kind").value, where = $("sync-where").value.trim();
+  const body = { [kind]: where };
+  if (kind === "git" && $("sync-branch").value.trim()) body.branch = $("sync-branch").value.trim();
+  const done = await waitJob((await api("POST", "/admin/api/sync", body)).id, $("sync-progress"), $("sync-job"));
+  if (done.status !== "done") return status(`sync failed: ${done.error}`, true);
+  const r = done.result;
+  status(`synced: ${r.added} added, ${r.updated} updated, ${r.deleted} deleted, ${r.unchanged} unchanged, ${r.failed} failed`, r.failed > 0,
+    (r.failures || []).map((f) => `${f.source}: ${f.error}`));
+  await refresh("documents");
+});
 on("doc-prev", "click", () => { state.docPage = Math.max(0, state.docPage - 1); return refresh("documents"); });
 on("doc-next", "click", () => { state.docPage += 1; return refresh("documents"); });
 
