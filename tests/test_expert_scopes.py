@@ -105,8 +105,7 @@ def test_the_cli_defines_and_clears_an_expert_by_documents(tmp_path: Path, capsy
         for i in range(4):
             (docs / t / f"{t}-{i}.md").write_text(topic_doc(t, i, 4))
     data = str(tmp_path / "data")
-    main(["--data-dir", data, "ingest", "--quiet", str(docs)])
-    main(["--data-dir", data, "recluster", "--clusters", "3"])
+    main(["--data-dir", data, "ingest", "--quiet", str(docs)])  # one list: never clustered
     engine = make_engine(f"sqlite:///{data}/moerag.db")
     with make_sessionmaker(engine).begin() as s:
         create_expert(s, {"name": "py"})
