@@ -113,7 +113,7 @@ def _define_here(settings: Any, name: str, selector: dict[str, Any] | None) -> d
             if selector is None:
                 return {"cleared": expert}
             result = expert_scopes.carve(rt.indexes, expert)
-            result["router"] = {k: v for k, v in rt.routers.train(activate=True, force=True).items() if k == "version"}
+            result["router"] = rt.routers.retrain()
             return result
         except MoeragError as exc:
             raise SystemExit(f"moerag: {exc.code}: {exc.message}") from None

@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from sqlalchemy import select
 
 from app.models import Expert, stack
 from app.services import expert_documents, reclustering
@@ -78,13 +77,7 @@ def scope_handler(indexes: Any, routers: RouterManager) -> Callable[[JobContext]
 
     def run(ctx: JobContext) -> dict[str, Any]:
         result = carve(indexes, int(ctx.params["expert_id"]), lambda done, total: ctx.progress(done * 50 // total, 100))
-        with indexes.sessions() as s:
-            experts = len(s.scalars(select(Expert.id)).all())
-        if experts > 1:
-            trained = routers.train(lambda d, t: ctx.progress(50 + d * 50 // max(t, 1), 100), activate=True, force=True)
-            result["router"] = {k: trained[k] for k in ("version", "active", "accuracy", "held_back") if k in trained}
-        else:
-            result["router"] = {"skipped": "one expert: there is nothing to route between"}
+        result["router"] = routers.retrain(lambda d, t: ctx.progress(50 + d * 50 // max(t, 1), 100))
         return result
 
     return run

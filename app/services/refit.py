@@ -146,11 +146,7 @@ class Refit:
             names = dict(s.execute(select(Expert.id, Expert.name)).tuples().all())
         for entry in result["experts"]:
             entry["name"] = names.get(entry["expert_id"], entry["name"])
-        if len(plan.groups) > 1:
-            trained = self.routers.train(lambda d, t: report(50 + d * 50 // max(t, 1), 100), activate=True, force=True)
-            result["router"] = {k: trained[k] for k in ("version", "active", "accuracy", "held_back") if k in trained}
-        else:
-            result["router"] = {"skipped": "one expert: there is nothing to route between"}
+        result["router"] = self.routers.retrain(lambda d, t: report(50 + d * 50 // max(t, 1), 100))
         report(100, 100)
         log.info("experts re-fitted: %d lists, %d experts, %d chunks", plan.layout.k, len(plan.groups), n)
         return result

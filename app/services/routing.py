@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import select, update
+from sqlalchemy import distinct, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.models import Chunk, Cluster, Expert, RouterExample, RouterVersion, stack
@@ -261,6 +261,16 @@ class RouterManager:
         scores, ids = bm25_hits(queries, LEXICAL_VOTE_CHUNKS + 1)  # [H, M+1]
         scores, ids = without_self(scores, ids, own[held], LEXICAL_VOTE_CHUNKS)  # [H, M]
         data.lexical = (scores, index.clusters_of(ids))  # padding (-1) is in no list
+
+    def retrain(self, progress: Progress | None = None) -> dict[str, Any]:
+        """After the experts changed shape (a re-fit, an expert scoped to its documents): a version
+        trained and activated when two experts or more own lists; -> its summary, or why not."""
+        with self.sessions() as s:
+            owning = s.scalar(select(func.count(distinct(Cluster.expert_id))).where(Cluster.expert_id.is_not(None)))
+        if (owning or 0) < 2:
+            return {"skipped": "one expert: there is nothing to route between"}
+        trained = self.train(progress, activate=True, force=True)
+        return {k: trained[k] for k in ("version", "active", "accuracy", "held_back") if k in trained}
 
     def train(
         self,

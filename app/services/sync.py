@@ -67,7 +67,7 @@ def sync_folder(
     root = Path(folder).expanduser().resolve()
     if not root.is_dir():
         raise ApiError("invalid_request", f"{root} is not a folder")
-    readers = {source: partial(_read, path, source) for source, path in folder_files(root).items()}
+    readers = {source: partial(read_file, path, source) for source, path in folder_files(root).items()}
     return {"folder": str(root), **mirror(ingestor, sessions, str(root) + os.sep, readers, progress)}
 
 
@@ -128,7 +128,8 @@ def mirror(
     return {**counts, "failures": failures[:100]}
 
 
-def _read(path: Path, source: str) -> Upload:
+def read_file(path: Path, source: str) -> Upload:
+    """A file as an upload under `source`; an unreadable one is an InputError (that file fails)."""
     try:
         return Upload(data=path.read_bytes(), source=source, filename=path.name)
     except OSError as exc:

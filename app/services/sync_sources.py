@@ -31,8 +31,8 @@ from sqlalchemy.orm import Session
 
 from app.errors import ApiError
 from app.services.documents import Ingestor, Upload
-from app.services.sync import Progress, folder_files, mirror
-from engine.errors import InputError, NotConfigured, SourceUnavailable
+from app.services.sync import Progress, folder_files, mirror, read_file
+from engine.errors import NotConfigured, SourceUnavailable
 from engine.parsing import SUFFIXES
 
 GIT_SECONDS = 300  # a clone or fetch that takes longer fails the sync
@@ -96,19 +96,12 @@ def sync_git(
     readers = {}
     for path in folder_files(root).values():
         source = prefix + path.relative_to(root).as_posix()
-        readers[source] = partial(_file, path, source)
+        readers[source] = partial(read_file, path, source)
     return {"git": url, "branch": branch, **mirror(ingestor, sessions, prefix, readers, progress)}
 
 
 def _given(upload: Upload) -> Upload:
     return upload
-
-
-def _file(path: Path, source: str) -> Upload:
-    try:
-        return Upload(data=path.read_bytes(), source=source, filename=path.name)
-    except OSError as exc:
-        raise InputError(f"the file cannot be read: {exc.strerror or exc}") from None
 
 
 # ---- a web site ---------------------------------------------------------------------------------
@@ -129,6 +122,11 @@ def _page_url(url: str) -> str:
     return urldefrag(url)[0].split("?", 1)[0]
 
 
+def _scope(start: str) -> str:
+    """The folder a crawl from `start` stays in: the start page's own."""
+    return start if start.endswith("/") else start.rsplit("/", 1)[0] + "/"
+
+
 def _wanted(url: str, scope: str) -> bool:
     path = urlsplit(url).path
     suffix = Path(path).suffix.lower()
@@ -138,7 +136,7 @@ def _wanted(url: str, scope: str) -> bool:
 def crawl(start: str, max_pages: int, get: Callable[[str], Any]) -> tuple[dict[str, Upload], list[dict[str, str]]]:
     """Breadth-first from `start` within its folder: ({url: its upload}, [{source, error}]).
     `get(url)` is an httpx-like GET (a response with status_code, headers, content, url)."""
-    scope = start if start.endswith("/") else start.rsplit("/", 1)[0] + "/"
+    scope = _scope(start)
     queue, seen = deque([_page_url(start)]), {_page_url(start)}
     pages: dict[str, Upload] = {}
     failures: list[dict[str, str]] = []
@@ -179,7 +177,6 @@ def sync_site(
     """Mirror a site's pages under the start page's folder: -> {site, pages, added, ..., failures}."""
     import httpx
 
-    scope = start if start.endswith("/") else start.rsplit("/", 1)[0] + "/"
     with httpx.Client(timeout=PAGE_SECONDS, follow_redirects=True, headers={"User-Agent": "moerag-sync"}) as http:
         pages, unreachable = crawl(start, max_pages, http.get)
     if not pages:
@@ -187,7 +184,7 @@ def sync_site(
     # A page that did not answer this time is kept, not deleted: only pages the crawl reached count.
     readers = {url: partial(_given, upload) for url, upload in pages.items()}
     kept = {f["source"] for f in unreachable}
-    result = mirror(ingestor, sessions, scope, readers, progress, keep=kept)
+    result = mirror(ingestor, sessions, _scope(start), readers, progress, keep=kept)
     result["failed"] += len(unreachable)
     result["failures"] = (unreachable + result["failures"])[:100]
     return {"site": start, "pages": len(pages), **result}
