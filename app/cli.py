@@ -159,10 +159,11 @@ def cmd_router_eval(args: argparse.Namespace) -> None:
     from engine.router_training import evaluate
 
     with local_runtime(settings_from(args), remote=False) as rt:
-        router = rt.routers.current()
+        state = rt.state()
+        router = state.router
         if router is None:
             raise SystemExit("moerag: no active router; run `moerag router train` first")
-        profiles = rt.experts.profiles()
+        profiles = state.experts
         by_name = {p.name: p.id for p in profiles.values()}
         rows = [json.loads(line) for line in Path(args.file).read_text().splitlines() if line.strip()]
         position = {e: i for i, e in enumerate(router.expert_ids)}
@@ -175,9 +176,9 @@ def cmd_router_eval(args: argparse.Namespace) -> None:
             labels.append(position[eid])
             texts.append(r["question"])
         q = rt.embedder.encode(texts)  # [Q, D]
-        bm25 = rt.lexical.current()
+        bm25 = state.lexical
         queries = [bm25.query(t) for t in texts] if bm25 is not None else None
-        logits = router.served_logits(rt.indexes.index, q, queries)  # [Q, E+1], BM25's vote included as served
+        logits = router.served_logits(state.index, q, queries)  # [Q, E+1], BM25's vote included as served
         metrics = evaluate(logits, torch.tensor(labels), router.temperature, rt.settings.route_threshold)
         keep = ("accuracy", "ece_before", "ece_after", "coverage_at_threshold", "accuracy_at_threshold")
         print(json.dumps({"questions": len(rows), "router_version": router.version_id} | {k: metrics[k] for k in keep}))

@@ -72,7 +72,7 @@ def build(rt: Runtime) -> MCPServer:
     def expert_id(name: str | None) -> int | None:
         if name is None:
             return None
-        found = [i for i, p in ready().experts.profiles().items() if p.name == name]
+        found = [i for i, p in ready().state().experts.items() if p.name == name]
         if not found:
             raise ApiError("expert_not_found", f"no expert named {name!r}; list_experts names them")
         return found[0]
@@ -92,7 +92,7 @@ def build(rt: Runtime) -> MCPServer:
         or from one expert's clusters (`expert`: a name from list_experts)."""
         with _anticipated(ToolError):
             rt, eid = ready(), expert_id(expert)
-            clusters = list(rt.experts.profiles()[eid].clusters) if eid is not None else None
+            clusters = list(rt.state().experts[eid].clusters) if eid is not None else None
             body = SearchIn(query=query, k=k, clusters=clusters)
             return (await anyio.to_thread.run_sync(run_search, rt, body)).model_dump()
 
@@ -100,7 +100,7 @@ def build(rt: Runtime) -> MCPServer:
     async def list_experts() -> list[dict[str, Any]]:
         """The experts questions are routed to: id, name and the clusters each owns."""
         with _anticipated(ToolError):
-            profiles = ready().experts.profiles()
+            profiles = ready().state().experts
         return [{"id": p.id, "name": p.name, "clusters": list(p.clusters)} for _, p in sorted(profiles.items())]
 
     @server.tool()

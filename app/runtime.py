@@ -19,13 +19,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import kernels
 from app.auth import load_or_create_token
-from app.catalogue import Catalogue
+from app.catalogue import ALL_PARTS, Catalogue
 from app.db import make_engine, make_sessionmaker
 from app.errors import is_disk_full
 from app.locking import DataDirBusy, DataDirLock, SqlLease
 from app.metrics import Metrics
 from app.migrate import upgrade
-from app.models import Chunk, Cluster, Document, Job, stack
+from app.models import Chunk, Cluster, Document, Job
 from app.services.answer_cache import AnswerCache
 from app.services.ask import SqlChunkStore
 from app.services.bulk import bulk_handler, sync_handler
@@ -33,7 +33,6 @@ from app.services.console_sessions import ConsoleSessions
 from app.services.content_fit import ContentFit
 from app.services.documents import Ingestor
 from app.services.expert_scopes import scope_handler
-from app.services.experts import ExpertDirectory
 from app.services.generation import Generators
 from app.services.indexing import IndexManager
 from app.services.jobs import JobContext, JobRunner
@@ -41,13 +40,13 @@ from app.services.lexical import LexicalManager
 from app.services.ratelimit import RateLimiter
 from app.services.refit import Refit
 from app.services.routing import RouterManager
+from app.services.serving import ServingStates
 from app.settings import Settings
 from engine.chunking import ChunkingConfig
 from engine.embedder import Embedder
-from engine.expert_matrix import ExpertMatrix
-from engine.pipeline import AskPipeline, ExpertProfile, PipelineConfig
+from engine.pipeline import AskPipeline, PipelineConfig
 from engine.question_encoder import QuestionEncoder
-from engine.router import Router
+from engine.serving import ServingState
 
 log = logging.getLogger(__name__)
 _SNAPSHOT_LEASE = 0x6D6F6572  # "moer": the advisory lock key of the snapshot writer
@@ -81,6 +80,7 @@ class Services:
     indexes: IndexManager
     ingestor: Ingestor
     routers: RouterManager
+    states: ServingStates
     pipeline: AskPipeline
     answers: AnswerCache
     jobs: JobRunner
@@ -102,13 +102,9 @@ class Runtime:
         # /ask requests from their handler's start to its reply: counted on the event loop (one
         # thread), read by the pipeline to tell a lone question (engine.question_encoder).
         self.asking = 0
-        self._matrix: tuple[int, ExpertMatrix] | None = None  # (catalogue version it was built at, matrix)
-        self._matrix_lock = threading.Lock()
-        self._serving: tuple[dict[int, ExpertProfile], Router | None] = ({}, None)  # swapped whole
         self.catalogue = Catalogue(self.sessions, settings.catalogue_poll_seconds)  # before anything writes
         self.snapshot_lease = SqlLease(self.engine, _SNAPSHOT_LEASE)  # one process writes index snapshots
         self.lexical = LexicalManager(self.sessions, settings.lexical_rebuild_share)
-        self.experts = ExpertDirectory(self.sessions)
         self.generators = Generators(settings)  # name -> generator (the experts' and the fallback's)
         self.console_sessions = ConsoleSessions(self.sessions)
         per_minute = settings.ask_rate_per_minute
@@ -165,43 +161,18 @@ class Runtime:
     def answers(self) -> AnswerCache:
         return self.services.answers
 
-    def retrieval_vector(self) -> Callable[[np.ndarray], np.ndarray]:
-        """The question as retrieval reads it, as /ask does: through the active router's query adapter."""
-        router = self._serving[1]
-        return lambda q: self.pipeline.retrieval_vector(q, router)
+    def state(self) -> ServingState:
+        """The serving state now (app.services.serving): take it once and read only it."""
+        return self.services.states.current()
+
+    def retrieval_vector(self, state: ServingState) -> Callable[[np.ndarray], np.ndarray]:
+        """The question as retrieval reads it, as /ask does: through `state`'s router's query adapter."""
+        return lambda q: self.pipeline.retrieval_vector(q, state.router)
 
     @property
     def kernel_search(self) -> bool:
         mode = self.settings.scoped_search
         return mode == "kernel" or (mode == "auto" and self.kernel_backend == "triton")
-
-    def expert_matrix(self) -> ExpertMatrix | None:
-        """The expert-sorted embeddings for the scoped kernel, rebuilt when the catalogue moved on."""
-        if not self.kernel_search:
-            return None
-        version = self.catalogue.version
-        if self._matrix is None or self._matrix[0] != version:
-            with self._matrix_lock:
-                if self._matrix is None or self._matrix[0] != version:
-                    self._matrix = (version, self._build_matrix())
-        return self._matrix[1]
-
-    def _build_matrix(self) -> ExpertMatrix:
-        dim = self.embedder.dim
-        with self.sessions() as s:
-            owner = {c: e for c, e in s.execute(select(Cluster.id, Cluster.expert_id))}
-            rows = s.execute(select(Chunk.id, Chunk.cluster_id, Chunk.embedding)).all()
-        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-        experts = np.fromiter((owner.get(r[1]) or -1 for r in rows), dtype=np.int64, count=len(rows))
-        x = stack((r[2] for r in rows), dim)
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        return ExpertMatrix(ids, x, experts, sorted(self.experts.profiles()), device=device)
-
-    def _serving_changed(self, version: int, parts: frozenset[str]) -> None:
-        """Expert profiles and the active router, reloaded as needed and swapped as one pair."""
-        profiles = self.experts.reload() if parts & {"experts", "clusters"} else self.experts.profiles()
-        router = self.routers.reload() if "router" in parts else self.routers.current()
-        self._serving = (profiles, router)
 
     # ---- life cycle ----------------------------------------------------------------------------------
 
@@ -258,15 +229,23 @@ class Runtime:
             self.lexical.refresh(force=True)
             content_fit = ContentFit(self.sessions, indexes, lambda: self.catalogue.version)
             content_fit.backfill()
-            routers = RouterManager(
-                s, self.sessions, emb, lambda: indexes.index, self.lexical.current, drift=content_fit.drift
+            states = ServingStates(
+                self.sessions, indexes, lambda: routers.load_active(), kernel_matrix=self.kernel_search
             )
-            self._serving = (self.experts.reload(), routers.reload())
+            routers = RouterManager(
+                s,
+                self.sessions,
+                emb,
+                lambda: indexes.index,
+                self.lexical.current,
+                drift=content_fit.drift,
+                active=lambda: states.current().router,
+            )
+            states.start(self.catalogue.version, self.lexical.current(), self.lexical.version)
+            self.lexical.published = states.lexical_built
             pipeline = AskPipeline(
                 embedder=emb,
-                index=lambda: indexes.index,
-                lexical=self.lexical.current,
-                serving=lambda: self._serving,
+                state=states.current,
                 store=SqlChunkStore(self.sessions, content_fit.new_topics),
                 generator=self.generators,
                 config=PipelineConfig(
@@ -279,15 +258,11 @@ class Runtime:
                     expert_verify_lexical_slack=s.expert_verify_lexical_slack,
                     query_adapter=s.query_adapter,
                 ),
-                matrix=self.expert_matrix,
                 submit_question=questions.submit,
-                catalogue_version=lambda: self.catalogue.version,
                 in_flight=lambda: self.asking,
                 wide_questions=emb.has_wide_questions,
             )
-            answers = AnswerCache(
-                s.answer_cache, lambda: (self.catalogue.version, indexes.position, self.lexical.builds)
-            )
+            answers = AnswerCache(s.answer_cache, lambda: states.current().serial)  # a state per change
             jobs = JobRunner(
                 self.sessions,
                 {
@@ -303,10 +278,10 @@ class Runtime:
                 lease_seconds=s.job_lease_seconds,
                 max_queued=s.max_queued_jobs,
             )
-            self._services = Services(emb, questions, indexes, ingestor, routers, pipeline, answers, jobs)
+            self._services = Services(emb, questions, indexes, ingestor, routers, states, pipeline, answers, jobs)
             self.catalogue.subscribe(["documents", "index"], indexes.follow)  # first: the others read it
             self.catalogue.subscribe(["documents"], self.lexical.mark_dirty)
-            self.catalogue.subscribe(["experts", "clusters", "router"], self._serving_changed)
+            self.catalogue.subscribe(ALL_PARTS, states.changed)  # last: it reads what the others applied
             self.catalogue.follow()
             if not s.worker_of:  # a sibling worker may be spooling an upload right now
                 self._clean_spool()

@@ -92,7 +92,7 @@ def main() -> None:
             ).all()
         chunk_ids = np.array([r[0] for r in rows], dtype=np.int64)  # [M]
         chunks = stack((r[1] for r in rows), rt.embedder.dim)  # [M, D]
-        profiles = rt.experts.profiles()
+        profiles = rt.state().experts
         expert_of_list = {c: e for e, p in profiles.items() for c in p.clusters}
         chunk_expert = np.array([expert_of_list.get(r[4], -1) for r in rows], dtype=np.int64)  # [M]
         by_name = {p.name: e for e, p in profiles.items()}

@@ -162,13 +162,13 @@ def evaluate(
         print(json.dumps(rt.routers.train(force=True)), flush=True)
         rt.catalogue.sync()  # the pipeline serves the new version from here on, not after the next poll
     train_s = time.perf_counter() - t0
-    profiles = rt.experts.profiles()
+    profiles = rt.state().experts
     domain_clusters = {d: list(profiles[ids[d]].clusters) for d in DOMAINS}
     index = rt.indexes.index
     sizes = index.list_sizes()
 
     q_vecs = rt.embedder.encode([q["question"] for q in questions])  # [Q, D] the gate's input
-    active = rt.routers.current()
+    active = rt.state().router
     r_vecs = rt.pipeline.retrieval_vector(q_vecs, active)  # [Q, D] retrieval's, as served
     adapted = r_vecs is not q_vecs
     store = rt.pipeline.store
@@ -290,7 +290,7 @@ def evaluate(
         result["lexical_weight_sweep_hit@10"] = sweep
     if faq_blind:
         print("training a router with the FAQ pages left out ...", flush=True)
-        full_version = rt.routers.current().version_id
+        full_version = rt.state().router.version_id
         info = rt.routers.train(exclude_documents=faq_documents(rt), force=True)
         rt.catalogue.sync()
         blind_ranked, blind_preps = served(rt, questions)

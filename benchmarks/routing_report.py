@@ -169,7 +169,7 @@ def router_figures(
     from engine.calibration import ece_noise_floor, lowest_ece_by_temperature
     from engine.router_training import evaluate as evaluate_router
 
-    router = rt.routers.current()
+    router = rt.state().router
     position = {e: i for i, e in enumerate(router.expert_ids)}
     # The right class is the expert holding the answer's page, which is what the router learns to
     # name (each chunk's label is its list's expert), or the domain's where no page is known. On
@@ -178,7 +178,7 @@ def router_figures(
     truth = [p if p is not None else ids[q["domain"]] for q, p in zip(questions, known, strict=True)]
     labels = torch.tensor([position[t] for t in truth])
     by_domain = torch.tensor([position[ids[q["domain"]]] for q in questions])
-    bm25 = rt.lexical.current()
+    bm25 = rt.state().lexical
     queries = [bm25.query(q["question"]) for q in questions] if bm25 is not None else None
     logits = router.served_logits(rt.indexes.index, q_vecs, queries)  # [Q, C], as the served gate computes them
     quality = evaluate_router(logits, labels, router.temperature, rt.settings.route_threshold)

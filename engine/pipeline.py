@@ -19,13 +19,15 @@ from typing import Literal, Protocol
 import numpy as np
 
 from engine.embedder import Embedder
-from engine.expert_matrix import ExpertMatrix
 from engine.generators import GENERIC_SYSTEM_PROMPT, Generator, Passage
 from engine.lexical import Fusion, LexicalIndex, LexicalQuery, convex_fusion, reciprocal_rank_fusion
 from engine.question_encoder import done_future
 from engine.route_check import best_outside, lexical_best_outside, no_expert_fits, overruled
 from engine.router import Router
+from engine.serving import ExpertProfile, ServingState
 from index import ClusteredIndex
+
+__all__ = ["AskPipeline", "AskRequest", "ChunkRecord", "ChunkStore", "ExpertProfile", "Prepared", "Route"]
 
 Mode = Literal["auto", "expert", "fallback"]
 
@@ -44,17 +46,6 @@ class ChunkRecord:
 
 class ChunkStore(Protocol):
     def fetch(self, ids: Sequence[int]) -> dict[int, ChunkRecord]: ...
-
-
-@dataclass(frozen=True)
-class ExpertProfile:
-    id: int
-    name: str
-    system_prompt: str
-    generator: str
-    top_k: int
-    threshold: float | None
-    clusters: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -86,6 +77,7 @@ class Route:
     clusters_scanned: int = 0
     vectors_scanned: int = 0
     catalogue_version: int = 0  # the version of the experts, mapping and router this was answered with
+    versions: dict[str, int | None] = field(default_factory=dict)  # the serving state's (ServingState.versions)
 
 
 @dataclass
@@ -148,19 +140,18 @@ class AskPipeline:
         self,
         *,
         embedder: Embedder,
-        index: Callable[[], ClusteredIndex],
-        lexical: Callable[[], LexicalIndex | None],
-        serving: Callable[[], tuple[dict[int, ExpertProfile], Router | None]],
+        state: Callable[[], ServingState],
         store: ChunkStore,
         generator: Callable[[str], Generator],
         config: PipelineConfig | None = None,
-        matrix: Callable[[], ExpertMatrix | None] | None = None,
         submit_question: Callable[[str, bool], Future[np.ndarray]] | None = None,
-        catalogue_version: Callable[[], int] | None = None,
         in_flight: Callable[[], int] | None = None,
         wide_questions: bool = False,
     ) -> None:
-        self.embedder, self.index, self.lexical = embedder, index, lexical
+        self.embedder = embedder
+        # The serving state (engine.serving), taken once per question: its router, experts,
+        # mapping, index and BM25 are one version's, however the catalogue moves meanwhile.
+        self.state = state
         # (question, alone: no other question being prepared) -> its [1, D] vector to come; the
         # server passes a QuestionEncoder's (cache + dynamic batching, the model in a batch thread,
         # on every core when alone); by default embedded here, at once.
@@ -172,12 +163,7 @@ class AskPipeline:
         self.wide_questions = wide_questions  # the encoder runs a lone question on every core
         self._preparing = 0  # questions in `prepare` now (guarded by the lock)
         self._preparing_lock = threading.Lock()
-        self.matrix = matrix or (lambda: None)
-        self.catalogue_version = catalogue_version or (lambda: 0)  # read before any state: a lower bound
         self.store, self.generator = store, generator
-        # (expert profiles, router) read as one reference per question, so a question never pairs
-        # a router with profiles from another moment; the server swaps both together.
-        self.serving = serving
         self.config = config or PipelineConfig()
         # Per BM25 index (weakly held: a rebuilt one starts afresh), scope masks by index state.
         self._masks: weakref.WeakKeyDictionary[LexicalIndex, dict[tuple[str, int, tuple[int, ...]], np.ndarray]]
@@ -197,11 +183,11 @@ class AskPipeline:
         cfg = self.config
         started = time.perf_counter()
         timings: dict[str, float] = {}
-        version = self.catalogue_version()
+        state = self.state()
 
         t = time.perf_counter()
         pending = self.submit_question(req.question, alone)  # [1, D] to come
-        lexical = self.lexical()  # one BM25 index per question; its scores computed once
+        lexical = state.lexical  # one BM25 index per question; its scores computed once
         terms = lexical.query(req.question) if lexical is not None else None
         if terms is not None and not (alone and self.wide_questions):  # the model on every core: BM25 waits
             _ = terms.scores  # BM25 over every chunk while the model runs (on another core when idle)
@@ -209,11 +195,10 @@ class AskPipeline:
         timings["embed"] = (time.perf_counter() - t) * 1000  # the model, BM25's scores overlapped
 
         t = time.perf_counter()
-        index = self.index()
-        serving = self.serving()
-        route = self._route(q, req, terms, serving)
-        route.catalogue_version = version
-        q = self.retrieval_vector(q, serving[1])  # [1, D]
+        index = state.index
+        route = self._route(q, req, terms, state)
+        route.catalogue_version, route.versions = state.version, state.versions
+        q = self.retrieval_vector(q, state.router)  # [1, D]
         timings["route"] = (time.perf_counter() - t) * 1000
 
         t = time.perf_counter()
@@ -223,7 +208,7 @@ class AskPipeline:
             n = max(cfg.candidates, k)
             scope = [c for c in route.expert.clusters if 0 <= c < index.nlist]
             clusters = scope
-            matrix = self.matrix()
+            matrix = state.matrix
             if matrix is not None:  # GPU deployments: the expert-sorted copy and the scoped kernel
                 scores, ids = matrix.search(q, [route.expert.id], n)  # [1, N]
                 route.vectors_scanned += matrix.sizes([route.expert.id])
@@ -274,13 +259,13 @@ class AskPipeline:
         q: np.ndarray,
         req: AskRequest,
         terms: LexicalQuery | None = None,
-        serving: tuple[dict[int, ExpertProfile], Router | None] | None = None,
+        state: ServingState | None = None,
     ) -> Route:
         cfg = self.config
-        experts, router = serving or self.serving()
+        state = state or self.state()
+        experts, router, index = state.experts, state.router, state.index
         neighbours, probed, hits = None, 0, None
         if router is not None and req.mode != "fallback":  # the gate's votes: a small IVF probe, BM25's best
-            index = self.index()
             neighbours, probed = router.probe(index, q)
             hits = router.lexical_probe(index, [terms]) if terms is not None else None
         decision = router.route(q, k=3, neighbours=neighbours, lexical=hits)[0] if router is not None else None

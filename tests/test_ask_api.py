@@ -232,7 +232,7 @@ def test_kernel_scoped_search_matches_faiss_on_the_expert_path(client: TestClien
     rt = client.app.state.runtime  # type: ignore[attr-defined]
     question = {"question": "How does a git rebase replay commits onto another branch?", "top_k": 5, "generate": False}
     by_faiss = ask(client, **question)
-    assert rt.expert_matrix() is None  # no GPU: FAISS serves the expert path
+    assert rt.state().matrix is None  # no GPU: FAISS serves the expert path
     rt.answers.size = 0  # a setting changed behind the catalogue's back (a restart in production)
     rt.settings.scoped_search = "kernel"  # the GPU layout, scanned here by the kernel's torch twin
     by_kernel = ask(client, **question)
@@ -282,7 +282,7 @@ def test_remapping_re_places_a_stray_chunk_in_sql_and_in_the_index(client: TestC
     with rt.sessions() as s:
         back = s.get(Chunk, cid).cluster_id
     assert back in git_lists and rt.indexes.index.clusters_of(np.array([cid])).tolist() == [back]
-    assert rt.experts.profiles()[sqlite].clusters == (sqlite_list,)  # the mapping itself is untouched
+    assert rt.state().experts[sqlite].clusters == (sqlite_list,)  # the mapping itself is untouched
 
 
 def test_readyz_says_when_the_router_is_older_than_the_mapping(client: TestClient, routed: dict[str, Any]) -> None:

@@ -50,9 +50,9 @@ def test_copy_a_sqlite_store_to_postgresql_and_serve_from_it(tmp_path: Path, emb
         assert target.stats() == stats
         after = target.indexes.index.search(question, 5)
         assert after[1].tolist() == before[1].tolist()  # same ids, same order
-        router = target.routers.current()
+        router = target.state().router
         assert router is not None and router.version_id == version
-        assert target.experts.profiles()[git].name == "git"
+        assert target.state().experts[git].name == "git"
         new = target.ingestor.ingest(Upload(data=topic_doc("sqlite", 9, 4).encode(), source="new.md"))
         assert new.status == "created" and new.document_id > counts["document"]  # ids go on
     finally:

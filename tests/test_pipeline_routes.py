@@ -6,6 +6,7 @@ import torch
 
 from engine.pipeline import AskPipeline, AskRequest, ExpertProfile
 from engine.router import GateNet, Router
+from engine.serving import fixed_state
 
 
 def router_with_logits(logits: list[float], expert_ids: list[int]) -> Router:
@@ -28,9 +29,7 @@ class _Embed:
 def pipeline(router: Router | None, experts: dict[int, ExpertProfile]) -> AskPipeline:
     return AskPipeline(
         embedder=_Embed(),  # type: ignore[arg-type]
-        index=lambda: None,  # type: ignore[arg-type,return-value]
-        lexical=lambda: None,
-        serving=lambda: (experts, router),
+        state=lambda: fixed_state(None, experts, router),  # type: ignore[arg-type]
         store=None,  # type: ignore[arg-type]
         generator=lambda name: None,  # type: ignore[arg-type,return-value]
     )
@@ -125,7 +124,7 @@ def test_the_gates_vote_probes_the_index_and_can_settle_a_route() -> None:
     far = np.eye(4, dtype=np.float32)[[2, 2]]
     index.add(np.concatenate([near, far]), np.arange(5), np.array([0, 0, 1, 2, 2]))
     p = pipeline(router, EXPERTS)
-    p.index = lambda: index
+    p.state = lambda: fixed_state(index, EXPERTS, router)
     q = np.full((1, 4), 0.5, dtype=np.float32)
     assert p._route(q, AskRequest("q")).reason == "low_confidence"  # vote weight 0: no probe
     router.net.vote_params.copy_(torch.tensor([3.0, 4.0, 3.0, 20.0, 0.01]))  # probe 4 lists, 3 chunks vote

@@ -35,7 +35,7 @@ def test_ingest_search_delete_and_restart_on_postgres(tmp_path: Path, embedder: 
         rt.indexes.recluster()
         from app.services.search import search
 
-        hits = search(rt.sessions, rt.embedder, rt.indexes, "git branch rebase", 3, None).hits
+        hits = search(rt.sessions, rt.embedder, rt.indexes.index, "git branch rebase", 3, None).hits
         assert hits[0].chunk.document_id == ids[1]
         assert rt.ingestor.delete(ids[1]) >= 1
         stats = rt.stats()

@@ -12,6 +12,7 @@ from engine.pipeline import AskRequest
 from engine.question_encoder import done_future
 from engine.router import ADAPTER_KEY, Router
 from engine.samples import heading_queries
+from engine.serving import fixed_state
 from tests.test_pipeline_routes import EXPERTS, pipeline, router_with_logits
 
 
@@ -107,7 +108,7 @@ def test_retrieval_reads_the_adapted_question_and_the_gate_the_models(use_adapte
 
     router = router_with_logits([1.0, 0.8, 0.0, 0.0], [1, 2, 3])  # unsure: the fallback path
     p = pipeline(router, EXPERTS)
-    p.index, p.store = (lambda: index), Store()  # type: ignore[assignment]
+    p.state, p.store = (lambda: fixed_state(index, EXPERTS, router)), Store()  # type: ignore[assignment]
     p.submit_question = lambda text, alone: done_future(np.eye(4, dtype=np.float32)[[0]])  # the model's vector
     plain = p.prepare(AskRequest("q", top_k=1))
     router.adapter = np.eye(4, dtype=np.float32)[[1, 0, 2, 3]]  # axis 0 <-> axis 1

@@ -16,6 +16,7 @@ from app.settings import Settings
 from engine.embedder import Embedder
 from engine.pipeline import AskPipeline, AskRequest
 from engine.question_encoder import QuestionEncoder, done_future
+from engine.serving import fixed_state
 from tests.conftest import TOKEN
 from tests.helpers import TOPICS, topic_doc
 
@@ -326,7 +327,7 @@ def test_the_pipeline_says_whether_a_question_is_prepared_alone() -> None:
         raise RuntimeError("stop here")  # the route is not under test
 
     p = AskPipeline(
-        embedder=None, index=None, lexical=lambda: None, serving=None, store=None,  # type: ignore[arg-type]
+        embedder=None, state=lambda: fixed_state(None), store=None,  # type: ignore[arg-type]
         generator=None, submit_question=submit,  # type: ignore[arg-type]
     )  # fmt: skip
 

@@ -104,11 +104,11 @@ def test_a_second_process_follows_ingest_delete_recluster_and_router(start: Call
     git = expert_service.create(a.sessions, {"name": "git"}).id
     git_lists = sorted({int(c) for c in a.indexes.index.assign(a.embedder.encode([TOPICS["git"]]))})
     expert_service.assign(a.sessions, git_lists, git)
-    wait_until(lambda: git in b.experts.profiles() and b.experts.profiles()[git].clusters == tuple(git_lists))
+    wait_until(lambda: git in b.state().experts and b.state().experts[git].clusters == tuple(git_lists))
     a.indexes.realign()
     wait_until(lambda: converged(b, a))
     result = a.routers.train(activate=True, force=True)
-    wait_until(lambda: (r := b.routers.current()) is not None and r.version_id == result["version"])
+    wait_until(lambda: (r := b.state().router) is not None and r.version_id == result["version"])
     wait_until(lambda: b.catalogue.version == a.catalogue.version)  # a may have committed once more since
 
 

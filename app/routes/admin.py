@@ -123,7 +123,7 @@ def _expert_out(e: Expert, owned: dict[int, list[int]]) -> ExpertOut:
 
 
 def _owned(rt: RuntimeDep) -> dict[int, list[int]]:
-    return {e: list(p.clusters) for e, p in rt.experts.profiles().items()}
+    return {e: list(p.clusters) for e, p in rt.state().experts.items()}
 
 
 @router.get("/experts", response_model=Page[ExpertOut])

@@ -51,6 +51,7 @@ def readyz(request: Request) -> JSONResponse:
             },
             "router": rt.routers.staleness(),  # stale: the mapping changed since it was trained
             "catalogue_version": rt.catalogue.version,  # the last change this process applied
+            "serving": rt.state().versions,  # what a question starting now reads (app.services.serving)
             "question_model": rt.question_model,
         }
     )

@@ -1,11 +1,11 @@
 """Questions asked again: their route and citations reused until anything they depend on changes.
 
-An entry is filed under the state it was computed in, a stamp of (catalogue version, index
-replica position, BM25 build); a lookup uses the stamp of now, so any catalogue change (a
-document, a mapping, an expert setting, a router version) or a BM25 rebuild makes every older
-entry unreachable at once, and the LRU bound evicts them. Nothing expires by time. A result whose
-state moved while it was computed is not filed. The generator runs again on every answer (an
-LLM's answer is not reused); the extractive one is cheap.
+An entry is filed under the serving state it was computed in (its serial, app.services.serving);
+a lookup uses the state of now, so any catalogue change (a document, a mapping, an expert
+setting, a router version) or a BM25 rebuild makes every older entry unreachable at once, and
+the LRU bound evicts them. Nothing expires by time. A result whose state moved while it was
+computed is not filed. The generator runs again on every answer (an LLM's answer is not
+reused); the extractive one is cheap.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable, Hashable
 
 from engine.pipeline import Prepared
 
-Stamp = tuple[int, ...]
+Stamp = Hashable
 
 
 class AnswerCache:

@@ -56,7 +56,7 @@ def prepare(rt: Runtime, body: AskIn) -> Asked:
     check_question(body.query, body.k, rt.settings)
     if body.mode != "expert" and body.expert is not None:
         raise ApiError("invalid_request", "'expert' is only meaningful with mode='expert'")
-    if body.expert is not None and body.expert not in rt.experts.profiles():
+    if body.expert is not None and body.expert not in rt.state().experts:
         raise ApiError("expert_not_found", f"no expert {body.expert}")
     turn = None
     if body.conversation_id is not None:

@@ -81,6 +81,9 @@ def route_json(route: Route) -> dict[str, Any]:
         "detail": route.detail,
         "router_version": route.router_version,
         "catalogue_version": route.catalogue_version,
+        # the serving state's other parts: the index replica's log position, BM25's build version
+        "index_position": route.versions.get("index_position"),
+        "bm25_version": route.versions.get("bm25_version"),
         "clusters_scanned": route.clusters_scanned,
         "vectors_scanned": route.vectors_scanned,
     }

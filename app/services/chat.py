@@ -38,7 +38,7 @@ _LISTED_SINCE = int(time.time())  # the models' `created`
 
 def models(rt: Runtime) -> ModelList:
     """`moerag`, then one `moerag/<name>` an expert, in id order."""
-    names = [MODEL] + [EXPERT_MODEL + p.name for _, p in sorted(rt.experts.profiles().items())]
+    names = [MODEL] + [EXPERT_MODEL + p.name for _, p in sorted(rt.state().experts.items())]
     return ModelList(data=[ModelOut(id=name, created=_LISTED_SINCE) for name in names])
 
 
@@ -48,7 +48,7 @@ def ask_body(rt: Runtime, body: ChatIn) -> AskIn:
     The question: with a `conversation_id`, the last user message (made standalone from the stored
     turns); without one, the user messages of `messages` made standalone in turn (engine.followup)."""
     by_model: dict[str, int | None] = {MODEL: None}
-    by_model |= {EXPERT_MODEL + p.name: i for i, p in rt.experts.profiles().items()}  # names are unique
+    by_model |= {EXPERT_MODEL + p.name: i for i, p in rt.state().experts.items()}  # names are unique
     if body.model not in by_model:
         raise ApiError("model_not_found", f"the model {body.model!r} does not exist; GET /v1/models lists them")
     expert = by_model[body.model]

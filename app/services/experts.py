@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from typing import Any, cast
 
 from sqlalchemy import CursorResult, select, update
@@ -13,7 +12,7 @@ from app.models import Cluster, Expert
 from app.services import proposals
 from app.services.paging import scalar_page
 from engine.errors import Conflict, NotFound
-from engine.pipeline import ExpertProfile
+from engine.serving import ExpertProfile
 
 EXPERT_FIELDS = ("name", "description", "system_prompt", "generator", "top_k", "threshold")
 
@@ -139,36 +138,16 @@ def propose_and_apply(
     return result
 
 
-class ExpertDirectory:
-    """Expert profiles for routing, held in memory and reloaded when the catalogue says they changed."""
-
-    def __init__(self, sessions: sessionmaker[Session]) -> None:
-        self.sessions = sessions
-        self._cache: dict[int, ExpertProfile] | None = None
-        self._lock = threading.Lock()
-
-    def profiles(self) -> dict[int, ExpertProfile]:
-        cache = self._cache
-        return cache if cache is not None else self.reload()
-
-    def reload(self, *_: object) -> dict[int, ExpertProfile]:
-        """Read experts and their clusters (a catalogue subscriber: experts or clusters changed)."""
-        with self._lock, self.sessions() as s:
-            owned: dict[int, list[int]] = {}
-            for cid, eid in s.execute(select(Cluster.id, Cluster.expert_id).where(Cluster.expert_id.is_not(None))):
-                if eid is not None:
-                    owned.setdefault(eid, []).append(cid)
-            fresh = {
-                e.id: ExpertProfile(
-                    e.id,
-                    e.name,
-                    e.system_prompt,
-                    e.generator,
-                    e.top_k,
-                    e.threshold,
-                    tuple(sorted(owned.get(e.id, []))),
-                )
-                for e in s.scalars(select(Expert))
-            }
-            self._cache = fresh  # one reference swap: readers see the old or the new profiles, whole
-        return fresh
+def load_profiles(sessions: sessionmaker[Session]) -> dict[int, ExpertProfile]:
+    """Every expert with the clusters it owns, as routing reads them (app.services.serving)."""
+    with sessions() as s:
+        owned: dict[int, list[int]] = {}
+        for cid, eid in s.execute(select(Cluster.id, Cluster.expert_id).where(Cluster.expert_id.is_not(None))):
+            if eid is not None:
+                owned.setdefault(eid, []).append(cid)
+        return {
+            e.id: ExpertProfile(
+                e.id, e.name, e.system_prompt, e.generator, e.top_k, e.threshold, tuple(sorted(owned.get(e.id, [])))
+            )
+            for e in s.scalars(select(Expert))
+        }

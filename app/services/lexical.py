@@ -17,6 +17,7 @@ from collections.abc import Callable
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.catalogue import read_version
 from app.models import Chunk
 from engine.lexical import LexicalIndex
 
@@ -30,7 +31,9 @@ class LexicalManager:
         self.sessions = sessions
         self.max_share, self.clock = max_share, clock
         self._index: LexicalIndex | None = None
-        self.builds = 0  # how many times it was (re)built: part of the answer cache's stamp
+        self.version = 0  # the catalogue version of the last build (its rows are this version's or later)
+        self.builds = 0  # how many times it was (re)built
+        self.published: Callable[[LexicalIndex, int], object] | None = None  # told of each build (the serving state)
         self._dirty = True
         self._next_allowed = 0.0  # clock time before which a non-forced rebuild waits
         self._lock = threading.Lock()
@@ -51,10 +54,13 @@ class LexicalManager:
             self._dirty = False
             t0 = self.clock()
             with self.sessions() as s:
+                version = read_version(s)
                 rows = s.execute(select(Chunk.id, Chunk.heading, Chunk.text).order_by(Chunk.id)).all()
             fresh = LexicalIndex([r[0] for r in rows], [f"{r[1]}\n{r[2]}" for r in rows])
-            self._index = fresh
+            self._index, self.version = fresh, version
             self.builds += 1
+            if self.published is not None:
+                self.published(fresh, version)
             took = self.clock() - t0
             self._next_allowed = t0 + took / self.max_share
         log.info("BM25 index rebuilt over %d chunks in %.1fs", len(fresh), took)

@@ -1,9 +1,8 @@
-"""Router versions: training (a job), storage, atomic activation, and hot reload in every worker."""
+"""Router versions: training (a job), storage, atomic activation; the serving state loads the active one."""
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -52,19 +51,19 @@ class RouterManager:
         index: Callable[[], ClusteredIndex] | None = None,
         lexical: Callable[[], LexicalIndex | None] | None = None,
         drift: Callable[[], dict[str, Any]] | None = None,
+        active: Callable[[], Router | None] = lambda: None,
     ) -> None:
         self.settings, self.sessions, self.embedder = settings, sessions, embedder
         self.drift = drift  # the content-fit report (app.services.content_fit): None reports none
         self.index = index  # for the gate's vote: None trains a gate without one
         self.lexical = lexical  # for the gate's BM25 vote: None (or no BM25 index) trains one without
-        self._router: Router | None = None
-        self._lock = threading.Lock()
+        self.active = active  # the serving state's router (app.services.serving)
 
     # ---- the active version, shared by every worker through the database ------------------------------
 
     def current(self) -> Router | None:
-        """The active router, as of the last catalogue version this process applied."""
-        return self._router
+        """The active router, as of the serving state this process publishes."""
+        return self.active()
 
     def staleness(self) -> dict[str, Any]:
         """Was the active router trained on the cluster -> expert mapping in force now, and do the
@@ -100,9 +99,9 @@ class RouterManager:
         reason = f"{len(changed)} cluster(s) changed expert since training; retrain it" if changed else "up to date"
         return out | {"stale": bool(changed), "changed_clusters": changed, "reason": reason}
 
-    def reload(self, *_: object) -> Router | None:
-        """Load the active version (a catalogue subscriber: router versions changed)."""
-        with self._lock, self.sessions() as s:
+    def load_active(self) -> Router | None:
+        """The active version read from SQL (the serving state's builder calls this when it changed)."""
+        with self.sessions() as s:
             v = s.scalars(select(RouterVersion).where(RouterVersion.active)).first()
             router = (
                 Router.from_state(
@@ -118,7 +117,6 @@ class RouterManager:
             )
             if router is not None and v is not None:
                 router.metrics = v.metrics
-            self._router = router  # one reference swap: requests see the old or the new router, whole
         log.info("router version %s active", router.version_id if router else None)
         return router
 

@@ -13,8 +13,8 @@ from sqlalchemy.orm import Session, selectinload, sessionmaker
 from app.limits import SEARCH_K, check_question
 from app.models import Chunk
 from app.schemas import SearchHit, SearchIn, SearchOut
-from app.services.indexing import IndexManager
 from engine.embedder import Embedder
+from index.store import ClusteredIndex
 
 if TYPE_CHECKING:
     from app.runtime import Runtime
@@ -36,7 +36,7 @@ class SearchResult:
 def search(
     sessions: sessionmaker[Session],
     embedder: Embedder,
-    indexes: IndexManager,
+    index: ClusteredIndex,
     query: str,
     k: int,
     clusters: Sequence[int] | None,
@@ -48,7 +48,6 @@ def search(
     # meanwhile never delays a search; the same vectors as `encode`, checked at start).
     q = embedder.encode_questions([query])  # [1, D]
     q = retrieval_vector(q) if retrieval_vector is not None else q  # [1, D]
-    index = indexes.index
     scores, ids = index.search(q, k, clusters)  # [1, K], [1, K]
     scanned_lists, scanned = index.scan_size(clusters)
     found = [(int(i), float(sc)) for i, sc in zip(ids[0], scores[0], strict=True) if i >= 0]
@@ -68,7 +67,8 @@ def run_search(rt: Runtime, body: SearchIn) -> SearchOut:
     """The search as `POST /search` answers it (the CLI's local `search` prints the same)."""
     check_question(body.query, body.k, rt.settings)
     k = SEARCH_K if body.k is None else body.k
-    result = search(rt.sessions, rt.embedder, rt.indexes, body.query, k, body.clusters, rt.retrieval_vector())
+    state = rt.state()  # one version's index and router
+    result = search(rt.sessions, rt.embedder, state.index, body.query, k, body.clusters, rt.retrieval_vector(state))
     hits = [
         SearchHit(
             chunk_id=h.chunk.id,

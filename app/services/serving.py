@@ -1,0 +1,127 @@
+"""The serving state's follower: one `ServingState` per catalogue version, published by a swap.
+
+`ServingStates.changed` is the catalogue subscriber that runs after the index replica has
+applied the change (app.runtime subscribes it last). It builds the next state from the previous
+one, reloading only the parts that changed: profiles and mapping from SQL when experts or
+clusters changed, the active router when router versions changed, the kernel's expert matrix
+when chunks or the mapping changed (GPU deployments only). The work runs in the thread that
+applies the catalogue: the follower thread, or a writer's own thread at its commit (read your
+own writes), never a question's. A BM25 rebuild (app.services.lexical) publishes through
+`lexical_built`. Publications are serialised by one lock, so a slow build never overwrites a
+newer state; readers never lock: `current()` is one reference read.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+
+import numpy as np
+import torch
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.models import Chunk, Cluster, stack
+from app.services.experts import load_profiles
+from app.services.indexing import IndexManager
+from engine.expert_matrix import ExpertMatrix
+from engine.lexical import LexicalIndex
+from engine.router import Router
+from engine.serving import ExpertProfile, ServingState
+
+log = logging.getLogger(__name__)
+
+_MATRIX_PARTS = frozenset({"documents", "clusters", "experts", "index"})
+_PROFILE_PARTS = frozenset({"clusters", "experts", "index"})
+
+
+class ServingStates:
+    """Builds and publishes the serving state; `current()` is what a question takes at its start."""
+
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        indexes: IndexManager,
+        load_router: Callable[[], Router | None],
+        *,
+        kernel_matrix: bool = False,
+    ) -> None:
+        self.sessions, self.indexes, self.load_router = sessions, indexes, load_router
+        self.kernel_matrix = kernel_matrix  # the scoped kernel serves the expert path: keep its matrix
+        self._state: ServingState | None = None
+        self._serial = 0
+        self._lock = threading.Lock()
+
+    def current(self) -> ServingState:
+        state = self._state
+        assert state is not None, "no serving state published yet"
+        return state
+
+    def start(self, version: int, lexical: LexicalIndex | None, lexical_version: int) -> ServingState:
+        """The first state: every part read now (the catalogue was opened at `version` or before)."""
+        with self._lock:
+            experts = load_profiles(self.sessions)
+            return self._publish(
+                version,
+                experts,
+                self.load_router(),
+                lexical,
+                lexical_version,
+                self._matrix(experts) if self.kernel_matrix else None,
+            )
+
+    def changed(self, version: int, parts: frozenset[str]) -> None:
+        """A catalogue subscriber for every part: the next state, with what `parts` changed reread."""
+        with self._lock:
+            old = self.current()
+            experts = load_profiles(self.sessions) if parts & _PROFILE_PARTS else old.experts
+            router = self.load_router() if "router" in parts else old.router
+            matrix = old.matrix
+            if self.kernel_matrix and parts & _MATRIX_PARTS:
+                matrix = self._matrix(experts)
+            self._publish(version, experts, router, old.lexical, old.lexical_version, matrix)
+
+    def lexical_built(self, lexical: LexicalIndex, version: int) -> None:
+        """A BM25 rebuild (built at catalogue `version`): the same state with it."""
+        with self._lock:
+            old = self.current()
+            self._serial += 1
+            self._state = replace(old, serial=self._serial, lexical=lexical, lexical_version=version)
+
+    def _publish(
+        self,
+        version: int,
+        experts: Mapping[int, ExpertProfile],
+        router: Router | None,
+        lexical: LexicalIndex | None,
+        lexical_version: int,
+        matrix: ExpertMatrix | None,
+    ) -> ServingState:
+        self._serial += 1
+        state = ServingState(
+            version=version,
+            serial=self._serial,
+            experts=experts,
+            router=router,
+            index=self.indexes.index,
+            index_position=self.indexes.position,
+            lexical=lexical,
+            lexical_version=lexical_version,
+            matrix=matrix,
+        )
+        self._state = state  # the one reference swap: a question sees the old state or this one, whole
+        return state
+
+    def _matrix(self, experts: Mapping[int, ExpertProfile]) -> ExpertMatrix:
+        """The expert-sorted embeddings for the scoped kernel, read from SQL."""
+        dim = self.indexes.dim
+        with self.sessions() as s:
+            owner = {c: e for c, e in s.execute(select(Cluster.id, Cluster.expert_id))}
+            rows = s.execute(select(Chunk.id, Chunk.cluster_id, Chunk.embedding)).all()
+        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        owners = np.fromiter((owner.get(r[1]) or -1 for r in rows), dtype=np.int64, count=len(rows))
+        x = stack((r[2] for r in rows), dim)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        return ExpertMatrix(ids, x, owners, sorted(experts), device=device)

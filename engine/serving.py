@@ -1,0 +1,74 @@
+"""One serving state: everything a question reads, as of one catalogue version, in one object.
+
+A state is immutable and published by one reference swap (the way Lucene's `SearcherManager`
+publishes searchers): a question takes `current()` once, at its start, and reads only that
+state, so it never pairs a router with another moment's experts, mapping or clustering. The
+app builds the next state off the question path, when the catalogue moves, and swaps it in.
+
+What the state pins and what it shares:
+
+- `experts` (profiles with their clusters: the cluster -> expert mapping) and `router`: the
+  versions committed at `version`.
+- `index`: the replica handle. A new clustering is a new object, so a state keeps the lists it
+  was built with; chunks added or removed within those lists are applied to the handle in place
+  (`index_position` is the catalogue version it held when the state was built). A question may
+  therefore also see chunks committed after its state; never another clustering.
+- `lexical`: the BM25 index (immutable) and `lexical_version`, the catalogue version it was
+  built at. BM25 rebuilds are spaced (app.services.lexical), so it may lag `version`; its
+  rebuild publishes a new state at the same version (a new `serial`).
+- `matrix`: the expert-sorted copy for the scoped kernel, built with the state (GPU only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from engine.expert_matrix import ExpertMatrix
+from engine.lexical import LexicalIndex
+from engine.router import Router
+from index import ClusteredIndex
+
+
+@dataclass(frozen=True)
+class ExpertProfile:
+    id: int
+    name: str
+    system_prompt: str
+    generator: str
+    top_k: int
+    threshold: float | None
+    clusters: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ServingState:
+    version: int  # the catalogue version of the experts, mapping and router
+    serial: int  # publication number: any change to what a question reads gives a new one
+    experts: Mapping[int, ExpertProfile]
+    router: Router | None
+    index: ClusteredIndex
+    index_position: int
+    lexical: LexicalIndex | None = None
+    lexical_version: int = 0
+    matrix: ExpertMatrix | None = None
+
+    @property
+    def versions(self) -> dict[str, int | None]:
+        """What a response records: the versions this state was built from."""
+        return {
+            "catalogue_version": self.version,
+            "router_version": self.router.version_id if self.router is not None else None,
+            "index_position": self.index_position,
+            "bm25_version": self.lexical_version if self.lexical is not None else None,
+        }
+
+
+def fixed_state(
+    index: ClusteredIndex,
+    experts: Mapping[int, ExpertProfile] | None = None,
+    router: Router | None = None,
+    lexical: LexicalIndex | None = None,
+) -> ServingState:
+    """A state for code that serves one fixed store (benchmarks, unit tests): version 0."""
+    return ServingState(0, 0, dict(experts or {}), router, index, 0, lexical)
