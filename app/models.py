@@ -22,9 +22,10 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     false,
+    select,
 )
 from sqlalchemy.engine import Dialect
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, relationship
 
 # SQLite only auto-increments an INTEGER PRIMARY KEY; BIGINT elsewhere.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -312,3 +313,8 @@ class IndexLog(Base):
     version: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     chunk_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     cluster_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+def cluster_owners(s: Session) -> dict[int, int | None]:
+    """The cluster -> expert mapping as stored, by cluster id (None: no expert owns the list)."""
+    return {c: e for c, e in s.execute(select(Cluster.id, Cluster.expert_id).order_by(Cluster.id))}

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import numpy as np
 import torch
@@ -25,21 +23,22 @@ from app.errors import is_disk_full
 from app.locking import DataDirBusy, DataDirLock, SqlLease
 from app.metrics import Metrics
 from app.migrate import upgrade
-from app.models import Chunk, Cluster, Document, Job
+from app.models import Chunk, Cluster, Document
 from app.services.answer_cache import AnswerCache
 from app.services.ask import SqlChunkStore
-from app.services.bulk import bulk_handler, sync_handler
+from app.services.bulk import bulk_handler, clean_spool, sync_handler
 from app.services.console_sessions import ConsoleSessions
 from app.services.content_fit import ContentFit
 from app.services.documents import Ingestor
 from app.services.expert_scopes import scope_handler
 from app.services.generation import Generators
 from app.services.indexing import IndexManager
-from app.services.jobs import JobContext, JobRunner
+from app.services.jobs import JobRunner
 from app.services.lexical import LexicalManager
 from app.services.ratelimit import RateLimiter
+from app.services.reclustering import recluster_job
 from app.services.refit import Refit
-from app.services.routing import RouterManager
+from app.services.routing import RouterManager, train_job
 from app.services.serving import ServingStates
 from app.settings import Settings
 from engine.chunking import ChunkingConfig
@@ -104,7 +103,9 @@ class Runtime:
         self.asking = 0
         self.catalogue = Catalogue(self.sessions, settings.catalogue_poll_seconds)  # before anything writes
         self.snapshot_lease = SqlLease(self.engine, _SNAPSHOT_LEASE)  # one process writes index snapshots
-        self.lexical = LexicalManager(self.sessions, settings.lexical_rebuild_share)
+        self.lexical = LexicalManager(
+            self.sessions, settings.lexical_rebuild_share, in_child=settings.lexical_rebuild_in_child
+        )
         self.generators = Generators(settings)  # name -> generator (the experts' and the fallback's)
         self.console_sessions = ConsoleSessions(self.sessions)
         per_minute = settings.ask_rate_per_minute
@@ -267,9 +268,9 @@ class Runtime:
                 self.sessions,
                 {
                     "ingest": bulk_handler(ingestor),
-                    "recluster": self._recluster_job,
+                    "recluster": recluster_job(indexes, lambda: self._retrain_after_recluster(routers, jobs)),
                     "realign": lambda ctx: indexes.realign(ctx.progress),
-                    "train": self._train_job,
+                    "train": train_job(routers),
                     "refit": Refit(indexes, routers, content_fit.new_topics).job,
                     "scope": scope_handler(indexes, routers),
                     "sync": sync_handler(ingestor, s.resolved_data_dir / "sources"),
@@ -284,7 +285,7 @@ class Runtime:
             self.catalogue.subscribe(ALL_PARTS, states.changed)  # last: it reads what the others applied
             self.catalogue.follow()
             if not s.worker_of:  # a sibling worker may be spooling an upload right now
-                self._clean_spool()
+                clean_spool(self.sessions, s.spool_dir)
             if run_jobs:
                 jobs.start()
             self._checkpointer = threading.Thread(target=self._checkpoint_loop, name="moerag-checkpoint", daemon=True)
@@ -304,6 +305,7 @@ class Runtime:
         if svc is not None:
             svc.jobs.stop()
         self.catalogue.close()
+        self.lexical.close()
         if svc is not None:
             svc.questions.close()
         if self._checkpointer is not None:
@@ -330,36 +332,16 @@ class Runtime:
                 else:
                     log.exception("index checkpoint failed")
 
-    def _recluster_job(self, ctx: JobContext) -> dict[str, Any]:
-        clusters = int(ctx.params.get("clusters") or 0)
-        result = self.indexes.recluster(lambda done, total: ctx.progress(done, total), clusters)
-        if self.routers.current() is not None:
-            # The mapping carried over by majority vote; the router relearns it on the new clusters.
-            result["train_job"] = self.jobs.submit("train", {"activate": True}, total=100, coalesce=True).id
-        return result
+    @staticmethod
+    def _retrain_after_recluster(routers: RouterManager, jobs: JobRunner) -> int | None:
+        """The mapping carried over by majority vote; an active router relearns it on the new clusters."""
+        if routers.current() is None:
+            return None
+        return jobs.submit("train", {"activate": True}, total=100, coalesce=True).id
 
     def mapping_changed(self) -> int:
         """The cluster -> expert mapping changed: documents are re-placed by a job (its id)."""
         return self.jobs.submit("realign", {}, total=3, coalesce=True).id
-
-    def _train_job(self, ctx: JobContext) -> dict[str, Any]:
-        p = ctx.params
-        return self.routers.train(
-            ctx.progress, activate=bool(p.get("activate", True)), force=bool(p.get("force", False))
-        )
-
-    def _clean_spool(self) -> None:
-        """Spool folders that no unfinished job refers to are leftovers of a crash mid-upload."""
-        root = self.settings.spool_dir
-        if not root.exists():
-            return
-        with self.sessions() as s:
-            live = {
-                str(j.params.get("spool")) for j in s.scalars(select(Job).where(Job.status.in_(("queued", "running"))))
-            }
-        for folder in root.iterdir():
-            if str(folder) not in live:
-                shutil.rmtree(folder, ignore_errors=True)
 
     # ---- facts --------------------------------------------------------------------------------------------
 

@@ -100,6 +100,11 @@ class Settings(BaseSettings):
         description="BM25 rebuilds take at most this share of the time under steady ingestion (after a rebuild "
         "of t s the next waits t / share - t); meanwhile new chunks are found by dense search alone.",
     )
+    lexical_rebuild_in_child: bool = Field(
+        True,
+        description="BM25 rebuilds after start-up run in a child process at a lower priority, off the GIL that "
+        "questions share (a file or server database; an in-memory one rebuilds in the process).",
+    )
     fusion: Fusion = Field(
         "convex",
         description="How both paths fuse dense and BM25 over the dense candidates: convex (cosine + weight x "

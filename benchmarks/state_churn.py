@@ -9,7 +9,7 @@ seconds each, so both see the same warm server and the same noise). In a churn p
 adds a small document every `--every-s` seconds, each a new catalogue version (a new serving
 state, a BM25 rebuild when its spacing allows). The report pools each condition's /ask latencies
 (p50, p95, p99) and gives the p99 ratio churn / quiet, caches off; the catalogue versions the server moved
-through say how many states were built. Results: benchmarks/results/state-churn.json.
+through say how many states were built, and /readyz what the largest build took. Results: benchmarks/results/state-churn.json.
 """
 
 from __future__ import annotations
@@ -86,6 +86,7 @@ def churn(url: str, token: str, questions: list[str], args: argparse.Namespace) 
                         n += 1
                     time.sleep(args.every_s)
         v1 = catalogue_version(c)
+        serving = c.get("/readyz").json()["serving"]
     done.set()
     for t in threads:
         t.join()
@@ -102,6 +103,7 @@ def churn(url: str, token: str, questions: list[str], args: argparse.Namespace) 
     out["p99_ratio_churn_over_quiet"] = round(out["churn"]["p99_ms"] / out["quiet"]["p99_ms"], 2)
     out["uploads"] = uploads
     out["catalogue_versions_moved"] = v1 - v0
+    out["state_build_ms"] = serving.get("build_ms")  # last and largest, in the server (off the questions' path)
     return out
 
 
@@ -113,11 +115,13 @@ def main() -> None:
     ap.add_argument("--phase-s", type=float, default=30)
     ap.add_argument("--every-s", type=float, default=0.5)
     ap.add_argument("--warm-up-s", type=float, default=15)
+    ap.add_argument("--env", nargs="*", default=[], metavar="KEY=VALUE", help="server settings of a variant")
     ap.add_argument("--name", default="state-churn")
     args = ap.parse_args()
     token = "churn-token"
     # No caches: a cached answer would hide the work, and a new state empties the answer cache.
-    server = Server(args.data_dir, token, args.data_dir.parent / "churn-server.log", **NO_CACHE)
+    env = NO_CACHE | dict(kv.split("=", 1) for kv in args.env)
+    server = Server(args.data_dir, token, args.data_dir.parent / "churn-server.log", **env)
     try:
         server.start(600)
         result = churn(server.url, token, [q["question"] for q in load_questions(None)], args)

@@ -60,6 +60,13 @@ class LexicalIndex:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def __getstate__(self) -> dict[str, object]:  # built in a child process (app.services.lexical)
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def rows_of(self, ids: np.ndarray) -> np.ndarray:
         """[n] row of each chunk id in this index; -1 for ids it does not hold (added since it was built)."""
         keys, order = self._keys, self._order

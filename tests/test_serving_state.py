@@ -7,6 +7,7 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
 from fastapi.testclient import TestClient
 
 from app.catalogue import read_version
@@ -119,3 +120,21 @@ def test_a_question_never_waits_for_the_next_states_build(client: TestClient, ro
     assert took < 1.0, took  # answered from the published state, not after the build
     assert route.catalogue_version == before.version and route.router_version == before.router.version_id
     assert rt.state().router is not None and rt.state().router.version_id == target
+
+
+def test_a_bm25_rebuild_in_a_child_process_publishes_the_same_index(client: TestClient, routed: dict[str, Any]) -> None:
+    from app.services.lexical import build
+
+    rt = _runtime(client)
+    assert rt.settings.lexical_rebuild_in_child
+    before = rt.state()
+    rt.lexical.mark_dirty()
+    rt.lexical._next_allowed = 0.0  # the spacing allows it now
+    assert rt.lexical.refresh()  # not forced: the child process builds it
+    assert rt.lexical._pool is not None  # it did run there
+    state = rt.state()
+    assert state.serial > before.serial and state.lexical is rt.lexical.current() is not before.lexical
+    here, version = build(rt.sessions)
+    assert state.lexical_version == version and np.array_equal(state.lexical.ids, here.ids)
+    for text in ("git rebase onto a branch", "sqlite vacuum"):
+        assert np.allclose(state.lexical.scores(text), here.scores(text))

@@ -51,7 +51,8 @@ def readyz(request: Request) -> JSONResponse:
             },
             "router": rt.routers.staleness(),  # stale: the mapping changed since it was trained
             "catalogue_version": rt.catalogue.version,  # the last change this process applied
-            "serving": rt.state().versions,  # what a question starting now reads (app.services.serving)
+            # what a question starting now reads (app.services.serving), and what building it took
+            "serving": rt.state().versions | {"build_ms": rt.services.states.build_ms},
             "question_model": rt.question_model,
         }
     )

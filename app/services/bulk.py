@@ -11,12 +11,28 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from app.models import Job
 from app.services.documents import Ingestor, Upload
 from app.services.jobs import JobContext
 from app.services.sync import sync_folder
 from engine.errors import EmptyDocument
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+def clean_spool(sessions: sessionmaker[Session], root: Path) -> None:
+    """Spool folders that no unfinished job refers to are leftovers of a crash mid-upload."""
+    if not root.exists():
+        return
+    with sessions() as s:
+        unfinished = s.scalars(select(Job).where(Job.status.in_(("queued", "running"))))
+        live = {str(j.params.get("spool")) for j in unfinished}
+    for folder in root.iterdir():
+        if str(folder) not in live:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def new_spool(spool_root: Path) -> Path:

@@ -8,7 +8,7 @@ from sqlalchemy import CursorResult, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.models import Cluster, Expert
+from app.models import Cluster, Expert, cluster_owners
 from app.services import proposals
 from app.services.paging import scalar_page
 from engine.errors import Conflict, NotFound
@@ -142,7 +142,7 @@ def load_profiles(sessions: sessionmaker[Session]) -> dict[int, ExpertProfile]:
     """Every expert with the clusters it owns, as routing reads them (app.services.serving)."""
     with sessions() as s:
         owned: dict[int, list[int]] = {}
-        for cid, eid in s.execute(select(Cluster.id, Cluster.expert_id).where(Cluster.expert_id.is_not(None))):
+        for cid, eid in cluster_owners(s).items():
             if eid is not None:
                 owned.setdefault(eid, []).append(cid)
         return {

@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.catalogue import read_version, stage_index_changes
-from app.models import Chunk, Cluster, IndexState, stack
+from app.models import Chunk, Cluster, IndexState, cluster_owners, stack
 from app.services import expert_documents
 from app.services import index_log as log_files
 from app.services.reclustering import owners_of, recluster
@@ -277,7 +277,7 @@ class IndexManager:
     def groups(self) -> np.ndarray:
         """[C] the expert owning each list of the live index (-1: none), read from SQL."""
         with self.sessions() as s:
-            owned: dict[int, int | None] = {c: e for c, e in s.execute(select(Cluster.id, Cluster.expert_id))}
+            owned = cluster_owners(s)
         return owners_of([owned.get(c) for c in range(self.index.nlist)])
 
     def place_document(

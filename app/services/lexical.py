@@ -10,26 +10,62 @@ are found by dense search alone, and deleted ones are dropped when their rows ar
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.catalogue import read_version
+from app.db import make_engine, make_sessionmaker
 from app.models import Chunk
 from engine.lexical import LexicalIndex
 
 log = logging.getLogger(__name__)
+CHILD_NICENESS = 10  # a rebuild in its own process yields the cores to the questions
+
+
+def build(sessions: sessionmaker[Session]) -> tuple[LexicalIndex, int]:
+    """BM25 over every chunk, and the catalogue version it was read at (its rows are that version's or later)."""
+    with sessions() as s:
+        version = read_version(s)
+        rows = s.execute(select(Chunk.id, Chunk.heading, Chunk.text).order_by(Chunk.id)).all()
+    return LexicalIndex([r[0] for r in rows], [f"{r[1]}\n{r[2]}" for r in rows]), version
+
+
+def _build_at(url: str) -> tuple[LexicalIndex, int]:
+    """`build` in a child process: its own engine on the same database."""
+    engine = make_engine(url)
+    try:
+        return build(make_sessionmaker(engine))
+    finally:
+        engine.dispose()
 
 
 class LexicalManager:
     def __init__(
-        self, sessions: sessionmaker[Session], max_share: float = 0.1, clock: Callable[[], float] = time.monotonic
+        self,
+        sessions: sessionmaker[Session],
+        max_share: float = 0.1,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        in_child: bool = False,
     ) -> None:
         self.sessions = sessions
         self.max_share, self.clock = max_share, clock
+        # Rebuilds that are not forced run in a child process at a lower priority: tokenizing and
+        # indexing every chunk holds the GIL for seconds, and the questions' threads share it.
+        url = sessions.kw["bind"].url
+        self._url = (
+            url.render_as_string(hide_password=False)
+            if in_child and url.database not in (None, "", ":memory:")
+            else None
+        )
+        self._pool: ProcessPoolExecutor | None = None
         self._index: LexicalIndex | None = None
         self.version = 0  # the catalogue version of the last build (its rows are this version's or later)
         self.builds = 0  # how many times it was (re)built
@@ -53,10 +89,7 @@ class LexicalManager:
         with self._lock:
             self._dirty = False
             t0 = self.clock()
-            with self.sessions() as s:
-                version = read_version(s)
-                rows = s.execute(select(Chunk.id, Chunk.heading, Chunk.text).order_by(Chunk.id)).all()
-            fresh = LexicalIndex([r[0] for r in rows], [f"{r[1]}\n{r[2]}" for r in rows])
+            fresh, version = self._build(in_child=not force)
             self._index, self.version = fresh, version
             self.builds += 1
             if self.published is not None:
@@ -65,3 +98,21 @@ class LexicalManager:
             self._next_allowed = t0 + took / self.max_share
         log.info("BM25 index rebuilt over %d chunks in %.1fs", len(fresh), took)
         return True
+
+    def _build(self, *, in_child: bool) -> tuple[LexicalIndex, int]:
+        if not in_child or self._url is None:
+            return build(self.sessions)
+        if self._pool is None:
+            context = multiprocessing.get_context("forkserver")  # never fork a process that runs threads
+            self._pool = ProcessPoolExecutor(1, context, initializer=os.nice, initargs=(CHILD_NICENESS,))
+        try:
+            return self._pool.submit(_build_at, self._url).result()
+        except Exception:  # the child died (memory?) or failed: build here, as before
+            log.exception("BM25 rebuild in a child process failed; rebuilding in this one")
+            self.close()
+            return build(self.sessions)
+
+    def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)

@@ -18,8 +18,9 @@ import numpy as np
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from app.models import Chunk, Cluster, Document, stack
+from app.models import Chunk, Cluster, Document, cluster_owners, stack
 from app.services import expert_documents
+from app.services.jobs import JobContext
 from engine.keywords import cluster_keywords
 from index import ClusteredIndex, auto_cluster_count, kmeans
 from index.fit import document_fits_within, fits, floors
@@ -146,7 +147,7 @@ def read_chunks(indexes: IndexManager) -> tuple[list[Any], dict[int, int | None]
             .outerjoin(Cluster, Cluster.id == Chunk.cluster_id)
             .order_by(Chunk.id)
         ).all()
-        owner = {c: e for c, e in s.execute(select(Cluster.id, Cluster.expert_id))}
+        owner = cluster_owners(s)
     return list(rows), owner
 
 
@@ -184,6 +185,19 @@ def recluster(indexes: IndexManager, clusters: int = 0, progress: Progress | Non
         "largest": int(sizes.max(initial=0)),
         "smallest": int(sizes.min(initial=0)),
     }
+
+
+def recluster_job(indexes: IndexManager, retrain: Callable[[], int | None]) -> Callable[[JobContext], dict[str, Any]]:
+    """The "recluster" job: `recluster` (params: clusters), then `retrain()`: the id of the train job
+    it queued (`train_job`), or None when no router is active."""
+
+    def run(ctx: JobContext) -> dict[str, Any]:
+        result = indexes.recluster(ctx.progress, int(ctx.params.get("clusters") or 0))
+        if (train := retrain()) is not None:
+            result["train_job"] = train
+        return result
+
+    return run
 
 
 def _reconcile(

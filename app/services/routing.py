@@ -12,7 +12,8 @@ import numpy.typing as npt
 from sqlalchemy import distinct, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.models import Chunk, Cluster, Expert, RouterExample, RouterVersion, stack
+from app.models import Chunk, Cluster, Expert, RouterExample, RouterVersion, cluster_owners, stack
+from app.services.jobs import JobContext
 from app.services.paging import scalar_page
 from app.settings import Settings
 from engine.adapter import AdapterConfig, fit
@@ -88,7 +89,7 @@ class RouterManager:
             return {"router_version": None, "stale": False, "changed_clusters": [], "reason": "no active router"}
         trained = router.net.list_class.tolist()  # [L] class of each list at training
         with self.sessions() as s:
-            owners: dict[int, int | None] = {c: e for c, e in s.execute(select(Cluster.id, Cluster.expert_id))}
+            owners = cluster_owners(s)
         out: dict[str, Any] = {"router_version": router.version_id}
         if not trained:
             return out | {"stale": None, "changed_clusters": [], "reason": "the router keeps no copy of its mapping"}
@@ -370,6 +371,16 @@ class RouterManager:
             return None
         words = ", ".join(f"{k} {old[k]:.3f} -> {metrics[k]:.3f}" for k in keys)
         return {"delta": delta, "reason": f"worse than the active version on held-out documents ({words})"}
+
+
+def train_job(routers: RouterManager) -> Callable[[JobContext], dict[str, Any]]:
+    """The "train" job (params: activate, default true; force: activate even when worse)."""
+
+    def run(ctx: JobContext) -> dict[str, Any]:
+        p = ctx.params
+        return routers.train(ctx.progress, activate=bool(p.get("activate", True)), force=bool(p.get("force", False)))
+
+    return run
 
 
 def _scalar(v: object) -> bool:

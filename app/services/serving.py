@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 
@@ -23,7 +24,7 @@ import torch
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.models import Chunk, Cluster, stack
+from app.models import Chunk, cluster_owners, stack
 from app.services.experts import load_profiles
 from app.services.indexing import IndexManager
 from engine.expert_matrix import ExpertMatrix
@@ -53,6 +54,7 @@ class ServingStates:
         self._state: ServingState | None = None
         self._serial = 0
         self._lock = threading.Lock()
+        self.build_ms = {"last": 0.0, "max": 0.0}  # building a state after a catalogue change (/readyz)
 
     def current(self) -> ServingState:
         state = self._state
@@ -74,6 +76,7 @@ class ServingStates:
 
     def changed(self, version: int, parts: frozenset[str]) -> None:
         """A catalogue subscriber for every part: the next state, with what `parts` changed reread."""
+        t0 = time.perf_counter()
         with self._lock:
             old = self.current()
             experts = load_profiles(self.sessions) if parts & _PROFILE_PARTS else old.experts
@@ -82,6 +85,8 @@ class ServingStates:
             if self.kernel_matrix and parts & _MATRIX_PARTS:
                 matrix = self._matrix(experts)
             self._publish(version, experts, router, old.lexical, old.lexical_version, matrix)
+            took = (time.perf_counter() - t0) * 1000
+            self.build_ms = {"last": round(took, 3), "max": round(max(took, self.build_ms["max"]), 3)}
 
     def lexical_built(self, lexical: LexicalIndex, version: int) -> None:
         """A BM25 rebuild (built at catalogue `version`): the same state with it."""
@@ -118,7 +123,7 @@ class ServingStates:
         """The expert-sorted embeddings for the scoped kernel, read from SQL."""
         dim = self.indexes.dim
         with self.sessions() as s:
-            owner = {c: e for c, e in s.execute(select(Cluster.id, Cluster.expert_id))}
+            owner = cluster_owners(s)
             rows = s.execute(select(Chunk.id, Chunk.cluster_id, Chunk.embedding)).all()
         ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
         owners = np.fromiter((owner.get(r[1]) or -1 for r in rows), dtype=np.int64, count=len(rows))
