@@ -8,8 +8,9 @@ flight each) run throughout. Quiet and churn phases alternate (`--rounds` of eac
 seconds each, so both see the same warm server and the same noise). In a churn phase an uploader
 adds a small document every `--every-s` seconds, each a new catalogue version (a new serving
 state, a BM25 rebuild when its spacing allows). The report pools each condition's /ask latencies
-(p50, p95, p99) and gives the p99 ratio churn / quiet, caches off; the catalogue versions the server moved
-through say how many states were built, and /readyz what the largest build took. Results: benchmarks/results/state-churn.json.
+(p50, p95, p99), caches off, and gives the p99 ratio churn / quiet; the catalogue versions the
+server moved through say how many states were built, and /readyz what the largest build took.
+Results: benchmarks/results/state-churn.json (`--name` for a variant, `--env` for its settings).
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ adapter costs one [D, D] product per question. It is trained with the router, st
 version and activated with it (one catalogue version, like every other serving state).
 
 On the eval corpus's dev questions (which no heading names: the recipe removes FAQ questions)
-global dense MRR@10 rose 0.596 -> 0.628 (docs/performance.md, "A query adapter"); a version keeps its adapter
+global dense MRR@10 rose 0.596 -> 0.628 (docs/decisions/query-adapter.md); a version keeps its adapter
 only when it ranks held-out heading questions better than the bare model does.
 """
 
@@ -30,7 +30,8 @@ class AdapterConfig:
     batch: int = 256
     negatives: int = 8192  # store rows sampled per step as the softmax's other candidates
     temperature: float = 0.05  # of the softmax over cosines
-    pull: float = 0.1  # weight of ||W - I||^2: 0.003-0.1 tried on dev, the strongest kept (docs/performance.md)
+    # weight of ||W - I||^2: 0.003-0.1 tried on dev, the strongest kept (docs/decisions/query-adapter.md)
+    pull: float = 0.1
     lr: float = 1e-3
     held_out: float = 0.1  # share of the heading questions that judge the adapter, never trained on
     seed: int = 0

@@ -108,7 +108,8 @@ class PipelineConfig:
     default_top_k: int = 5
     expert_min_score: float = 0.2  # best scoped cosine below this: the expert has nothing good
     candidates: int = 50  # per retriever, before fusion
-    lexical_weight: float = 0.1  # BM25's weight in the fusion (dense has 1.0); chosen on dev (docs/performance.md)
+    # BM25's weight in the fusion (dense has 1.0); chosen on dev (docs/decisions/convex-fusion.md)
+    lexical_weight: float = 0.1
     # How dense and BM25 are fused, both over the dense candidates: by scores ("convex": cosine +
     # weight x BM25 / the scope's best BM25) or weighted reciprocal ranks ("rrf"). Convex on dev,
     # paired against RRF: hit@1 +0.075, hit@5 +0.040, MRR +0.053 (intervals above 0), hit@10 +0.006.
@@ -124,7 +125,8 @@ class PipelineConfig:
     expert_verify_margin: float = 0.0
     # The check's second witness: when BM25's best chunk over the whole store lies outside the
     # expert too, an outside chunk within this much of the best inside is enough (0 = off).
-    # Chosen on dev (docs/performance.md): with it, 1 confident misroute of 141 instead of 6 of 150.
+    # Chosen on dev (docs/decisions/route-check-lexical-witness.md): with it, 1 confident misroute
+    # of 141 instead of 6 of 150.
     expert_verify_lexical_slack: float = 0.06
     # Retrieval (both paths and the route's check) reads the question through the active router's
     # query adapter, when it has one (engine.adapter); the gate reads the model's vector either way.
