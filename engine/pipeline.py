@@ -25,7 +25,7 @@ from engine.question_encoder import done_future
 from engine.route_check import best_outside, lexical_best_outside, no_expert_fits, overruled
 from engine.router import Router
 from engine.serving import ExpertProfile, ServingState
-from index import ClusteredIndex
+from index import SearchIndex
 
 __all__ = ["AskPipeline", "AskRequest", "ChunkRecord", "ChunkStore", "ExpertProfile", "Prepared", "Route"]
 
@@ -327,7 +327,7 @@ class AskPipeline:
         self,
         q: np.ndarray,
         terms: LexicalQuery | None,
-        index: ClusteredIndex,
+        index: SearchIndex,
         scope: list[int],
         best: float,
         route: Route,
@@ -350,7 +350,7 @@ class AskPipeline:
         terms: LexicalQuery | None,
         k: int,
         n: int,
-        index: ClusteredIndex,
+        index: SearchIndex,
         scope: list[int] | None,
     ) -> list[Citation]:
         """Dense candidates (id, cosine) + BM25 (over `scope`'s lists only, when given), fused by
@@ -367,7 +367,7 @@ class AskPipeline:
         fused = reciprocal_rank_fusion([[i for i, _ in dense], sparse], weights=[1.0, cfg.lexical_weight])[:k]
         return self._citations(fused)
 
-    def _scope_mask(self, lexical: LexicalIndex, index: ClusteredIndex, scope: list[int]) -> np.ndarray:
+    def _scope_mask(self, lexical: LexicalIndex, index: SearchIndex, scope: list[int]) -> np.ndarray:
         """[N] bool over the BM25 index's chunks: those in `scope`'s lists (cached until either changes)."""
         masks = self._masks.setdefault(lexical, {})
         key = (index.version, index.writes, tuple(scope))

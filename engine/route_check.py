@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.lexical import LexicalQuery
-from index import ClusteredIndex
+from index import SearchIndex
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class Outside:
     vectors: int
 
 
-def best_outside(q: np.ndarray, index: ClusteredIndex, scope: list[int], lists: int) -> Outside | None:
+def best_outside(q: np.ndarray, index: SearchIndex, scope: list[int], lists: int) -> Outside | None:
     """q [1, D]: the best chunk in its `lists` nearest lists outside `scope` (None: off or nothing there)."""
     probe = index.probe_budget(lists)
     if probe <= 0:
@@ -40,7 +40,7 @@ def best_outside(q: np.ndarray, index: ClusteredIndex, scope: list[int], lists: 
     return Outside(float(scores[0, 0]), len(nearest), index.scan_size(nearest)[1])
 
 
-def lexical_best_outside(terms: LexicalQuery | None, index: ClusteredIndex, scope: list[int]) -> bool:
+def lexical_best_outside(terms: LexicalQuery | None, index: SearchIndex, scope: list[int]) -> bool:
     """Whether BM25's best chunk over the whole store lies outside `scope`'s lists (False: no BM25 hit)."""
     hits = terms.search(1) if terms is not None else []
     if not hits:

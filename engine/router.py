@@ -20,7 +20,7 @@ from torch import nn
 
 from engine.adapter import adapt
 from engine.lexical import LexicalQuery
-from index.store import ClusteredIndex
+from index.store import SearchIndex
 from kernels import gate_topk
 
 VOTE_CHUNKS = 5  # nearest chunks that vote in the gate (5 of the 8 nearest lists: best on dev, of 5/10/20)
@@ -240,7 +240,7 @@ class Router:
         v, lists, chunks, _, _ = self.net.vote_params.tolist()
         return (int(lists), int(chunks)) if v != 0.0 and lists > 0 else (0, 0)
 
-    def probe(self, index: ClusteredIndex, q: npt.NDArray[np.float32]) -> tuple[Neighbours | None, int]:
+    def probe(self, index: SearchIndex, q: npt.NDArray[np.float32]) -> tuple[Neighbours | None, int]:
         """The question's nearest chunks in its nearest lists, for the vote: (neighbours, vectors scanned)."""
         lists, chunks = self.probe_size
         if not lists or index.ntotal == 0:
@@ -254,7 +254,7 @@ class Router:
         shares, chunks, _ = self.net.lexical_params.tolist()
         return int(chunks) if shares and self.probe_size[0] else 0
 
-    def lexical_probe(self, index: ClusteredIndex, queries: Sequence[LexicalQuery]) -> Neighbours | None:
+    def lexical_probe(self, index: SearchIndex, queries: Sequence[LexicalQuery]) -> Neighbours | None:
         """The questions' BM25 best chunks over the whole store, for the vote: (scores, lists) [Q, M],
         list -1 in empty slots and for chunks not in the index yet; None: BM25 has no share."""
         if not self.lexical_chunks:
@@ -278,7 +278,7 @@ class Router:
         return torch.from_numpy(logits)
 
     def served_logits(
-        self, index: ClusteredIndex, q: npt.NDArray[np.float32], queries: Sequence[LexicalQuery] | None
+        self, index: SearchIndex, q: npt.NDArray[np.float32], queries: Sequence[LexicalQuery] | None
     ) -> torch.Tensor:
         """q [Q, D] and each question's BM25 query (None: no BM25 index) -> [Q, C] as `/ask`'s gate
         computes them: with its IVF probe's vote and BM25's share of it, for evaluating on labelled questions."""

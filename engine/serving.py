@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from engine.expert_matrix import ExpertMatrix
 from engine.lexical import LexicalIndex
 from engine.router import Router
-from index import ClusteredIndex
+from index import SearchIndex
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class ServingState:
     serial: int  # publication number: any change to what a question reads gives a new one
     experts: Mapping[int, ExpertProfile]
     router: Router | None
-    index: ClusteredIndex
+    index: SearchIndex
     index_position: int
     lexical: LexicalIndex | None = None
     lexical_version: int = 0
@@ -65,7 +65,7 @@ class ServingState:
 
 
 def fixed_state(
-    index: ClusteredIndex,
+    index: SearchIndex,
     experts: Mapping[int, ExpertProfile] | None = None,
     router: Router | None = None,
     lexical: LexicalIndex | None = None,

@@ -1,6 +1,6 @@
 """FAISS store whose inverted lists are the clusters experts own. A leaf package."""
 
 from index.clustering import auto_cluster_count, kmeans
-from index.store import ClusteredIndex, IndexCorrupt
+from index.store import ClusteredIndex, IndexCorrupt, SearchIndex
 
-__all__ = ["ClusteredIndex", "IndexCorrupt", "auto_cluster_count", "kmeans"]
+__all__ = ["ClusteredIndex", "IndexCorrupt", "SearchIndex", "auto_cluster_count", "kmeans"]

@@ -13,7 +13,7 @@ import tempfile
 import threading
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import faiss
 import numpy as np
@@ -21,6 +21,27 @@ import numpy.typing as npt
 
 Floats = npt.NDArray[np.float32]
 Ints = npt.NDArray[np.int64]
+
+
+class SearchIndex(Protocol):
+    """What the question path reads of an index: `ClusteredIndex`, or `index.shards.ShardedIndex`
+    whose vectors live in shards. Shapes as in `ClusteredIndex`."""
+
+    version: str
+    writes: int
+
+    @property
+    def nlist(self) -> int: ...
+    @property
+    def ntotal(self) -> int: ...
+    def centroids(self) -> Floats: ...
+    def list_sizes(self) -> Ints: ...
+    def scan_size(self, clusters: Iterable[int] | None = None) -> tuple[int, int]: ...
+    def probe_budget(self, wanted: int) -> int: ...
+    def nearest_lists(self, q: Floats, clusters: Iterable[int], nprobe: int) -> Ints: ...
+    def clusters_of(self, ids: Ints) -> Ints: ...
+    def search(self, q: Floats, k: int, clusters: Iterable[int] | None = None) -> tuple[Floats, Ints]: ...
+    def search_nearest(self, q: Floats, k: int, nprobe: int) -> tuple[Floats, Ints, int]: ...
 
 
 class IndexCorrupt(RuntimeError):
@@ -235,6 +256,20 @@ class ClusteredIndex:
         with self._lock:
             scores, ids = self._ivf.search(q, k, params=params)
         return scores, ids
+
+    def subset(self, lists: Iterable[int], version: str) -> ClusteredIndex:
+        """A new index with every centroid of this one (list ids agree) holding only the vectors
+        of `lists`, copied code for code (index.shards)."""
+        part = ClusteredIndex.create(self.centroids(), version)
+        src, dst = self._ivf.invlists, part._ivf.invlists
+        with self._lock:
+            for c in self._valid_lists(lists):
+                size = src.list_size(int(c))
+                if size:
+                    dst.add_entries(int(c), size, src.get_ids(int(c)), src.get_codes(int(c)))
+                    part._ivf.ntotal += size
+        part.writes += 1
+        return part
 
     # ---- persistence -------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ from app.limits import SEARCH_K, check_question
 from app.models import Chunk
 from app.schemas import SearchHit, SearchIn, SearchOut
 from engine.embedder import Embedder
-from index.store import ClusteredIndex
+from index.store import SearchIndex
 
 if TYPE_CHECKING:
     from app.runtime import Runtime
@@ -36,7 +36,7 @@ class SearchResult:
 def search(
     sessions: sessionmaker[Session],
     embedder: Embedder,
-    index: ClusteredIndex,
+    index: SearchIndex,
     query: str,
     k: int,
     clusters: Sequence[int] | None,

@@ -1,0 +1,145 @@
+"""Expert shards on Ray Serve (the `ray` extra): one deployment per shard of the shard map, each
+replica holding only the FAISS lists of its experts, following the index log for them.
+
+`ShardReplica` is the deployment's class and runs without Ray too (tests, one machine): it
+builds its part from SQL (the clustering's centroids, the chunks in its lists), answers
+`search(q, k, lists)` and applies the index log after its position, only for its lists
+(`follow`; a new clustering is read again). `deploy` starts or joins a Ray cluster and runs one
+Serve application with a deployment a shard (`shard-<name>`, its replicas from the map);
+`searches` turns their handles into the `ShardSearch` callables of `index.shards.ShardedIndex`.
+Ray places the replicas, health-checks and restarts them; nothing here is cluster code.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from sqlalchemy import select
+
+from app.catalogue import read_version
+from app.db import make_engine, make_sessionmaker
+from app.models import Chunk, Cluster, IndexState, stack
+from app.services.index_log import horizon, read_log
+from app.shard_map import ShardMap
+from engine.errors import NotConfigured
+from index import ClusteredIndex
+from index.shards import ShardSearch
+
+log = logging.getLogger(__name__)
+APP = "moerag-shards"  # the Serve application holding every shard deployment
+
+
+def _serve() -> Any:
+    try:
+        from ray import serve
+    except ImportError:
+        raise NotConfigured("the Ray tier needs the ray extra: pip install 'moerag[ray]'") from None
+    return serve
+
+
+class ShardReplica:
+    """One replica of one shard: the vectors of `lists` only, in an index with every centroid."""
+
+    def __init__(self, db_url: str, lists: Sequence[int], dim: int, poll_seconds: float = 0.5) -> None:
+        self.engine = make_engine(db_url)
+        self.sessions = make_sessionmaker(self.engine)
+        self.lists = np.asarray(sorted(lists), dtype=np.int64)
+        self.dim = dim
+        self._lock = threading.Lock()
+        self.index, self.position, self.clustering = self._build()
+        self._stop = threading.Event()
+        if poll_seconds > 0:  # a replica follows the catalogue on its own
+            threading.Thread(target=self._follow, args=(poll_seconds,), name="shard-follow", daemon=True).start()
+
+    def _follow(self, poll_seconds: float) -> None:
+        while not self._stop.wait(poll_seconds):
+            try:
+                self.follow()
+            except Exception:  # the database away for a moment: keep following
+                log.exception("shard replica: following the index log failed; retrying")
+
+    def close(self) -> None:
+        self._stop.set()
+        self.engine.dispose()
+
+    def _build(self) -> tuple[ClusteredIndex, int, str]:
+        with self.sessions() as s:
+            position = read_version(s)  # rows read below are this version's or later (replays are idempotent)
+            clustering = str(s.scalar(select(IndexState.version).where(IndexState.id == 1)) or "")
+            centroids = stack(s.scalars(select(Cluster.centroid).order_by(Cluster.id)), self.dim)
+            rows = s.execute(
+                select(Chunk.id, Chunk.cluster_id, Chunk.embedding).where(Chunk.cluster_id.in_(self.lists.tolist()))
+            ).all()
+        index = ClusteredIndex.create(centroids, clustering)
+        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+        lists = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
+        index.add(stack((r[2] for r in rows), self.dim), ids, lists)
+        log.info("shard replica: %d vectors in %d lists at version %d", index.ntotal, len(self.lists), position)
+        return index, position, clustering
+
+    def search(
+        self, q: npt.NDArray[np.float32], k: int, lists: npt.NDArray[np.int64]
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+        """As `ClusteredIndex.search` over `lists` (those this shard holds)."""
+        with self._lock:
+            index = self.index
+        return index.search(q, k, lists)
+
+    def follow(self) -> int:
+        """Apply what the index log says of this shard's lists since its position; the catalogue
+        version it holds now. A new clustering, or a log compacted past it, is read again."""
+        with self.sessions() as s:
+            now = read_version(s)
+            if now <= self.position:
+                return self.position
+            clustering = str(s.scalar(select(IndexState.version).where(IndexState.id == 1)) or "")
+            moved = clustering != self.clustering or self.position < horizon(s)
+            changes = None if moved else read_log(s, self.position, now, self.dim)
+        with self._lock:
+            if changes is None:
+                self.index, self.position, self.clustering = self._build()
+                return self.position
+            mine = np.isin(changes.clusters, self.lists)  # [N]
+            self.index.remove(changes.touched)  # leaving, or moving (to here or elsewhere)
+            self.index.add(changes.x[mine], changes.ids[mine], changes.clusters[mine])
+            self.position = now
+        return now
+
+    def stats(self) -> dict[str, Any]:
+        return {"vectors": self.index.ntotal, "lists": len(self.lists), "position": self.position}
+
+
+def deploy(shard_map: ShardMap, lists: Sequence[npt.NDArray[np.int64]], db_url: str, dim: int) -> list[Any]:
+    """Run one Serve application with a deployment per shard (Ray started or joined by the caller,
+    `ray.init`); returns their handles, in map order."""
+    serve = _serve()
+    deployments = []
+    for shard, own in zip(shard_map.shards, lists, strict=True):
+        deployment = serve.deployment(ShardReplica, name=f"shard-{shard.name}", num_replicas=shard.replicas)
+        deployments.append(deployment.bind(db_url, own.tolist(), dim))
+    serve.run(serve.deployment(_Shards, name="shards").bind(*deployments), name=APP, route_prefix=None)
+    return [serve.get_deployment_handle(f"shard-{s.name}", app_name=APP) for s in shard_map.shards]
+
+
+class _Shards:
+    """The application's ingress: it only holds the shard deployments so one `serve.run` starts them."""
+
+    def __init__(self, *shards: Any) -> None:
+        self.shards = shards
+
+    def __call__(self) -> int:
+        return len(self.shards)
+
+
+def searches(handles: Sequence[Any]) -> list[ShardSearch]:
+    """Each shard's search through its Serve handle (any replica; Serve balances and retries)."""
+
+    def through(handle: Any) -> ShardSearch:
+        return lambda q, k, lists: handle.search.remote(q, k, lists)  # a DeploymentResponse: .result()
+
+    return [through(h) for h in handles]

@@ -1,0 +1,109 @@
+"""The shard map: which experts' lists each shard holds (a YAML file, `docs/shards.example.yaml`).
+
+    shards:
+      - name: code          # a shard: a name, the experts it holds, its replicas
+        experts: [git, python]
+        replicas: 2
+      - name: rest
+        experts: [sqlite]
+        default: true       # also holds every list no named expert owns
+
+Every list belongs to exactly one shard: its expert's, or the default shard's when no expert
+owns it or its expert is not named. A map is checked when read (a clear error names what is
+wrong) and against the store's experts when applied (`lists_of_shards`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.errors import InvalidSetting
+from engine.serving import ExpertProfile
+from index.shards import shard_of_lists
+
+
+@dataclass(frozen=True)
+class Shard:
+    name: str
+    experts: tuple[str, ...]
+    replicas: int = 1
+    default: bool = False
+
+
+@dataclass(frozen=True)
+class ShardMap:
+    shards: tuple[Shard, ...]
+    version: str  # the file's content hash: what responses and `ray status` name
+
+    @property
+    def default(self) -> int:
+        return next(i for i, s in enumerate(self.shards) if s.default)
+
+    def lists_of_shards(self, experts: Mapping[int, ExpertProfile], nlist: int) -> list[npt.NDArray[np.int64]]:
+        """The lists each shard holds, in map order, from the experts' clusters."""
+        by_name = {p.name: p for p in experts.values()}
+        unknown = sorted({e for s in self.shards for e in s.experts} - set(by_name))
+        if unknown:
+            raise InvalidSetting(f"the shard map names experts the store does not have: {unknown}")
+        shard_of_expert = {by_name[e].id: i for i, s in enumerate(self.shards) for e in s.experts}
+        owners: list[int | None] = [None] * nlist
+        for p in experts.values():
+            for c in p.clusters:
+                if 0 <= c < nlist:
+                    owners[c] = p.id
+        shard = shard_of_lists(owners, shard_of_expert, self.default)
+        return [np.flatnonzero(shard == i) for i in range(len(self.shards))]
+
+
+def parse(data: Any, version: str = "") -> ShardMap:
+    """A shard map from its parsed YAML; InvalidSetting says what is wrong."""
+    if not isinstance(data, dict) or not isinstance(data.get("shards"), list) or not data["shards"]:
+        raise InvalidSetting("a shard map is a mapping with a non-empty list 'shards'")
+    shards: list[Shard] = []
+    seen: set[str] = set()
+    owned: dict[str, str] = {}  # expert -> its shard
+    for n, raw in enumerate(data["shards"]):
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str) or not raw["name"].strip():
+            raise InvalidSetting(f"shard {n}: needs a 'name'")
+        name = raw["name"].strip()
+        if name in seen:
+            raise InvalidSetting(f"shard {name!r} is named twice")
+        seen.add(name)
+        experts = raw.get("experts", [])
+        if not isinstance(experts, list) or not all(isinstance(e, str) for e in experts):
+            raise InvalidSetting(f"shard {name!r}: 'experts' is a list of expert names")
+        for e in experts:
+            if e in owned:
+                raise InvalidSetting(f"expert {e!r} is in shards {owned[e]!r} and {name!r}; an expert has one shard")
+            owned[e] = name
+        replicas = raw.get("replicas", 1)
+        if not isinstance(replicas, int) or isinstance(replicas, bool) or not 1 <= replicas <= 64:
+            raise InvalidSetting(f"shard {name!r}: 'replicas' is a whole number from 1 to 64")
+        shards.append(Shard(name, tuple(experts), replicas, bool(raw.get("default", False))))
+    defaults = [s.name for s in shards if s.default]
+    if len(defaults) != 1:
+        raise InvalidSetting(f"exactly one shard has 'default: true' (it holds unowned lists); found {defaults}")
+    return ShardMap(tuple(shards), version)
+
+
+def load(path: Path) -> ShardMap:
+    """Read and check a shard map file."""
+    import hashlib
+
+    import yaml
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise InvalidSetting(f"cannot read the shard map {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise InvalidSetting(f"the shard map {path} is not YAML: {exc}") from None
+    return parse(data, hashlib.sha256(text.encode()).hexdigest()[:12])

@@ -1,0 +1,202 @@
+"""Expert shards over the FAISS API: an index carved into parts that each hold some of its lists,
+searched apart and merged exactly, behind the read API of one `ClusteredIndex`.
+
+Expert parallelism, as in MoE serving: every list (an IVF cluster) belongs to one expert, every
+expert to one shard (`shard_of_lists`), and a shard holds only its lists' vectors (`carve`), with
+all the centroids, so list ids agree everywhere. `ShardedIndex` answers what the ask flow asks of
+an index: a search over some lists goes only to the shards holding them, a search over every
+list to every shard, and the partial top-k are merged (`merge_topk`, FAISS GPU's k-selection
+merge pass). What needs no vectors (centroids, which list holds an id, list sizes) is kept whole
+beside the shards: 8 bytes an id against 1.5 kB a 384-d float32 vector.
+
+A shard's inner products are computed by the same FAISS scan on the same vectors as in one
+index, so a merged search returns the same ids and scores (ties aside: equal scores are ordered
+by id here, by scan order in FAISS).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from index.store import ClusteredIndex, SearchIndex
+
+Floats = npt.NDArray[np.float32]
+Ints = npt.NDArray[np.int64]
+
+
+class PendingSearch(Protocol):
+    """A shard's answer to come: a `concurrent.futures.Future`, a Ray Serve `DeploymentResponse`."""
+
+    def result(self) -> tuple[Floats, Ints]: ...
+
+
+# (queries [Q, D], k, lists to scan) -> (scores [Q, k], ids [Q, k]) to come: a shard's search, in
+# this process or behind a handle (a Ray Serve deployment).
+ShardSearch = Callable[[Floats, int, Ints], PendingSearch]
+
+
+def shard_of_lists(owners: Sequence[int | None], shard_of_expert: Mapping[int, int], default: int = 0) -> Ints:
+    """[C] the shard holding each list: its expert's shard; `default` for a list no expert owns
+    (or whose expert the map does not name)."""
+    return np.array([shard_of_expert.get(e, default) if e is not None else default for e in owners], dtype=np.int64)
+
+
+def carve(index: ClusteredIndex, lists: Iterable[int], version: str | None = None) -> ClusteredIndex:
+    """A new index with all of `index`'s centroids holding only the vectors of `lists`."""
+    return index.subset(lists, version if version is not None else index.version)
+
+
+def merge_topk(parts: Sequence[tuple[Floats, Ints]], k: int) -> tuple[Floats, Ints]:
+    """Partial results (scores [Q, k_i], ids [Q, k_i]) -> the best k of their union, [Q, k] each,
+    best first; ties by lower id; missing slots (id -1) last, as FAISS fills them (-inf, -1)."""
+    if not parts:
+        raise ValueError("nothing to merge")
+    scores = np.concatenate([s for s, _ in parts], axis=1)  # [Q, S]
+    ids = np.concatenate([i for _, i in parts], axis=1)  # [Q, S]
+    scores = np.where(ids >= 0, scores, -np.inf).astype(np.float32)
+    order = np.lexsort((np.where(ids >= 0, ids, np.iinfo(np.int64).max), -scores), axis=1)[:, :k]  # [Q, k]
+    top_scores = np.take_along_axis(scores, order, axis=1)
+    top_ids = np.take_along_axis(ids, order, axis=1)
+    q = len(ids)
+    if top_ids.shape[1] < k:  # fewer candidates than k in all
+        pad = k - top_ids.shape[1]
+        top_scores = np.hstack([top_scores, np.full((q, pad), -np.inf, dtype=np.float32)])
+        top_ids = np.hstack([top_ids, np.full((q, pad), -1, dtype=np.int64)])
+    top_ids = np.where(np.isfinite(top_scores), top_ids, -1)
+    return top_scores, top_ids
+
+
+def local_search(part: ClusteredIndex) -> ShardSearch:
+    """A shard in this process (tests, one machine): its search, as a done future."""
+
+    def search(q: Floats, k: int, lists: Ints) -> PendingSearch:
+        done: Future[tuple[Floats, Ints]] = Future()
+        done.set_result(part.search(q, k, lists))
+        return done
+
+    return search
+
+
+class ShardedIndex:
+    """The read API of `ClusteredIndex` over shards: vectors live in the shards, searched through
+    `searches[s]`; centroids and the id -> list assignment are kept here.
+
+    `lists_of_shard[s]`: the lists shard s holds (every list in exactly one shard)."""
+
+    def __init__(
+        self,
+        skeleton: ClusteredIndex,
+        lists_of_shard: Sequence[Ints],
+        searches: Sequence[ShardSearch],
+        version: str | None = None,
+    ) -> None:
+        self._centroids = skeleton.centroids()  # [C, D]
+        self.version = version if version is not None else skeleton.version
+        self._ids, self._lists = skeleton.assignments()  # [N] sorted, [N]
+        self._sizes = np.bincount(self._lists, minlength=len(self._centroids)).astype(np.int64)  # [C]
+        self._sizes.setflags(write=False)
+        self.writes = 0  # immutable: a new ShardedIndex per change
+        shard = np.full(len(self._centroids), -1, dtype=np.int64)
+        for s, lists in enumerate(lists_of_shard):
+            shard[np.asarray(lists, dtype=np.int64)] = s
+        if (shard < 0).any():
+            raise ValueError(f"lists held by no shard: {np.flatnonzero(shard < 0)[:20].tolist()}")
+        self.shard_of_list = shard  # [C]
+        self.searches = list(searches)
+        self.calls: list[int] = [0] * len(self.searches)  # searches sent to each shard
+
+    # ---- facts, as ClusteredIndex ------------------------------------------------------------
+
+    @property
+    def dim(self) -> int:
+        return int(self._centroids.shape[1])
+
+    @property
+    def nlist(self) -> int:
+        return len(self._centroids)
+
+    @property
+    def ntotal(self) -> int:
+        return int(self._ids.size)
+
+    def centroids(self) -> Floats:
+        return self._centroids
+
+    def list_sizes(self) -> Ints:
+        return self._sizes
+
+    def assignments(self) -> tuple[Ints, Ints]:
+        return self._ids, self._lists
+
+    def _valid_lists(self, clusters: Iterable[int]) -> Ints:
+        lists = np.unique(np.fromiter(clusters, dtype=np.int64))
+        return lists[(lists >= 0) & (lists < self.nlist)]
+
+    def scan_size(self, clusters: Iterable[int] | None = None) -> tuple[int, int]:
+        if clusters is None:
+            return self.nlist, self.ntotal
+        lists = self._valid_lists(clusters)
+        return len(lists), int(self._sizes[lists].sum())
+
+    def probe_budget(self, wanted: int) -> int:
+        return max(0, min(wanted, self.nlist // 8))
+
+    def nearest_lists(self, q: Floats, clusters: Iterable[int], nprobe: int) -> Ints:
+        lists = self._valid_lists(clusters)
+        if nprobe <= 0 or lists.size <= nprobe:
+            return lists
+        scores = (self._centroids @ np.asarray(q, dtype=np.float32))[lists]  # [L]
+        return np.sort(lists[np.argpartition(-scores, nprobe - 1)[:nprobe]])
+
+    def clusters_of(self, ids: Ints) -> Ints:
+        ids = np.asarray(ids, dtype=np.int64)
+        if self._ids.size == 0:
+            return np.full(ids.shape, -1, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(self._ids, ids), self._ids.size - 1)
+        return np.where(self._ids[pos] == ids, self._lists[pos], -1)
+
+    def shards_of(self, clusters: Iterable[int] | None = None) -> list[int]:
+        """The shards a search over `clusters` (None: every list) goes to."""
+        lists = np.arange(self.nlist) if clusters is None else self._valid_lists(clusters)
+        return sorted({int(s) for s in self.shard_of_list[lists]})
+
+    # ---- search --------------------------------------------------------------------------------
+
+    def search(self, q: Floats, k: int, clusters: Iterable[int] | None = None) -> tuple[Floats, Ints]:
+        """As `ClusteredIndex.search`: q [Q, D] -> (scores [Q, k], ids [Q, k]); only the shards
+        holding the lists are asked, all at once, and their top-k merged."""
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        if q.ndim != 2 or q.shape[1] != self.dim:
+            raise ValueError(f"queries must be [Q, {self.dim}], got {q.shape}")
+        if k <= 0:
+            raise ValueError("k must be positive")
+        lists = np.arange(self.nlist, dtype=np.int64) if clusters is None else self._valid_lists(clusters)
+        if lists.size == 0:
+            return np.full((len(q), k), -np.inf, dtype=np.float32), np.full((len(q), k), -1, dtype=np.int64)
+        pending = []
+        for s in np.unique(self.shard_of_list[lists]):
+            self.calls[int(s)] += 1
+            pending.append(self.searches[int(s)](q, k, lists[self.shard_of_list[lists] == s]))
+        return merge_topk([p.result() for p in pending], k)
+
+    def search_nearest(self, q: Floats, k: int, nprobe: int) -> tuple[Floats, Ints, int]:
+        """As `ClusteredIndex.search_nearest`: each row searches its own `nprobe` nearest lists."""
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        nprobe = max(1, min(nprobe, self.nlist))
+        every = np.arange(self.nlist, dtype=np.int64)
+        rows, scanned = [], 0
+        for row in q:
+            lists = self.nearest_lists(row, every, nprobe)
+            rows.append(self.search(row[None, :], k, lists))
+            scanned += int(self._sizes[lists].sum())
+        return np.vstack([r[0] for r in rows]), np.vstack([r[1] for r in rows]), scanned
+
+
+def as_search_index(index: ShardedIndex) -> SearchIndex:
+    """The sharded index where a `SearchIndex` is expected (mypy checks that it is one)."""
+    return index

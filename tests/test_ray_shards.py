@@ -1,0 +1,63 @@
+"""Expert shards on a real local Ray cluster (the `ray` extra; skipped without it): three shard
+deployments from a shard map, the hottest with two replicas, answer the ask flow exactly as the
+single process does."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from engine.pipeline import AskRequest
+from index.shards import ShardedIndex
+from tests.test_shards import _questions
+
+ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow
+
+
+def test_three_shard_deployments_answer_as_one_process(client: TestClient, routed: dict[str, Any]) -> None:
+    from ray import serve
+
+    from app.ray_shards import deploy, searches
+    from app.shard_map import parse
+
+    rt = client.app.state.runtime  # type: ignore[attr-defined]
+    state = rt.state()
+    shard_map = parse(
+        {
+            "shards": [
+                {"name": "git", "experts": ["git"], "replicas": 2},
+                {"name": "sqlite", "experts": ["sqlite"]},
+                {"name": "rest", "experts": ["debian"], "default": True},
+            ]
+        }
+    )
+    lists = shard_map.lists_of_shards(state.experts, state.index.nlist)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        handles = deploy(shard_map, lists, rt.settings.db_url, rt.embedder.dim)
+        stats = [h.stats.remote().result() for h in handles]
+        assert sum(s["vectors"] for s in stats) == state.index.ntotal  # every vector on exactly one shard
+        sharded = ShardedIndex(state.index, lists, searches(handles))
+        over_shards = dataclasses.replace(state, index=sharded)
+        pipeline = rt.pipeline
+        compared = 0
+        for mode in ("auto", "fallback"):
+            for question in _questions():
+                pipeline.state = lambda: state
+                expect = pipeline.prepare(AskRequest(question, mode=mode))
+                pipeline.state = lambda: over_shards  # type: ignore[assignment]
+                got = pipeline.prepare(AskRequest(question, mode=mode))
+                assert (got.route.path, got.route.reason) == (expect.route.path, expect.route.reason)
+                assert [c.chunk.id for c in got.citations] == [c.chunk.id for c in expect.citations]
+                assert np.allclose([c.score for c in got.citations], [c.score for c in expect.citations], atol=1e-6)
+                compared += 1
+        pipeline.state = rt.services.states.current
+        assert compared >= 100
+    finally:
+        serve.shutdown()
+        ray.shutdown()

@@ -1,0 +1,175 @@
+"""Expert shards (index.shards): an index carved by expert into shards answers every search as the
+whole index does, and a confident question's search touches only its expert's shard."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from engine.pipeline import AskRequest
+from index import ClusteredIndex
+from index.shards import ShardedIndex, carve, local_search, merge_topk, shard_of_lists
+from tests.helpers import TOPICS
+
+
+def test_merge_topk_keeps_the_best_k_of_the_union_and_pads_like_faiss() -> None:
+    a = (np.array([[0.9, 0.5, -np.inf]], dtype=np.float32), np.array([[1, 5, -1]]))
+    b = (np.array([[0.7, 0.5, 0.1]], dtype=np.float32), np.array([[3, 2, 4]]))
+    scores, ids = merge_topk([a, b], 4)
+    assert ids.tolist() == [[1, 3, 2, 5]]  # the tie at 0.5: the lower id first
+    assert scores[0].tolist() == pytest.approx([0.9, 0.7, 0.5, 0.5])
+    scores, ids = merge_topk([a], 4)  # fewer candidates than k: padded with (-inf, -1)
+    assert ids.tolist() == [[1, 5, -1, -1]] and np.isneginf(scores[0, 2:]).all()
+
+
+def test_a_carved_index_holds_exactly_its_lists_and_searches_them_identically() -> None:
+    rng = np.random.default_rng(7)
+    centroids = rng.normal(size=(6, 8)).astype(np.float32)
+    x = rng.normal(size=(300, 8)).astype(np.float32)
+    whole = ClusteredIndex.create(centroids, "v")
+    whole.add(x, np.arange(300) + 10, whole.assign(x))
+    shard = shard_of_lists([1, 1, 2, None, 3, 2], {1: 0, 2: 1, 3: 2}, default=0)
+    assert shard.tolist() == [0, 0, 1, 0, 2, 1]
+    parts = [carve(whole, np.flatnonzero(shard == s)) for s in range(3)]
+    assert sum(p.ntotal for p in parts) == whole.ntotal
+    ids, lists = whole.assignments()
+    for s, p in enumerate(parts):
+        p_ids, p_lists = p.assignments()
+        assert np.array_equal(p_ids, ids[shard[lists] == s]) and (shard[p_lists] == s).all()
+    sharded = ShardedIndex(whole, [np.flatnonzero(shard == s) for s in range(3)], [local_search(p) for p in parts])
+    q = rng.normal(size=(20, 8)).astype(np.float32)
+    for scope in (None, [0, 1], [2, 5], [4], [0, 2, 4]):
+        expect, got = whole.search(q, 10, scope), sharded.search(q, 10, scope)
+        assert np.array_equal(expect[1], got[1]), scope
+        assert np.array_equal(expect[0][expect[1] >= 0], got[0][got[1] >= 0]), scope
+    assert np.array_equal(sharded.clusters_of(ids), lists) and np.array_equal(sharded.list_sizes(), whole.list_sizes())
+    assert sharded.shards_of([0, 1]) == [0] and sharded.shards_of(None) == [0, 1, 2]
+
+
+def _questions() -> list[str]:
+    sentences = [s.strip().rstrip(".") for text in TOPICS.values() for s in text.split(". ") if s.strip()]
+    forms = ["{}", "how {}?", "why {}?", "what does it mean that {}?", "explain: {}", "is it true that {}?",
+             "in short: {}", "a question about this: {}"]  # fmt: skip
+    return [f.format(s) for s in sentences for f in forms]
+
+
+def test_the_ask_flow_over_expert_shards_equals_the_whole_index(client: TestClient, routed: dict[str, Any]) -> None:
+    """Three shards by expert (git; sqlite; debian with the lists no expert owns): every answer's
+    route, ids and scores equal the single index's, routed and fallback; a confident route's
+    search goes to its expert's shard alone."""
+    rt = client.app.state.runtime  # type: ignore[attr-defined]
+    state = rt.state()
+    experts = routed["experts"]
+    owners: list[int | None] = [None] * state.index.nlist
+    for eid, profile in state.experts.items():
+        for c in profile.clusters:
+            owners[c] = eid
+    shard = shard_of_lists(owners, {experts["git"]: 0, experts["sqlite"]: 1, experts["debian"]: 2}, default=2)
+    lists = [np.flatnonzero(shard == s) for s in range(3)]
+    parts = [carve(state.index, ls) for ls in lists]
+    assert sum(p.ntotal for p in parts) == state.index.ntotal
+    sharded = ShardedIndex(state.index, lists, [local_search(p) for p in parts])
+    whole = rt.pipeline
+    over_shards = dataclasses.replace(state, index=sharded)
+    questions = _questions()
+    assert len(questions) >= 50
+    compared = confident = 0
+    for mode in ("auto", "fallback"):
+        for question in questions:
+            whole.state = lambda: state
+            expect = whole.prepare(AskRequest(question, mode=mode))
+            calls = list(sharded.calls)
+            whole.state = lambda: over_shards  # type: ignore[assignment]
+            got = whole.prepare(AskRequest(question, mode=mode))
+            assert (got.route.path, got.route.reason) == (expect.route.path, expect.route.reason), question
+            assert [c.chunk.id for c in got.citations] == [c.chunk.id for c in expect.citations], question
+            assert [c.score for c in got.citations] == pytest.approx([c.score for c in expect.citations], abs=1e-6)
+            assert got.route.vectors_scanned == expect.route.vectors_scanned
+            compared += 1
+            if got.route.reason == "confident" and got.route.expert is not None:
+                # Its expert's search went to its shard alone; the gate's vote and the route's check
+                # probe the question's nearest lists, wherever they live.
+                owner = {experts["git"]: 0, experts["sqlite"]: 1, experts["debian"]: 2}[got.route.expert.id]
+                assert sharded.shards_of(got.route.expert.clusters) == [owner]
+                assert sharded.calls[owner] > calls[owner]
+                confident += 1
+    whole.state = rt.services.states.current
+    assert compared >= 100
+    assert confident >= 10, confident
+
+
+def test_the_shard_map_is_checked_when_read_and_when_applied(tmp_path: Any) -> None:
+    from pathlib import Path
+
+    from app.shard_map import load, parse
+    from engine.errors import InvalidSetting
+    from engine.serving import ExpertProfile
+
+    example = load(Path(__file__).resolve().parent.parent / "docs" / "shards.example.yaml")
+    assert [s.name for s in example.shards] == ["code", "data", "rest"] and example.default == 2
+    assert example.shards[0].replicas == 2 and len(example.version) == 12
+    bad = {
+        "non-empty list": {"shards": []},
+        "named twice": {"shards": [{"name": "a", "default": True}, {"name": "a"}]},
+        "one shard": {
+            "shards": [{"name": "a", "experts": ["git"], "default": True}, {"name": "b", "experts": ["git"]}]
+        },
+        "exactly one shard": {"shards": [{"name": "a"}]},
+        "replicas": {"shards": [{"name": "a", "replicas": 0, "default": True}]},
+    }
+    for words, data in bad.items():
+        with pytest.raises(InvalidSetting, match=words):
+            parse(data)
+    (tmp_path / "broken.yaml").write_text("shards: [unclosed")
+    with pytest.raises(InvalidSetting, match="not YAML"):
+        load(tmp_path / "broken.yaml")
+    experts = {
+        1: ExpertProfile(1, "git", "", "", 5, None, (0, 2)),
+        2: ExpertProfile(2, "sqlite", "", "", 5, None, (1,)),
+    }
+    lists = parse({"shards": [{"name": "g", "experts": ["git"]}, {"name": "r", "default": True}]}).lists_of_shards(
+        experts, 4
+    )
+    assert [ls.tolist() for ls in lists] == [[0, 2], [1, 3]]  # sqlite is not named: the default shard
+    with pytest.raises(InvalidSetting, match="does not have"):
+        example.lists_of_shards(experts, 4)
+
+
+def test_shard_replicas_built_from_sql_follow_the_index_log_for_their_lists(
+    client: TestClient, routed: dict[str, Any]
+) -> None:
+    """`ShardReplica` (what a Ray Serve shard replica runs): built from SQL with only its lists,
+    it follows ingestion and deletion through the index log; the shards together equal the replica."""
+    from app.ray_shards import ShardReplica
+    from app.services.documents import Upload
+    from app.shard_map import parse
+    from tests.helpers import topic_doc
+
+    rt = client.app.state.runtime  # type: ignore[attr-defined]
+    shard_map = parse(
+        {"shards": [{"name": "code", "experts": ["git"]}, {"name": "rest", "experts": ["debian"], "default": True}]}
+    )
+    state = rt.state()
+    lists = shard_map.lists_of_shards(state.experts, state.index.nlist)
+    replicas = [ShardReplica(rt.settings.db_url, ls.tolist(), rt.embedder.dim, poll_seconds=0) for ls in lists]
+    try:
+        added = [rt.ingestor.ingest(Upload(topic_doc(t, 900 + i, 2).encode(), f"late-{t}-{i}.md")) for i, t in
+                 enumerate(["git", "sqlite", "debian"])]  # fmt: skip
+        rt.ingestor.delete(added[2].document_id)
+        for r in replicas:
+            assert r.follow() == rt.catalogue.version
+        index = rt.state().index
+        assert sum(r.index.ntotal for r in replicas) == index.ntotal
+        sharded = ShardedIndex(index, lists, [local_search(r.index) for r in replicas])
+        q = rt.embedder.encode(["git rebase onto a branch", "sqlite write-ahead log", "apt dependencies"])
+        for scope in (None, list(state.experts[routed["experts"]["git"]].clusters)):
+            assert np.array_equal(sharded.search(q, 10, scope)[1], index.search(q, 10, scope)[1])
+        stats = [r.stats() for r in replicas]
+        assert all(s["position"] == rt.catalogue.version for s in stats)
+    finally:
+        for r in replicas:
+            r.close()
