@@ -32,6 +32,9 @@ from index.shards import ShardSearch
 
 log = logging.getLogger(__name__)
 APP = "moerag-shards"  # the Serve application holding every shard deployment
+# A replica scans its lists for milliseconds a question: a tenth of a CPU each lets Ray place a
+# shard map's replicas on a small machine; memory, not CPU, is what a shard needs.
+_LIGHT = {"num_cpus": 0.1}
 
 
 def _serve() -> Any:
@@ -120,9 +123,12 @@ def deploy(shard_map: ShardMap, lists: Sequence[npt.NDArray[np.int64]], db_url: 
     serve = _serve()
     deployments = []
     for shard, own in zip(shard_map.shards, lists, strict=True):
-        deployment = serve.deployment(ShardReplica, name=f"shard-{shard.name}", num_replicas=shard.replicas)
+        deployment = serve.deployment(
+            ShardReplica, name=f"shard-{shard.name}", num_replicas=shard.replicas, ray_actor_options=_LIGHT
+        )
         deployments.append(deployment.bind(db_url, own.tolist(), dim))
-    serve.run(serve.deployment(_Shards, name="shards").bind(*deployments), name=APP, route_prefix=None)
+    holder = serve.deployment(_Shards, name="shards", ray_actor_options=_LIGHT)
+    serve.run(holder.bind(*deployments), name=APP, route_prefix=None)
     return [serve.get_deployment_handle(f"shard-{s.name}", app_name=APP) for s in shard_map.shards]
 
 

@@ -103,8 +103,12 @@ class LexicalManager:
         if not in_child or self._url is None:
             return build(self.sessions)
         if self._pool is None:
-            context = multiprocessing.get_context("forkserver")  # never fork a process that runs threads
-            self._pool = ProcessPoolExecutor(1, context, initializer=os.nice, initargs=(CHILD_NICENESS,))
+            # A fresh interpreter a rebuild (never fork a process that runs threads), gone with it:
+            # no memory held between rebuilds, no process left behind by a parent that dies.
+            context = multiprocessing.get_context("spawn")
+            self._pool = ProcessPoolExecutor(
+                1, context, initializer=os.nice, initargs=(CHILD_NICENESS,), max_tasks_per_child=1
+            )
         try:
             return self._pool.submit(_build_at, self._url).result()
         except Exception:  # the child died (memory?) or failed: build here, as before
