@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from app import cli_ray
 from app.cli_common import ingest_files, local_runtime, require_store, server_for, settings_from, token_for
 from app.cli_experts import add_commands as add_expert_commands
 from app.cli_sync import cmd_sync, every_seconds
@@ -298,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     sync.add_argument("--max-pages", type=int, default=200, help="--site: pages to crawl at most (default 200)")
     sync.add_argument("--every", type=every_seconds, help="run again after this long (30s, 10m, 2h), until stopped")
     sync.set_defaults(func=cmd_sync)
+    cli_ray.add_commands(sub)
     mcp = sub.add_parser("mcp", help="serve MCP over stdio (tools ask, search, list_experts, get_chunk)")
     mcp.set_defaults(func=cmd_mcp)
     sample = sub.add_parser("sample", help="write the pydoc sample corpus to a folder")
@@ -323,6 +325,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for noisy in ("httpx", "sentence_transformers", "transformers", "faiss", "alembic", "bm25s"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     from app.errors import ApiError
+    from engine.errors import MoeragError
 
     try:
         args.func(args)
@@ -330,6 +333,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         raise SystemExit(130) from None
     except ApiError as exc:  # the API's own checks, run locally (a question too long, an unknown expert)
         raise SystemExit(f"moerag: {exc.code}: {exc.message}") from None
+    except MoeragError as exc:  # a setting that cannot work here (a shard map, a missing extra)
+        raise SystemExit(f"moerag: {exc.code}: {exc}") from None
     except (OSError, ValueError, RuntimeError) as exc:
         if level == "DEBUG":
             raise

@@ -14,21 +14,24 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import select
+from sqlalchemy import Engine, select
+from sqlalchemy.orm import Session
 
 from app.catalogue import read_version
 from app.db import make_engine, make_sessionmaker
 from app.models import Chunk, Cluster, IndexState, stack
+from app.services.experts import profiles
 from app.services.index_log import horizon, read_log
 from app.shard_map import ShardMap
 from engine.errors import NotConfigured
+from engine.serving import ExpertProfile
 from index import ClusteredIndex
-from index.shards import ShardSearch
+from index.shards import ShardedIndex, ShardSearch
 
 log = logging.getLogger(__name__)
 APP = "moerag-shards"  # the Serve application holding every shard deployment
@@ -37,7 +40,8 @@ APP = "moerag-shards"  # the Serve application holding every shard deployment
 _LIGHT = {"num_cpus": 0.1}
 
 
-def _serve() -> Any:
+def require() -> Any:
+    """Ray Serve's module, or NotConfigured naming the extra that brings it."""
     try:
         from ray import serve
     except ImportError:
@@ -48,10 +52,11 @@ def _serve() -> Any:
 class ShardReplica:
     """One replica of one shard: the vectors of `lists` only, in an index with every centroid."""
 
-    def __init__(self, db_url: str, lists: Sequence[int], dim: int, poll_seconds: float = 0.5) -> None:
+    def __init__(self, db_url: str, shard_map: ShardMap, shard: int, dim: int, poll_seconds: float = 0.5) -> None:
         self.engine = make_engine(db_url)
         self.sessions = make_sessionmaker(self.engine)
-        self.lists = np.asarray(sorted(lists), dtype=np.int64)
+        self.shard_map, self.shard = shard_map, shard
+        self.lists = np.zeros(0, dtype=np.int64)  # its lists: the map applied to the store's experts
         self.dim = dim
         self._lock = threading.Lock()
         self.index, self.position, self.clustering = self._build()
@@ -75,6 +80,7 @@ class ShardReplica:
             position = read_version(s)  # rows read below are this version's or later (replays are idempotent)
             clustering = str(s.scalar(select(IndexState.version).where(IndexState.id == 1)) or "")
             centroids = stack(s.scalars(select(Cluster.centroid).order_by(Cluster.id)), self.dim)
+            self.lists = self._own_lists(s, len(centroids))
             rows = s.execute(
                 select(Chunk.id, Chunk.cluster_id, Chunk.embedding).where(Chunk.cluster_id.in_(self.lists.tolist()))
             ).all()
@@ -84,6 +90,9 @@ class ShardReplica:
         index.add(stack((r[2] for r in rows), self.dim), ids, lists)
         log.info("shard replica: %d vectors in %d lists at version %d", index.ntotal, len(self.lists), position)
         return index, position, clustering
+
+    def _own_lists(self, s: Session, nlist: int) -> npt.NDArray[np.int64]:
+        return self.shard_map.lists_of_shards(profiles(s), nlist)[self.shard]
 
     def search(
         self, q: npt.NDArray[np.float32], k: int, lists: npt.NDArray[np.int64]
@@ -102,6 +111,7 @@ class ShardReplica:
                 return self.position
             clustering = str(s.scalar(select(IndexState.version).where(IndexState.id == 1)) or "")
             moved = clustering != self.clustering or self.position < horizon(s)
+            moved = moved or not np.array_equal(self._own_lists(s, self.index.nlist), self.lists)  # an expert moved
             changes = None if moved else read_log(s, self.position, now, self.dim)
         with self._lock:
             if changes is None:
@@ -117,16 +127,16 @@ class ShardReplica:
         return {"vectors": self.index.ntotal, "lists": len(self.lists), "position": self.position}
 
 
-def deploy(shard_map: ShardMap, lists: Sequence[npt.NDArray[np.int64]], db_url: str, dim: int) -> list[Any]:
+def deploy(shard_map: ShardMap, db_url: str, dim: int) -> list[Any]:
     """Run one Serve application with a deployment per shard (Ray started or joined by the caller,
     `ray.init`); returns their handles, in map order."""
-    serve = _serve()
+    serve = require()
     deployments = []
-    for shard, own in zip(shard_map.shards, lists, strict=True):
+    for n, shard in enumerate(shard_map.shards):
         deployment = serve.deployment(
             ShardReplica, name=f"shard-{shard.name}", num_replicas=shard.replicas, ray_actor_options=_LIGHT
         )
-        deployments.append(deployment.bind(db_url, own.tolist(), dim))
+        deployments.append(deployment.bind(db_url, shard_map, n, dim))
     holder = serve.deployment(_Shards, name="shards", ray_actor_options=_LIGHT)
     serve.run(holder.bind(*deployments), name=APP, route_prefix=None)
     return [serve.get_deployment_handle(f"shard-{s.name}", app_name=APP) for s in shard_map.shards]
@@ -140,6 +150,45 @@ class _Shards:
 
     def __call__(self) -> int:
         return len(self.shards)
+
+
+class RayShards:
+    """The serving side: the shard map's deployments, and the sharded view of an index that the
+    serving state holds instead of the index (app.services.serving)."""
+
+    def __init__(self, shard_map: ShardMap, address: str = "auto") -> None:
+        serve = require()
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=address, log_to_driver=False)
+        self.shard_map = shard_map
+        self.handles = [serve.get_deployment_handle(f"shard-{s.name}", app_name=APP) for s in shard_map.shards]
+
+    def index_over(self, index: ClusteredIndex, experts: Mapping[int, ExpertProfile]) -> ShardedIndex:
+        """`index`'s lists spread over the shards as the map says for `experts` (its vectors unread)."""
+        lists = self.shard_map.lists_of_shards(experts, index.nlist)
+        return ShardedIndex(index, lists, searches(self.handles), shard_map=self.shard_map.version)
+
+    def stats(self) -> list[dict[str, Any]]:
+        return shard_stats(self.shard_map, self.handles)
+
+
+def shard_stats(shard_map: ShardMap, handles: Sequence[Any]) -> list[dict[str, Any]]:
+    """Each shard's name, replicas, and what one of its replicas holds (lists, vectors, position)."""
+    return [
+        {"shard": s.name, "replicas": s.replicas, **h.stats.remote().result()}
+        for s, h in zip(shard_map.shards, handles, strict=True)
+    ]
+
+
+def store_dim(engine: Engine) -> int:
+    """The embedding width of the store (its index state), for a shard's part."""
+    with engine.connect() as conn:
+        dim = conn.execute(select(IndexState.dim).where(IndexState.id == 1)).scalar()
+    if dim is None:
+        raise NotConfigured("the store has no index yet: start moerag on it once (moerag serve) before `ray up`")
+    return int(dim)
 
 
 def searches(handles: Sequence[Any]) -> list[ShardSearch]:

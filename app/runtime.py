@@ -233,6 +233,10 @@ class Runtime:
             states = ServingStates(
                 self.sessions, indexes, lambda: routers.load_active(), kernel_matrix=self.kernel_search
             )
+            if s.shard_map is not None:  # searches go to the expert shards on Ray Serve (`moerag ray up`)
+                from app import ray_shards, shard_map
+
+                states.shards = ray_shards.RayShards(shard_map.load(s.shard_map), s.ray_address).index_over
             routers = RouterManager(
                 s,
                 self.sessions,

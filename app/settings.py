@@ -23,6 +23,12 @@ class Settings(BaseSettings):
         description="Where index snapshots live: any fsspec URL (s3://bucket/moerag with s3fs, "
         "file:///shared/moerag) shared by machines on one database; default data_dir/index.",
     )
+    shard_map: Path | None = Field(
+        None,
+        description="A shard map (docs/shards.example.yaml) whose shards run on Ray Serve (`moerag ray up`): "
+        "searches go to the shards holding the lists; unset, this process searches its own replica.",
+    )
+    ray_address: str = Field("auto", description="The Ray cluster that runs the shards (with shard_map).")
     model_path: Path | None = Field(None, description="Local sentence-transformers model directory.")
     embed_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     embed_batch_size: int = Field(32, ge=1, le=1024)

@@ -77,7 +77,7 @@ class Route:
     clusters_scanned: int = 0
     vectors_scanned: int = 0
     catalogue_version: int = 0  # the version of the experts, mapping and router this was answered with
-    versions: dict[str, int | None] = field(default_factory=dict)  # the serving state's (ServingState.versions)
+    versions: dict[str, int | str | None] = field(default_factory=dict)  # the serving state's (ServingState.versions)
 
 
 @dataclass

@@ -17,6 +17,8 @@ What the state pins and what it shares:
   built at. BM25 rebuilds are spaced (app.services.lexical), so it may lag `version`; its
   rebuild publishes a new state at the same version (a new `serial`).
 - `matrix`: the expert-sorted copy for the scoped kernel, built with the state (GPU only).
+- `shard_map`: with expert shards (index.shards), `index` is the replica's lists spread over
+  the shards the map names, and this is the map's version.
 """
 
 from __future__ import annotations
@@ -52,15 +54,17 @@ class ServingState:
     lexical: LexicalIndex | None = None
     lexical_version: int = 0
     matrix: ExpertMatrix | None = None
+    shard_map: str | None = None  # the shard map's version when the index is spread over shards
 
     @property
-    def versions(self) -> dict[str, int | None]:
+    def versions(self) -> dict[str, int | str | None]:
         """What a response records: the versions this state was built from."""
         return {
             "catalogue_version": self.version,
             "router_version": self.router.version_id if self.router is not None else None,
             "index_position": self.index_position,
             "bm25_version": self.lexical_version if self.lexical is not None else None,
+            "shard_map": self.shard_map,
         }
 
 

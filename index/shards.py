@@ -94,9 +94,11 @@ class ShardedIndex:
         lists_of_shard: Sequence[Ints],
         searches: Sequence[ShardSearch],
         version: str | None = None,
+        shard_map: str = "",
     ) -> None:
         self._centroids = skeleton.centroids()  # [C, D]
         self.version = version if version is not None else skeleton.version
+        self.shard_map = shard_map  # the shard map's version, recorded with answers
         self._ids, self._lists = skeleton.assignments()  # [N] sorted, [N]
         self._sizes = np.bincount(self._lists, minlength=len(self._centroids)).astype(np.int64)  # [C]
         self._sizes.setflags(write=False)

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 def test_three_shard_deployments_answer_as_one_process(client: TestClient, routed: dict[str, Any]) -> None:
     from ray import serve
 
-    from app.ray_shards import deploy, searches
+    from app.ray_shards import RayShards, deploy, searches
     from app.shard_map import parse
 
     rt = client.app.state.runtime  # type: ignore[attr-defined]
@@ -39,7 +39,7 @@ def test_three_shard_deployments_answer_as_one_process(client: TestClient, route
     lists = shard_map.lists_of_shards(state.experts, state.index.nlist)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
-        handles = deploy(shard_map, lists, rt.settings.db_url, rt.embedder.dim)
+        handles = deploy(shard_map, rt.settings.db_url, rt.embedder.dim)
         stats = [h.stats.remote().result() for h in handles]
         assert sum(s["vectors"] for s in stats) == state.index.ntotal  # every vector on exactly one shard
         sharded = ShardedIndex(state.index, lists, searches(handles))
@@ -58,6 +58,20 @@ def test_three_shard_deployments_answer_as_one_process(client: TestClient, route
                 compared += 1
         pipeline.state = rt.services.states.current
         assert compared >= 100
+
+        # Served: the runtime's serving state spreads its index over the shards (MOERAG_SHARD_MAP).
+        questions = _questions()[::8]
+        before = [client.post("/ask", json={"query": q}).json() for q in questions]
+        states = rt.services.states
+        states.shards = RayShards(shard_map).index_over
+        states.changed(rt.catalogue.version, frozenset({"index"}))  # republished over the shards
+        assert isinstance(rt.state().index, ShardedIndex)
+        after = [client.post("/ask", json={"query": q}).json() for q in questions]
+        for b, a in zip(before, after, strict=True):
+            assert [c["chunk_id"] for c in a["citations"]] == [c["chunk_id"] for c in b["citations"]]
+            assert a["route"]["path"] == b["route"]["path"] and a["route"]["shard_map"] == shard_map.version
+        assert client.get("/readyz").json()["serving"]["shard_map"] == shard_map.version
+        assert [s["vectors"] for s in RayShards(shard_map).stats()] == [s["vectors"] for s in stats]
     finally:
         serve.shutdown()
         ray.shutdown()

@@ -143,8 +143,10 @@ def test_shard_replicas_built_from_sql_follow_the_index_log_for_their_lists(
     client: TestClient, routed: dict[str, Any]
 ) -> None:
     """`ShardReplica` (what a Ray Serve shard replica runs): built from SQL with only its lists,
-    it follows ingestion and deletion through the index log; the shards together equal the replica."""
+    it follows ingestion and deletion through the index log, and a list moving to another
+    shard's expert; the shards together always equal the replica."""
     from app.ray_shards import ShardReplica
+    from app.services import experts as expert_service
     from app.services.documents import Upload
     from app.shard_map import parse
     from tests.helpers import topic_doc
@@ -155,7 +157,8 @@ def test_shard_replicas_built_from_sql_follow_the_index_log_for_their_lists(
     )
     state = rt.state()
     lists = shard_map.lists_of_shards(state.experts, state.index.nlist)
-    replicas = [ShardReplica(rt.settings.db_url, ls.tolist(), rt.embedder.dim, poll_seconds=0) for ls in lists]
+    replicas = [ShardReplica(rt.settings.db_url, shard_map, n, rt.embedder.dim, poll_seconds=0) for n in range(2)]
+    assert [r.lists.tolist() for r in replicas] == [ls.tolist() for ls in lists]
     try:
         added = [rt.ingestor.ingest(Upload(topic_doc(t, 900 + i, 2).encode(), f"late-{t}-{i}.md")) for i, t in
                  enumerate(["git", "sqlite", "debian"])]  # fmt: skip
@@ -170,6 +173,14 @@ def test_shard_replicas_built_from_sql_follow_the_index_log_for_their_lists(
             assert np.array_equal(sharded.search(q, 10, scope)[1], index.search(q, 10, scope)[1])
         stats = [r.stats() for r in replicas]
         assert all(s["position"] == rt.catalogue.version for s in stats)
+        # An expert's list moves to an expert of the other shard: both shards read their lists again.
+        moving = int(lists[0][0])
+        expert_service.assign(rt.sessions, [moving], routed["experts"]["debian"])
+        for r in replicas:
+            r.follow()
+        assert moving not in replicas[0].lists and moving in replicas[1].lists
+        assert sum(r.index.ntotal for r in replicas) == rt.state().index.ntotal
+        assert replicas[1].index.list_sizes()[moving] == rt.state().index.list_sizes()[moving]
     finally:
         for r in replicas:
             r.close()

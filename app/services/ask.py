@@ -84,6 +84,7 @@ def route_json(route: Route) -> dict[str, Any]:
         # the serving state's other parts: the index replica's log position, BM25's build version
         "index_position": route.versions.get("index_position"),
         "bm25_version": route.versions.get("bm25_version"),
+        "shard_map": route.versions.get("shard_map"),  # with expert shards (MOERAG_SHARD_MAP): the map's version
         "clusters_scanned": route.clusters_scanned,
         "vectors_scanned": route.vectors_scanned,
     }

@@ -138,16 +138,21 @@ def propose_and_apply(
     return result
 
 
+def profiles(s: Session) -> dict[int, ExpertProfile]:
+    """Every expert with the clusters it owns, as routing reads them."""
+    owned: dict[int, list[int]] = {}
+    for cid, eid in cluster_owners(s).items():
+        if eid is not None:
+            owned.setdefault(eid, []).append(cid)
+    return {
+        e.id: ExpertProfile(
+            e.id, e.name, e.system_prompt, e.generator, e.top_k, e.threshold, tuple(sorted(owned.get(e.id, [])))
+        )
+        for e in s.scalars(select(Expert))
+    }
+
+
 def load_profiles(sessions: sessionmaker[Session]) -> dict[int, ExpertProfile]:
-    """Every expert with the clusters it owns, as routing reads them (app.services.serving)."""
+    """`profiles` in a session of its own (app.services.serving)."""
     with sessions() as s:
-        owned: dict[int, list[int]] = {}
-        for cid, eid in cluster_owners(s).items():
-            if eid is not None:
-                owned.setdefault(eid, []).append(cid)
-        return {
-            e.id: ExpertProfile(
-                e.id, e.name, e.system_prompt, e.generator, e.top_k, e.threshold, tuple(sorted(owned.get(e.id, [])))
-            )
-            for e in s.scalars(select(Expert))
-        }
+        return profiles(s)

@@ -31,6 +31,8 @@ from engine.expert_matrix import ExpertMatrix
 from engine.lexical import LexicalIndex
 from engine.router import Router
 from engine.serving import ExpertProfile, ServingState
+from index import ClusteredIndex, SearchIndex
+from index.shards import ShardedIndex
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,9 @@ class ServingStates:
         self._serial = 0
         self._lock = threading.Lock()
         self.build_ms = {"last": 0.0, "max": 0.0}  # building a state after a catalogue change (/readyz)
+        # Expert shards (app.ray_shards.RayShards.index_over): the state's index is then the
+        # replica's lists spread over the shards, as the shard map says for the state's experts.
+        self.shards: Callable[[ClusteredIndex, Mapping[int, ExpertProfile]], ShardedIndex] | None = None
 
     def current(self) -> ServingState:
         state = self._state
@@ -105,16 +110,22 @@ class ServingStates:
         matrix: ExpertMatrix | None,
     ) -> ServingState:
         self._serial += 1
+        index: SearchIndex = self.indexes.index
+        shard_map = None
+        if self.shards is not None:
+            sharded = self.shards(self.indexes.index, experts)
+            index, shard_map = sharded, sharded.shard_map
         state = ServingState(
             version=version,
             serial=self._serial,
             experts=experts,
             router=router,
-            index=self.indexes.index,
+            index=index,
             index_position=self.indexes.position,
             lexical=lexical,
             lexical_version=lexical_version,
             matrix=matrix,
+            shard_map=shard_map,
         )
         self._state = state  # the one reference swap: a question sees the old state or this one, whole
         return state

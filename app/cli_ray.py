@@ -1,0 +1,83 @@
+"""`moerag ray up|status|down`: expert shards on Ray Serve (app.ray_shards; the `ray` extra).
+
+`up` joins the Ray cluster at `--address`, or starts a local one (`ray start --head`, Ray's own
+command) when none is given, and deploys one Serve deployment per shard of the map. `moerag
+serve` with MOERAG_SHARD_MAP (and MOERAG_RAY_ADDRESS) then searches through them. `status`
+prints each shard: its replicas, the lists and vectors it holds and the catalogue version it has
+reached. `down` deletes the shards' application (and stops the local cluster `up` started).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from app.cli_common import settings_from
+
+
+def add_commands(sub: Any) -> None:
+    ray = sub.add_parser("ray", help="expert shards on Ray Serve (pip install 'moerag[ray]')")
+    actions = ray.add_subparsers(dest="action", required=True)
+    up = actions.add_parser("up", help="start or join a Ray cluster and deploy the shards of a shard map")
+    up.add_argument("--config", type=Path, required=True, help="the shard map (docs/shards.example.yaml)")
+    up.add_argument("--address", help="a Ray cluster to join (auto, host:6379, ray://host:10001); default: a local one")
+    up.set_defaults(func=cmd_up)
+    status = actions.add_parser("status", help="shards, replicas, vectors and versions")
+    status.add_argument("--config", type=Path, required=True, help="the shard map deployed")
+    status.add_argument("--address", default="auto", help="the Ray cluster (default: the local one)")
+    status.set_defaults(func=cmd_status)
+    down = actions.add_parser("down", help="delete the shards (and stop the local cluster `up` started)")
+    down.add_argument("--address", help="the Ray cluster joined by `up --address`; default: the local one, stopped")
+    down.set_defaults(func=cmd_down)
+
+
+def _ray_command(*args: str) -> None:
+    """Ray's own CLI, from this interpreter's environment."""
+    ray = Path(sys.executable).with_name("ray")
+    subprocess.run([str(ray), *args], check=True, stdout=subprocess.DEVNULL)
+
+
+def cmd_up(args: argparse.Namespace) -> None:
+    from app import ray_shards, shard_map
+    from app.db import make_engine
+
+    ray_shards.require()
+    settings = settings_from(args)
+    shards = shard_map.load(args.config)
+    engine = make_engine(settings.db_url)
+    try:
+        dim = ray_shards.store_dim(engine)
+    finally:
+        engine.dispose()
+    if args.address is None:
+        _ray_command("start", "--head", "--disable-usage-stats", "--include-dashboard=false")
+    import ray
+
+    ray.init(address=args.address or "auto", log_to_driver=False)
+    handles = ray_shards.deploy(shards, settings.db_url, dim)
+    print(json.dumps({"shard_map": shards.version, "shards": ray_shards.shard_stats(shards, handles)}, indent=2))
+
+
+def cmd_status(args: argparse.Namespace) -> None:
+    from app import ray_shards, shard_map
+
+    shards = ray_shards.RayShards(shard_map.load(args.config), args.address)
+    print(json.dumps({"shard_map": shards.shard_map.version, "shards": shards.stats()}, indent=2))
+
+
+def cmd_down(args: argparse.Namespace) -> None:
+    from app import ray_shards
+
+    serve = ray_shards.require()
+    import ray
+
+    ray.init(address=args.address or "auto", log_to_driver=False)
+    serve.delete(ray_shards.APP)
+    ray.shutdown()
+    if args.address is None:
+        _ray_command("stop")
+    print(json.dumps({"deleted": ray_shards.APP}))
