@@ -137,6 +137,7 @@ def deploy(shard_map: ShardMap, db_url: str, dim: int) -> list[Any]:
             ShardReplica, name=f"shard-{shard.name}", num_replicas=shard.replicas, ray_actor_options=_LIGHT
         )
         deployments.append(deployment.bind(db_url, shard_map, n, dim))
+    serve.start(proxy_location="Disabled")  # handles only: no HTTP proxy to start (it timed out on busy cores)
     holder = serve.deployment(_Shards, name="shards", ray_actor_options=_LIGHT)
     serve.run(holder.bind(*deployments), name=APP, route_prefix=None)
     return [serve.get_deployment_handle(f"shard-{s.name}", app_name=APP) for s in shard_map.shards]
