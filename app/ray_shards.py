@@ -157,19 +157,21 @@ class RayShards:
     """The serving side: the shard map's deployments, and the sharded view of an index that the
     serving state holds instead of the index (app.services.serving)."""
 
-    def __init__(self, shard_map: ShardMap, address: str = "auto") -> None:
+    def __init__(self, shard_map: ShardMap, address: str = "auto", timeout_seconds: float = 5.0) -> None:
         serve = require()
         import ray
 
         if not ray.is_initialized():
             ray.init(address=address, log_to_driver=False)
-        self.shard_map = shard_map
+        self.shard_map, self.timeout_seconds = shard_map, timeout_seconds
         self.handles = [serve.get_deployment_handle(f"shard-{s.name}", app_name=APP) for s in shard_map.shards]
 
     def index_over(self, index: ClusteredIndex, experts: Mapping[int, ExpertProfile]) -> ShardedIndex:
         """`index`'s lists spread over the shards as the map says for `experts` (its vectors unread)."""
         lists = self.shard_map.lists_of_shards(experts, index.nlist)
-        return ShardedIndex(index, lists, searches(self.handles), shard_map=self.shard_map.version)
+        names = [s.name for s in self.shard_map.shards]
+        found = searches(self.handles, self.timeout_seconds)
+        return ShardedIndex(index, lists, found, shard_map=self.shard_map.version, names=names)
 
     def stats(self) -> list[dict[str, Any]]:
         return shard_stats(self.shard_map, self.handles)
@@ -192,10 +194,24 @@ def store_dim(engine: Engine) -> int:
     return int(dim)
 
 
-def searches(handles: Sequence[Any]) -> list[ShardSearch]:
-    """Each shard's search through its Serve handle (any replica; Serve balances and retries)."""
+def searches(handles: Sequence[Any], timeout_seconds: float | None = None) -> list[ShardSearch]:
+    """Each shard's search through its Serve handle (any replica; Serve balances them), its answer
+    awaited at most `timeout_seconds` (then the shard is left out of the answer: index.shards)."""
 
     def through(handle: Any) -> ShardSearch:
-        return lambda q, k, lists: handle.search.remote(q, k, lists)  # a DeploymentResponse: .result()
+        return lambda q, k, lists: _Within(handle.search.remote(q, k, lists), timeout_seconds)
 
     return [through(h) for h in handles]
+
+
+class _Within:
+    """A DeploymentResponse whose result is awaited for a bounded time."""
+
+    def __init__(self, response: Any, timeout_seconds: float | None) -> None:
+        self.response, self.timeout_seconds = response, timeout_seconds
+
+    def result(self) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+        out: tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]] = self.response.result(
+            timeout_s=self.timeout_seconds
+        )
+        return out

@@ -29,6 +29,9 @@ class Settings(BaseSettings):
         "searches go to the shards holding the lists; unset, this process searches its own replica.",
     )
     ray_address: str = Field("auto", description="The Ray cluster that runs the shards (with shard_map).")
+    shard_timeout_seconds: float = Field(
+        5.0, gt=0, description="A shard that has not answered a search by then is left out: the answer is partial."
+    )
     model_path: Path | None = Field(None, description="Local sentence-transformers model directory.")
     embed_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     embed_batch_size: int = Field(32, ge=1, le=1024)

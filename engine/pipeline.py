@@ -26,6 +26,7 @@ from engine.route_check import best_outside, lexical_best_outside, no_expert_fit
 from engine.router import Router
 from engine.serving import ExpertProfile, ServingState
 from index import SearchIndex
+from index.shards import shard_failures
 
 __all__ = ["AskPipeline", "AskRequest", "ChunkRecord", "ChunkStore", "ExpertProfile", "Prepared", "Route"]
 
@@ -78,6 +79,7 @@ class Route:
     vectors_scanned: int = 0
     catalogue_version: int = 0  # the version of the experts, mapping and router this was answered with
     versions: dict[str, int | str | None] = field(default_factory=dict)  # the serving state's (ServingState.versions)
+    missing_shards: list[str] = field(default_factory=list)  # shards that did not answer: a partial answer
 
 
 @dataclass
@@ -176,7 +178,10 @@ class AskPipeline:
             self._preparing += 1
             alone = self._preparing == 1 and self.in_flight() <= 1
         try:
-            return self._prepare(req, alone)
+            with shard_failures() as failed:  # expert shards (index.shards) that did not answer
+                prepared = self._prepare(req, alone)
+            prepared.route.missing_shards = sorted(set(failed))
+            return prepared
         finally:
             with self._preparing_lock:
                 self._preparing -= 1

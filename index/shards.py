@@ -16,15 +16,19 @@ by id here, by scan order in FAISS).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
-from index.store import ClusteredIndex, SearchIndex
+from index.store import ClusteredIndex, SearchIndex, nearest_of
 
+log = logging.getLogger(__name__)
 Floats = npt.NDArray[np.float32]
 Ints = npt.NDArray[np.int64]
 
@@ -38,6 +42,21 @@ class PendingSearch(Protocol):
 # (queries [Q, D], k, lists to scan) -> (scores [Q, k], ids [Q, k]) to come: a shard's search, in
 # this process or behind a handle (a Ray Serve deployment).
 ShardSearch = Callable[[Floats, int, Ints], PendingSearch]
+
+
+_FAILED: ContextVar[list[str] | None] = ContextVar("moerag_failed_shards", default=None)
+
+
+@contextmanager
+def shard_failures() -> Iterator[list[str]]:
+    """Collects, in this thread, the names of the shards whose search failed or timed out while
+    the block ran: the caller's answer is then partial (it was merged from the others)."""
+    failed: list[str] = []
+    token = _FAILED.set(failed)
+    try:
+        yield failed
+    finally:
+        _FAILED.reset(token)
 
 
 def shard_of_lists(owners: Sequence[int | None], shard_of_expert: Mapping[int, int], default: int = 0) -> Ints:
@@ -95,6 +114,7 @@ class ShardedIndex:
         searches: Sequence[ShardSearch],
         version: str | None = None,
         shard_map: str = "",
+        names: Sequence[str] | None = None,
     ) -> None:
         self._centroids = skeleton.centroids()  # [C, D]
         self.version = version if version is not None else skeleton.version
@@ -110,6 +130,7 @@ class ShardedIndex:
             raise ValueError(f"lists held by no shard: {np.flatnonzero(shard < 0)[:20].tolist()}")
         self.shard_of_list = shard  # [C]
         self.searches = list(searches)
+        self.names = list(names) if names is not None else [str(s) for s in range(len(self.searches))]
         self.calls: list[int] = [0] * len(self.searches)  # searches sent to each shard
 
     # ---- facts, as ClusteredIndex ------------------------------------------------------------
@@ -149,11 +170,7 @@ class ShardedIndex:
         return max(0, min(wanted, self.nlist // 8))
 
     def nearest_lists(self, q: Floats, clusters: Iterable[int], nprobe: int) -> Ints:
-        lists = self._valid_lists(clusters)
-        if nprobe <= 0 or lists.size <= nprobe:
-            return lists
-        scores = (self._centroids @ np.asarray(q, dtype=np.float32))[lists]  # [L]
-        return np.sort(lists[np.argpartition(-scores, nprobe - 1)[:nprobe]])
+        return nearest_of(self._centroids, q, self._valid_lists(clusters), nprobe)
 
     def clusters_of(self, ids: Ints) -> Ints:
         ids = np.asarray(ids, dtype=np.int64)
@@ -180,11 +197,28 @@ class ShardedIndex:
         lists = np.arange(self.nlist, dtype=np.int64) if clusters is None else self._valid_lists(clusters)
         if lists.size == 0:
             return np.full((len(q), k), -np.inf, dtype=np.float32), np.full((len(q), k), -1, dtype=np.int64)
-        pending = []
+        pending: list[tuple[int, PendingSearch]] = []
         for s in np.unique(self.shard_of_list[lists]):
             self.calls[int(s)] += 1
-            pending.append(self.searches[int(s)](q, k, lists[self.shard_of_list[lists] == s]))
-        return merge_topk([p.result() for p in pending], k)
+            try:
+                pending.append((int(s), self.searches[int(s)](q, k, lists[self.shard_of_list[lists] == s])))
+            except Exception:  # not even sent (no replica to take it)
+                self._failed(int(s))
+        parts = []
+        for s, p in pending:
+            try:
+                parts.append(p.result())
+            except Exception:  # a shard down or too slow: the others answer; the caller is told
+                self._failed(s)
+        if not parts:
+            return np.full((len(q), k), -np.inf, dtype=np.float32), np.full((len(q), k), -1, dtype=np.int64)
+        return merge_topk(parts, k)
+
+    def _failed(self, shard: int) -> None:
+        log.warning("shard %s did not answer a search", self.names[shard], exc_info=True)
+        failed = _FAILED.get()
+        if failed is not None:
+            failed.append(self.names[shard])
 
     def search_nearest(self, q: Floats, k: int, nprobe: int) -> tuple[Floats, Ints, int]:
         """As `ClusteredIndex.search_nearest`: each row searches its own `nprobe` nearest lists."""

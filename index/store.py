@@ -124,11 +124,7 @@ class ClusteredIndex:
 
     def nearest_lists(self, q: Floats, clusters: Iterable[int], nprobe: int) -> Ints:
         """The `nprobe` of `clusters` whose centroids are nearest q [D] (IVF probing inside a scope)."""
-        lists = self._valid_lists(clusters)
-        if nprobe <= 0 or lists.size <= nprobe:
-            return lists
-        scores = (self.centroids() @ np.asarray(q, dtype=np.float32))[lists]  # [L]; no copy of their centroids
-        return np.sort(lists[np.argpartition(-scores, nprobe - 1)[:nprobe]])
+        return nearest_of(self.centroids(), q, self._valid_lists(clusters), nprobe)
 
     def list_sizes(self) -> Ints:
         """[C] vectors per cluster (read-only; counted again after a write, as `clusters_of` is)."""
@@ -299,6 +295,14 @@ class ClusteredIndex:
         except OSError as exc:
             raise IndexCorrupt(f"cannot read {path}: {exc}") from exc
         return cls.from_bytes(data, version)
+
+
+def nearest_of(centroids: Floats, q: Floats, lists: Ints, nprobe: int) -> Ints:
+    """The `nprobe` of `lists` (distinct, valid) whose centroids [C, D] are nearest q [D], ascending."""
+    if nprobe <= 0 or lists.size <= nprobe:
+        return lists
+    scores = (centroids @ np.asarray(q, dtype=np.float32))[lists]  # [L]; no copy of their centroids
+    return np.sort(lists[np.argpartition(-scores, nprobe - 1)[:nprobe]])
 
 
 def write_atomic(path: Path, data: bytes) -> None:

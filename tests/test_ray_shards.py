@@ -1,10 +1,12 @@
 """Expert shards on a real local Ray cluster (the `ray` extra; skipped without it): three shard
 deployments from a shard map, the hottest with two replicas, answer the ask flow exactly as the
-single process does."""
+single process does; a shard that does not answer in time leaves the answer partial, and one whose
+only replica is killed is replaced by Serve without a failed question."""
 
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Any
 
 import numpy as np
@@ -72,6 +74,31 @@ def test_three_shard_deployments_answer_as_one_process(client: TestClient, route
             assert a["route"]["path"] == b["route"]["path"] and a["route"]["shard_map"] == shard_map.version
         assert client.get("/readyz").json()["serving"]["shard_map"] == shard_map.version
         assert [s["vectors"] for s in RayShards(shard_map).stats()] == [s["vectors"] for s in stats]
+
+        # A shard that cannot answer in time is left out: partial, never an error (a timeout of
+        # 0.1 ms, which no shard meets), and the answer is not cached.
+        sqlite_question = {"query": "SQLite write-ahead log checkpoint", "mode": "fallback"}
+        whole = client.post("/ask", json=sqlite_question).json()
+        states.shards = RayShards(shard_map, timeout_seconds=1e-4).index_over
+        states.changed(rt.catalogue.version, frozenset({"index"}))
+        r = client.post("/ask", json=sqlite_question)
+        assert r.status_code == 200 and r.json()["route"]["partial"] is True
+        assert set(r.json()["route"]["missing_shards"]) <= {"git", "sqlite", "rest"}
+        # The only replica of the sqlite shard is killed: no question fails; Serve replaces it
+        # (it boots from SQL) and the answers are whole and the same again.
+        states.shards = RayShards(shard_map, timeout_seconds=2).index_over
+        states.changed(rt.catalogue.version, frozenset({"index"}))
+        [replica] = [a for a in ray.util.list_named_actors(all_namespaces=True) if "shard-sqlite" in a["name"]]
+        ray.kill(ray.get_actor(replica["name"], namespace=replica["namespace"]))
+        deadline = time.monotonic() + 120
+        while True:
+            r = client.post("/ask", json=sqlite_question)
+            assert r.status_code == 200 and set(r.json()["route"]["missing_shards"]) <= {"sqlite"}
+            if not r.json()["route"]["partial"]:
+                break
+            assert time.monotonic() < deadline, "the shard did not come back"
+            time.sleep(0.5)
+        assert [c["chunk_id"] for c in r.json()["citations"]] == [c["chunk_id"] for c in whole["citations"]]
     finally:
         serve.shutdown()
         ray.shutdown()

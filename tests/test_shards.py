@@ -184,3 +184,47 @@ def test_shard_replicas_built_from_sql_follow_the_index_log_for_their_lists(
     finally:
         for r in replicas:
             r.close()
+
+
+def test_a_shard_that_does_not_answer_makes_the_answer_partial_never_an_error(
+    client: TestClient, routed: dict[str, Any]
+) -> None:
+    """One shard's search raises (a replica gone, a timeout): /ask answers from the others with
+    `partial: true` and the shard named; the next state without the fault answers whole."""
+    rt = client.app.state.runtime  # type: ignore[attr-defined]
+    experts = routed["experts"]
+    down = {"on": True}
+
+    def failing(part: ClusteredIndex) -> Any:
+        search = local_search(part)
+
+        def maybe(q: Any, k: int, lists: Any) -> Any:
+            if down["on"]:
+                raise TimeoutError("shard sqlite did not answer in 5 s")
+            return search(q, k, lists)
+
+        return maybe
+
+    def index_over(index: ClusteredIndex, profiles: Any) -> ShardedIndex:
+        owners: list[int | None] = [None] * index.nlist
+        for eid, p in profiles.items():
+            for c in p.clusters:
+                owners[c] = eid
+        shard = shard_of_lists(owners, {experts["git"]: 0, experts["sqlite"]: 1}, default=2)
+        lists = [np.flatnonzero(shard == s) for s in range(3)]
+        parts = [carve(index, ls) for ls in lists]
+        searches = [local_search(parts[0]), failing(parts[1]), local_search(parts[2])]
+        return ShardedIndex(index, lists, searches, shard_map="test", names=["git", "sqlite", "rest"])
+
+    states = rt.services.states
+    states.shards = index_over
+    states.changed(rt.catalogue.version, frozenset({"index"}))
+    r = client.post("/ask", json={"query": "SQLite write-ahead log checkpoint", "mode": "fallback"})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["route"]["partial"] is True and body["route"]["missing_shards"] == ["sqlite"]
+    assert body["citations"] and all(not c["source"].startswith("sqlite") for c in body["citations"])
+    down["on"] = False
+    whole = client.post("/ask", json={"query": "SQLite write-ahead log checkpoint", "mode": "fallback"}).json()
+    assert whole["route"]["partial"] is False and whole["route"]["missing_shards"] == []
+    assert any(c["source"].startswith("sqlite") for c in whole["citations"])

@@ -4,8 +4,8 @@ An entry is filed under the serving state it was computed in (its serial, app.se
 a lookup uses the state of now, so any catalogue change (a document, a mapping, an expert
 setting, a router version) or a BM25 rebuild makes every older entry unreachable at once, and
 the LRU bound evicts them. Nothing expires by time. A result whose state moved while it was
-computed is not filed. The generator runs again on every answer (an LLM's answer is not
-reused); the extractive one is cheap.
+computed is not filed, nor is a partial one (a shard did not answer). The generator runs again
+on every answer (an LLM's answer is not reused); the extractive one is cheap.
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ class AnswerCache:
         prepared = compute()
         with self._lock:
             self.misses += 1
-            if self.stamp() == before:  # computed in one state throughout: file it under that state
+            # Filed under its state when computed in that state throughout, and whole (a shard
+            # that did not answer is asked again next time).
+            if self.stamp() == before and not prepared.route.missing_shards:
                 self._entries[(before, key)] = prepared
                 while len(self._entries) > self.size:
                     self._entries.popitem(last=False)

@@ -84,7 +84,10 @@ def route_json(route: Route) -> dict[str, Any]:
         # the serving state's other parts: the index replica's log position, BM25's build version
         "index_position": route.versions.get("index_position"),
         "bm25_version": route.versions.get("bm25_version"),
-        "shard_map": route.versions.get("shard_map"),  # with expert shards (MOERAG_SHARD_MAP): the map's version
+        "shard_map": route.versions.get("shard_map"),
+        # Expert shards that did not answer in time: the answer was merged from the others.
+        "partial": bool(route.missing_shards),
+        "missing_shards": route.missing_shards,  # with expert shards (MOERAG_SHARD_MAP): the map's version
         "clusters_scanned": route.clusters_scanned,
         "vectors_scanned": route.vectors_scanned,
     }
