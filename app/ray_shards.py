@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -24,9 +25,10 @@ from sqlalchemy.orm import Session
 
 from app.catalogue import read_version
 from app.db import make_engine, make_sessionmaker
-from app.models import Chunk, Cluster, IndexState, stack
+from app.models import IndexState
 from app.services.experts import profiles
-from app.services.index_log import horizon, read_log
+from app.services.index_log import apply_log, horizon, read_log
+from app.services.indexing import index_from_sql
 from app.shard_map import ShardMap
 from engine.errors import NotConfigured
 from engine.serving import ExpertProfile
@@ -78,18 +80,14 @@ class ShardReplica:
     def _build(self) -> tuple[ClusteredIndex, int, str]:
         with self.sessions() as s:
             position = read_version(s)  # rows read below are this version's or later (replays are idempotent)
-            clustering = str(s.scalar(select(IndexState.version).where(IndexState.id == 1)) or "")
-            centroids = stack(s.scalars(select(Cluster.centroid).order_by(Cluster.id)), self.dim)
-            self.lists = self._own_lists(s, len(centroids))
-            rows = s.execute(
-                select(Chunk.id, Chunk.cluster_id, Chunk.embedding).where(Chunk.cluster_id.in_(self.lists.tolist()))
-            ).all()
-        index = ClusteredIndex.create(centroids, clustering)
-        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-        lists = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
-        index.add(stack((r[2] for r in rows), self.dim), ids, lists)
+
+            def own(nlist: int) -> npt.NDArray[np.int64]:
+                self.lists = self._own_lists(s, nlist)
+                return self.lists
+
+            index = index_from_sql(s, self.dim, own)
         log.info("shard replica: %d vectors in %d lists at version %d", index.ntotal, len(self.lists), position)
-        return index, position, clustering
+        return index, position, index.version
 
     def _own_lists(self, s: Session, nlist: int) -> npt.NDArray[np.int64]:
         return self.shard_map.lists_of_shards(profiles(s), nlist)[self.shard]
@@ -117,9 +115,11 @@ class ShardReplica:
             if changes is None:
                 self.index, self.position, self.clustering = self._build()
                 return self.position
-            mine = np.isin(changes.clusters, self.lists)  # [N]
-            self.index.remove(changes.touched)  # leaving, or moving (to here or elsewhere)
-            self.index.add(changes.x[mine], changes.ids[mine], changes.clusters[mine])
+            mine = np.isin(changes.clusters, self.lists)  # [N]: entering or moving into this shard
+            # Every touched chunk leaves (moving elsewhere, or gone); only this shard's enter again.
+            apply_log(
+                self.index, replace(changes, ids=changes.ids[mine], x=changes.x[mine], clusters=changes.clusters[mine])
+            )
             self.position = now
         return now
 

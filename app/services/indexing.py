@@ -184,21 +184,7 @@ class IndexManager:
         """(an index of every stored chunk, the catalogue version it holds at least); reads only."""
         with self.sessions() as s:
             position = read_version(s)  # rows read below are this version or later (replays are idempotent)
-            state = s.get(IndexState, 1)
-            if state is None:
-                raise IndexCorrupt("no index state in the database")
-            fresh = ClusteredIndex.create(_centroids(s, state.nlist, self.dim), state.version)
-            total = s.scalar(select(func.count(Chunk.id))) or 0
-            done = 0
-            rows = s.execute(select(Chunk.id, Chunk.cluster_id, Chunk.embedding).order_by(Chunk.id))
-            for batch in rows.partitions(_BATCH):
-                ids = np.fromiter((r[0] for r in batch), dtype=np.int64)
-                clusters = np.fromiter((r[1] for r in batch), dtype=np.int64)
-                fresh.add(stack((r[2] for r in batch), self.dim), ids, clusters)
-                done += len(batch)
-                if progress:
-                    progress(done, total)
-        return fresh, position
+            return index_from_sql(s, self.dim, progress=progress), position
 
     # ---- checkpoints ----------------------------------------------------------------------------
 
@@ -385,6 +371,32 @@ def _assignments(s: Session) -> tuple[np.ndarray, np.ndarray]:
     ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
     clusters = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
     return ids, clusters
+
+
+def index_from_sql(
+    s: Session, dim: int, lists: Callable[[int], np.ndarray] | None = None, progress: Progress | None = None
+) -> ClusteredIndex:
+    """The index of the stored clustering holding every chunk, or only the chunks of
+    `lists(nlist)` (an expert shard's: app.ray_shards); reads only."""
+    state = s.get(IndexState, 1)
+    if state is None:
+        raise IndexCorrupt("no index state in the database")
+    fresh = ClusteredIndex.create(_centroids(s, state.nlist, dim), state.version)
+    query = select(Chunk.id, Chunk.cluster_id, Chunk.embedding).order_by(Chunk.id)
+    counted = select(func.count(Chunk.id))
+    if lists is not None:
+        wanted = lists(state.nlist).tolist()
+        query, counted = query.where(Chunk.cluster_id.in_(wanted)), counted.where(Chunk.cluster_id.in_(wanted))
+    total = s.scalar(counted) or 0
+    done = 0
+    for batch in s.execute(query).partitions(_BATCH):
+        ids = np.fromiter((r[0] for r in batch), dtype=np.int64)
+        clusters = np.fromiter((r[1] for r in batch), dtype=np.int64)
+        fresh.add(stack((r[2] for r in batch), dim), ids, clusters)
+        done += len(batch)
+        if progress:
+            progress(done, total)
+    return fresh
 
 
 def _centroids(s: Session, nlist: int, dim: int) -> np.ndarray:
