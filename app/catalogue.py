@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from sqlalchemy import Engine, event, insert, select, text, update
 from sqlalchemy.orm import ORMExecuteState, Session, UOWTransaction, sessionmaker
 
-from app.models import Base, CatalogueChange, CatalogueVersion, IndexLog
+from app import index_log
+from app.models import Base, CatalogueChange, CatalogueVersion
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,6 @@ ALL_PARTS = frozenset(PARTS.values())
 CHANNEL = "moerag_catalogue"
 _PENDING = "moerag_catalogue_parts"  # session.info key: parts changed in the open transaction
 _BUMPED = "moerag_catalogue_bumped"  # session.info key: this commit bumped the version
-_INDEX = "moerag_index_log"  # session.info key: {chunk id: cluster id, or None when it leaves}
 
 Subscriber = Callable[[int, frozenset[str]], object]  # (version, parts changed); the result is ignored
 
@@ -57,18 +57,6 @@ def _note(session: Session, table: Any) -> None:
     part = PARTS.get(getattr(table, "name", ""))
     if part is not None:
         session.info.setdefault(_PENDING, set()).add(part)
-
-
-def stage_index_changes(session: Session, added: Iterable[tuple[int, int]] = (), removed: Iterable[int] = ()) -> None:
-    """Record, in this transaction, chunks entering the index ((chunk id, cluster id); a chunk
-    already there moves) and chunks leaving it. The log rows are written at commit with the
-    version the commit bumps; every process, this one included, applies them from the log."""
-    staged: dict[int, int | None] = session.info.setdefault(_INDEX, {})
-    for chunk_id in removed:
-        staged[int(chunk_id)] = None
-    for chunk_id, cluster_id in added:
-        staged[int(chunk_id)] = int(cluster_id)
-    session.info.setdefault(_PENDING, set()).add("documents")
 
 
 def read_version(session: Session) -> int:
@@ -107,7 +95,9 @@ class Catalogue:
 
     def _before_commit(self, session: Session) -> None:
         session.flush()  # commit flushes after this hook: flush first so every change is noted
-        parts = session.info.pop(_PENDING, None)
+        parts = session.info.pop(_PENDING, set())
+        if index_log.staged(session):
+            parts.add(index_log.PART)
         if not parts:
             return
         version = session.execute(
@@ -117,10 +107,7 @@ class Catalogue:
             .returning(CatalogueVersion.version)
         ).scalar_one()
         session.execute(insert(CatalogueChange).values(version=version, parts=sorted(parts)))
-        staged = session.info.pop(_INDEX, None)
-        if staged:
-            rows = [{"version": version, "chunk_id": c, "cluster_id": k} for c, k in sorted(staged.items())]
-            session.execute(insert(IndexLog), rows)
+        index_log.write(session, version)
         if self._postgres:  # delivered at commit, to every process that listens
             session.execute(text("SELECT pg_notify(:channel, :version)"), {"channel": CHANNEL, "version": str(version)})
         session.info[_BUMPED] = True
@@ -131,7 +118,7 @@ class Catalogue:
 
     def _after_rollback(self, session: Session) -> None:
         session.info.pop(_PENDING, None)
-        session.info.pop(_INDEX, None)
+        index_log.discard(session)
         session.info.pop(_BUMPED, None)
 
     # ---- following ---------------------------------------------------------------------------------

@@ -25,10 +25,10 @@ from sqlalchemy.orm import Session
 
 from app.catalogue import read_version
 from app.db import make_engine, make_sessionmaker
+from app.index_log import apply_log, carries, read_log
 from app.models import IndexState
 from app.services.experts import profiles
-from app.services.index_log import apply_log, horizon, read_log
-from app.services.indexing import index_from_sql
+from app.services.sql_index import index_from_sql
 from app.shard_map import ShardMap
 from engine.errors import NotConfigured
 from engine.serving import ExpertProfile
@@ -107,10 +107,9 @@ class ShardReplica:
             now = read_version(s)
             if now <= self.position:
                 return self.position
-            clustering = str(s.scalar(select(IndexState.version).where(IndexState.id == 1)) or "")
-            moved = clustering != self.clustering or self.position < horizon(s)
-            moved = moved or not np.array_equal(self._own_lists(s, self.index.nlist), self.lists)  # an expert moved
-            changes = None if moved else read_log(s, self.position, now, self.dim)
+            carried = carries(s, self.clustering, self.position)
+            carried = carried and np.array_equal(self._own_lists(s, self.index.nlist), self.lists)  # no expert moved
+            changes = read_log(s, self.position, now, self.dim) if carried else None
         with self._lock:
             if changes is None:
                 self.index, self.position, self.clustering = self._build()

@@ -328,8 +328,7 @@ class Runtime:
     def _checkpoint_loop(self) -> None:
         while not self._stop.wait(self.settings.checkpoint_seconds):
             try:
-                if self.indexes.checkpoint():  # a new snapshot: the log it covers may go
-                    self.indexes.compact_log(self.settings.index_log_retention_seconds)
+                self.indexes.checkpoint()  # and compacts the log a new snapshot covers
                 self.lexical.refresh()
             except Exception as exc:  # a full disk must not kill the thread; SQL stays the truth
                 if is_disk_full(exc):

@@ -13,7 +13,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.catalogue import stage_index_changes
+from app import index_log
 from app.models import Chunk, Document
 from app.services.indexing import IndexManager, Placement
 from engine.blocks import ParsedDocument
@@ -162,7 +162,7 @@ class Ingestor:
                     s.add_all(rows)
                     s.flush()
                     ids = np.array([r.id for r in rows], dtype=np.int64)
-                    stage_index_changes(s, zip(ids.tolist(), clusters.tolist(), strict=True))
+                    index_log.stage(s, zip(ids.tolist(), clusters.tolist(), strict=True))
                     doc_id = doc.id
             except IntegrityError:
                 # The same bytes arrived concurrently (or twice in one batch): the first one wins.
@@ -261,7 +261,7 @@ class Ingestor:
                 s.add_all(rows)
                 s.flush()
                 ids = np.array([r.id for r in rows], dtype=np.int64)
-                stage_index_changes(s, zip(ids.tolist(), clusters.tolist(), strict=True), removed=old_ids)
+                index_log.stage(s, zip(ids.tolist(), clusters.tolist(), strict=True), removed=old_ids)
                 source = doc.source
         return Outcome("updated", source, document_id, len(ids))
 
@@ -275,5 +275,5 @@ class Ingestor:
             ids = list(s.scalars(select(Chunk.id).where(Chunk.document_id == document_id)))
             s.execute(delete(Chunk).where(Chunk.document_id == document_id))
             s.delete(doc)
-            stage_index_changes(s, removed=ids)
+            index_log.stage(s, removed=ids)
         return len(ids)

@@ -13,12 +13,13 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.catalogue import read_version, stage_index_changes
+from app import index_log
+from app.catalogue import read_version
 from app.models import Chunk, Cluster, IndexState, cluster_owners, stack
 from app.services import expert_documents
-from app.services import index_log as log_files
 from app.services.reclustering import owners_of, recluster
 from app.services.snapshots import SnapshotStore
+from app.services.sql_index import Progress, assignments, index_from_sql
 from app.settings import Settings
 from engine.errors import IndexMoved
 from index import ClusteredIndex, IndexCorrupt
@@ -26,9 +27,6 @@ from index.fit import document_fit, fits
 from index.placement import leakage, outside, place
 
 log = logging.getLogger(__name__)
-
-Progress = Callable[[int, int], None]
-_BATCH = 10_000
 
 
 class ModelMismatch(RuntimeError):
@@ -48,7 +46,7 @@ class IndexManager:
     """Owns this process's replica of the index and keeps it equal to SQL by following the index log.
 
     `write_lock` serialises this process's changes to chunks, clusters and index. Writers never
-    touch the replica: they stage index changes in their transaction (`stage_index_changes`);
+    touch the replica: they stage index changes in their transaction (`index_log.stage`);
     the commit writes them to the index log with the catalogue version it bumps, and `follow`
     (a catalogue subscriber, run in this process before the commit returns, and in every other
     process when it sees the version) applies the log. `position` is the catalogue version the
@@ -137,7 +135,7 @@ class IndexManager:
                     raise IndexCorrupt(f"no index snapshot for version {version}")
                 position, data = self._read_newest(version, snapshots)
                 with self.sessions() as s:
-                    if position < log_files.horizon(s):
+                    if position < index_log.horizon(s):
                         raise IndexCorrupt(f"the snapshot at {position} is older than the compacted index log")
                 loaded = ClusteredIndex.from_bytes(data, version)
                 if loaded.nlist != nlist or loaded.dim != self.dim:
@@ -150,7 +148,7 @@ class IndexManager:
                     now = read_version(s)
                 self.follow(now)  # the log after the snapshot
                 with self.sessions() as s:
-                    db_ids, db_clusters = _assignments(s)
+                    db_ids, db_clusters = assignments(s)
                 ix_ids, ix_clusters = self.index.assignments()
                 if not (np.array_equal(ix_ids, db_ids) and np.array_equal(ix_clusters, db_clusters)):
                     raise IndexCorrupt(
@@ -189,11 +187,15 @@ class IndexManager:
     # ---- checkpoints ----------------------------------------------------------------------------
 
     def checkpoint(self) -> bool:
-        """Write a snapshot if the replica changed since the last one. SQL stays the truth meanwhile."""
+        """Write a snapshot if the replica changed since the last one, then compact the index log it
+        covers (past the retention). SQL stays the truth meanwhile."""
         if not self.snapshot_writer():
             return False
         with self._checkpoint_lock:
-            return self._checkpoint()
+            written = self._checkpoint()
+        if written:
+            self.compact_log(self.settings.index_log_retention_seconds)
+        return written
 
     def _checkpoint(self) -> bool:
         with self._replica_lock:
@@ -216,7 +218,7 @@ class IndexManager:
         if self.written is None:
             return 0
         with self.sessions.begin() as s:
-            return log_files.compact(s, self.written, retention_seconds)
+            return index_log.compact(s, self.written, retention_seconds)
 
     def _remove_stale_files(self) -> None:
         self.store.remove_stale(self.index.version)
@@ -232,10 +234,10 @@ class IndexManager:
                 state = s.get(IndexState, 1)
                 if state is None:
                     return
-                moved = state.version != self.index.version or self.position < log_files.horizon(s)  # log gone: SQL
-                changes = None if moved else log_files.read_log(s, self.position, version, self.dim)
+                carried = index_log.carries(s, self.index.version, self.position)
+                changes = index_log.read_log(s, self.position, version, self.dim) if carried else None
             if changes is not None:
-                log_files.apply_log(self.index, changes)
+                index_log.apply_log(self.index, changes)
                 self.position, self._dirty = version, self._dirty or bool(changes.touched)
                 return
             staged, self._staged = self._staged, None
@@ -320,7 +322,7 @@ class IndexManager:
                             for i, f in zip(moved, fit, strict=True)
                         ],
                     )
-                    stage_index_changes(s, ((int(ids[i]), int(after[i])) for i in moved))
+                    index_log.stage(s, ((int(ids[i]), int(after[i])) for i in moved))
             report(3, 3)
         result = {
             "chunks": n,
@@ -364,43 +366,3 @@ class IndexManager:
             if self.index is not fresh:  # not followed (no catalogue subscription): adopt it here
                 self.index, self._dirty = fresh, True
         self.checkpoint()
-
-
-def _assignments(s: Session) -> tuple[np.ndarray, np.ndarray]:
-    rows = s.execute(select(Chunk.id, Chunk.cluster_id).order_by(Chunk.id)).all()
-    ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
-    clusters = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
-    return ids, clusters
-
-
-def index_from_sql(
-    s: Session, dim: int, lists: Callable[[int], np.ndarray] | None = None, progress: Progress | None = None
-) -> ClusteredIndex:
-    """The index of the stored clustering holding every chunk, or only the chunks of
-    `lists(nlist)` (an expert shard's: app.ray_shards); reads only."""
-    state = s.get(IndexState, 1)
-    if state is None:
-        raise IndexCorrupt("no index state in the database")
-    fresh = ClusteredIndex.create(_centroids(s, state.nlist, dim), state.version)
-    query = select(Chunk.id, Chunk.cluster_id, Chunk.embedding).order_by(Chunk.id)
-    counted = select(func.count(Chunk.id))
-    if lists is not None:
-        wanted = lists(state.nlist).tolist()
-        query, counted = query.where(Chunk.cluster_id.in_(wanted)), counted.where(Chunk.cluster_id.in_(wanted))
-    total = s.scalar(counted) or 0
-    done = 0
-    for batch in s.execute(query).partitions(_BATCH):
-        ids = np.fromiter((r[0] for r in batch), dtype=np.int64)
-        clusters = np.fromiter((r[1] for r in batch), dtype=np.int64)
-        fresh.add(stack((r[2] for r in batch), dim), ids, clusters)
-        done += len(batch)
-        if progress:
-            progress(done, total)
-    return fresh
-
-
-def _centroids(s: Session, nlist: int, dim: int) -> np.ndarray:
-    rows = s.execute(select(Cluster.id, Cluster.centroid).order_by(Cluster.id)).all()
-    if [r[0] for r in rows] != list(range(nlist)):
-        raise RuntimeError(f"cluster table does not hold lists 0..{nlist - 1}; run `moerag recluster`")
-    return stack((r[1] for r in rows), dim)

@@ -1,16 +1,61 @@
-"""Small free functions over the index log (see IndexManager; snapshots: app/services/snapshots.py)."""
+"""The index log: which chunks entered, moved or left the index at each catalogue version.
+
+This module owns it, end to end:
+
+    stage    a writer records, in its transaction, chunks entering (with their list) and leaving
+    write    the catalogue's commit hook writes them with the version the commit bumps
+    read     a follower reads the slice between the version it holds and the catalogue's
+    apply    ... and applies it to its replica (the whole index, or an expert shard's share)
+    compact  the snapshot writer drops what a snapshot covers, past a retention
+
+A replica the log cannot carry (its clustering was replaced, or the log was compacted past the
+version it holds: `carries` is false) is rebuilt from SQL instead. Snapshots:
+app/services/snapshots.py; the replica that follows: app/services/indexing.py.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from app.models import CatalogueChange, CatalogueVersion, Chunk, IndexLog, stack
+from app.models import CatalogueChange, CatalogueVersion, Chunk, IndexLog, IndexState, stack
 from index import ClusteredIndex
+
+_STAGED = "moerag_index_log"  # session.info key: {chunk id: cluster id, or None when it leaves}
+PART = "documents"  # the catalogue part a staged change belongs to
+
+
+def stage(session: Session, added: Iterable[tuple[int, int]] = (), removed: Iterable[int] = ()) -> None:
+    """Record, in this transaction, chunks entering the index ((chunk id, cluster id); a chunk
+    already there moves) and chunks leaving it. The log rows are written at commit with the
+    version the commit bumps; every process, this one included, applies them from the log."""
+    staged: dict[int, int | None] = session.info.setdefault(_STAGED, {})
+    for chunk_id in removed:
+        staged[int(chunk_id)] = None
+    for chunk_id, cluster_id in added:
+        staged[int(chunk_id)] = int(cluster_id)
+
+
+def staged(session: Session) -> bool:
+    return bool(session.info.get(_STAGED))
+
+
+def write(session: Session, version: int) -> None:
+    """At commit (app.catalogue): the staged changes as log rows of `version`."""
+    changes = session.info.pop(_STAGED, None)
+    if changes:
+        rows = [{"version": version, "chunk_id": c, "cluster_id": k} for c, k in sorted(changes.items())]
+        session.execute(insert(IndexLog), rows)
+
+
+def discard(session: Session) -> None:
+    """At rollback: nothing staged is written."""
+    session.info.pop(_STAGED, None)
 
 
 @dataclass(frozen=True)
@@ -48,6 +93,13 @@ def apply_log(index: ClusteredIndex, changes: LogSlice) -> None:
     """Idempotent: a chunk entering again moves, one leaving again is a no-op."""
     index.remove(changes.touched)  # leaving, and moving (absent ids are ignored)
     index.add(changes.x, changes.ids, changes.clusters)
+
+
+def carries(s: Session, clustering: str, position: int) -> bool:
+    """Whether the log can bring a replica of `clustering` at `position` to now: the clustering is
+    still live and nothing after `position` was compacted away."""
+    live = s.scalar(select(IndexState.version).where(IndexState.id == 1))
+    return live == clustering and position >= horizon(s)
 
 
 def horizon(s: Session) -> int:
