@@ -85,3 +85,16 @@ def test_the_client_reads_the_same_file_types_as_the_server() -> None:
     from moerag import client
 
     assert client.SUFFIXES == SUFFIXES
+
+
+MAX_LINES = 400  # a module is named for what it owns; past this it owns two things
+
+
+def test_no_module_over_the_line_limit() -> None:
+    long = {
+        str(path.relative_to(ROOT)): n
+        for package in ("app", "engine", "index", "kernels")
+        for path in (ROOT / package).rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
