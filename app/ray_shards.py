@@ -61,6 +61,7 @@ class ShardReplica:
         self.lists = np.zeros(0, dtype=np.int64)  # its lists: the map applied to the store's experts
         self.dim = dim
         self._lock = threading.Lock()
+        self._following = threading.Lock()
         self.index, self.position, self.clustering = self._build()
         self._stop = threading.Event()
         if poll_seconds > 0:  # a replica follows the catalogue on its own
@@ -93,16 +94,25 @@ class ShardReplica:
         return self.shard_map.lists_of_shards(profiles(s), nlist)[self.shard]
 
     def search(
-        self, q: npt.NDArray[np.float32], k: int, lists: npt.NDArray[np.int64]
+        self, q: npt.NDArray[np.float32], k: int, lists: npt.NDArray[np.int64], at_least: int = 0
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
-        """As `ClusteredIndex.search` over `lists` (those this shard holds)."""
+        """As `ClusteredIndex.search` over `lists` (those this shard holds), at catalogue version
+        `at_least` or later: the asking state's index position. A replica behind it follows the
+        log first, so a question sees every write its serving state saw (read your writes)."""
+        if at_least > self.position:
+            self.follow()
         with self._lock:
             index = self.index
         return index.search(q, k, lists)
 
     def follow(self) -> int:
         """Apply what the index log says of this shard's lists since its position; the catalogue
-        version it holds now. A new clustering, or a log compacted past it, is read again."""
+        version it holds now. A new clustering, or a log compacted past it, is read again. One
+        follow at a time (the poll thread's, a search's): slices are applied in order."""
+        with self._following:
+            return self._follow_once()
+
+    def _follow_once(self) -> int:
         with self.sessions() as s:
             now = read_version(s)
             if now <= self.position:
@@ -165,11 +175,14 @@ class RayShards:
         self.shard_map, self.timeout_seconds = shard_map, timeout_seconds
         self.handles = [serve.get_deployment_handle(f"shard-{s.name}", app_name=APP) for s in shard_map.shards]
 
-    def index_over(self, index: ClusteredIndex, experts: Mapping[int, ExpertProfile]) -> ShardedIndex:
-        """`index`'s lists spread over the shards as the map says for `experts` (its vectors unread)."""
+    def index_over(
+        self, index: ClusteredIndex, experts: Mapping[int, ExpertProfile], position: int = 0
+    ) -> ShardedIndex:
+        """`index`'s lists spread over the shards as the map says for `experts` (its vectors unread),
+        each shard searched at catalogue version `position` or later (the state's)."""
         lists = self.shard_map.lists_of_shards(experts, index.nlist)
         names = [s.name for s in self.shard_map.shards]
-        found = searches(self.handles, self.timeout_seconds)
+        found = searches(self.handles, self.timeout_seconds, position)
         return ShardedIndex(index, lists, found, shard_map=self.shard_map.version, names=names)
 
     def stats(self) -> list[dict[str, Any]]:
@@ -193,12 +206,13 @@ def store_dim(engine: Engine) -> int:
     return int(dim)
 
 
-def searches(handles: Sequence[Any], timeout_seconds: float | None = None) -> list[ShardSearch]:
-    """Each shard's search through its Serve handle (any replica; Serve balances them), its answer
-    awaited at most `timeout_seconds` (then the shard is left out of the answer: index.shards)."""
+def searches(handles: Sequence[Any], timeout_seconds: float | None = None, at_least: int = 0) -> list[ShardSearch]:
+    """Each shard's search through its Serve handle (any replica; Serve balances them) at catalogue
+    version `at_least` or later, its answer awaited at most `timeout_seconds` (then the shard is
+    left out of the answer: index.shards)."""
 
     def through(handle: Any) -> ShardSearch:
-        return lambda q, k, lists: _Within(handle.search.remote(q, k, lists), timeout_seconds)
+        return lambda q, k, lists: _Within(handle.search.remote(q, k, lists, at_least), timeout_seconds)
 
     return [through(h) for h in handles]
 

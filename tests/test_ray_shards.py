@@ -15,6 +15,7 @@ from fastapi.testclient import TestClient
 
 from engine.pipeline import AskRequest
 from index.shards import ShardedIndex
+from tests.conftest import AUTH
 from tests.test_shards import _questions
 
 ray = pytest.importorskip("ray")
@@ -73,6 +74,13 @@ def test_three_shard_deployments_answer_as_one_process(client: TestClient, route
             assert [c["chunk_id"] for c in a["citations"]] == [c["chunk_id"] for c in b["citations"]]
             assert a["route"]["path"] == b["route"]["path"] and a["route"]["shard_map"] == shard_map.version
         assert client.get("/readyz").json()["serving"]["shard_map"] == shard_map.version
+        # Read your writes: a document just uploaded is found at once (a shard behind the state's
+        # index position follows the log before it searches).
+        text = "# Zanzibar quokka ledger\n\nThe zanzibar quokka ledger reconciles every quokka entry nightly."
+        r = client.post("/documents", files={"file": ("quokka.md", text.encode(), "text/markdown")}, headers=AUTH)
+        assert r.status_code == 201, r.text
+        found = client.post("/ask", json={"query": "zanzibar quokka ledger", "mode": "fallback"}).json()
+        assert found["citations"][0]["document_id"] == r.json()["id"] and not found["route"]["partial"]
         assert [s["vectors"] for s in RayShards(shard_map).stats()] == [s["vectors"] for s in stats]
 
         # A shard that cannot answer in time is left out: partial, never an error (a timeout of

@@ -145,6 +145,9 @@ def test_shard_replicas_built_from_sql_follow_the_index_log_for_their_lists(
     """`ShardReplica` (what a Ray Serve shard replica runs): built from SQL with only its lists,
     it follows ingestion and deletion through the index log, and a list moving to another
     shard's expert; the shards together always equal the replica."""
+    from sqlalchemy import select
+
+    from app.models import Chunk
     from app.ray_shards import ShardReplica
     from app.services import experts as expert_service
     from app.services.documents import Upload
@@ -163,6 +166,14 @@ def test_shard_replicas_built_from_sql_follow_the_index_log_for_their_lists(
         added = [rt.ingestor.ingest(Upload(topic_doc(t, 900 + i, 2).encode(), f"late-{t}-{i}.md")) for i, t in
                  enumerate(["git", "sqlite", "debian"])]  # fmt: skip
         rt.ingestor.delete(added[2].document_id)
+        # Asked at the state's position, a replica behind it follows first (read your writes).
+        q = rt.embedder.encode([topic_doc("git", 900, 2)])  # [1, D] the new git document itself
+        before = replicas[0].position
+        _, ids = replicas[0].search(q, 5, replicas[0].lists, at_least=rt.state().index_position)
+        assert replicas[0].position == rt.catalogue.version > before
+        with rt.sessions() as s:
+            new_chunks = set(s.scalars(select(Chunk.id).where(Chunk.document_id == added[0].document_id)))
+        assert new_chunks & set(ids[0].tolist())
         for r in replicas:
             assert r.follow() == rt.catalogue.version
         index = rt.state().index
@@ -205,7 +216,7 @@ def test_a_shard_that_does_not_answer_makes_the_answer_partial_never_an_error(
 
         return maybe
 
-    def index_over(index: ClusteredIndex, profiles: Any) -> ShardedIndex:
+    def index_over(index: ClusteredIndex, profiles: Any, position: int) -> ShardedIndex:
         owners: list[int | None] = [None] * index.nlist
         for eid, p in profiles.items():
             for c in p.clusters:

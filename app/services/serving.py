@@ -59,7 +59,7 @@ class ServingStates:
         self.build_ms = {"last": 0.0, "max": 0.0}  # building a state after a catalogue change (/readyz)
         # Expert shards (app.ray_shards.RayShards.index_over): the state's index is then the
         # replica's lists spread over the shards, as the shard map says for the state's experts.
-        self.shards: Callable[[ClusteredIndex, Mapping[int, ExpertProfile]], ShardedIndex] | None = None
+        self.shards: Callable[[ClusteredIndex, Mapping[int, ExpertProfile], int], ShardedIndex] | None = None
 
     def current(self) -> ServingState:
         state = self._state
@@ -113,7 +113,7 @@ class ServingStates:
         index: SearchIndex = self.indexes.index
         shard_map = None
         if self.shards is not None:
-            sharded = self.shards(self.indexes.index, experts)
+            sharded = self.shards(self.indexes.index, experts, self.indexes.position)
             index, shard_map = sharded, sharded.shard_map
         state = ServingState(
             version=version,
