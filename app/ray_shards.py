@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -209,22 +210,35 @@ def store_dim(engine: Engine) -> int:
 def searches(handles: Sequence[Any], timeout_seconds: float | None = None, at_least: int = 0) -> list[ShardSearch]:
     """Each shard's search through its Serve handle (any replica; Serve balances them) at catalogue
     version `at_least` or later, its answer awaited at most `timeout_seconds` (then the shard is
-    left out of the answer: index.shards)."""
+    left out of the answer: index.shards). A replica that dies with the search in flight is
+    asked again once, within the same time: Serve sends the retry to another replica."""
 
     def through(handle: Any) -> ShardSearch:
-        return lambda q, k, lists: _Within(handle.search.remote(q, k, lists, at_least), timeout_seconds)
+        return lambda q, k, lists: _Within(lambda: handle.search.remote(q, k, lists, at_least), timeout_seconds)
 
     return [through(h) for h in handles]
 
 
 class _Within:
-    """A DeploymentResponse whose result is awaited for a bounded time."""
+    """A shard's answer (a Serve DeploymentResponse) awaited for a bounded time, asked again once
+    if the replica answering it died."""
 
-    def __init__(self, response: Any, timeout_seconds: float | None) -> None:
-        self.response, self.timeout_seconds = response, timeout_seconds
+    def __init__(self, ask: Callable[[], Any], timeout_seconds: float | None) -> None:
+        self.ask, self.timeout_seconds = ask, timeout_seconds
+        self.deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
+        self.response = ask()
 
     def result(self) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
-        out: tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]] = self.response.result(
-            timeout_s=self.timeout_seconds
-        )
+        from ray.exceptions import RayActorError  # the replica died, or cannot be reached
+
+        try:
+            return self._await()
+        except RayActorError as exc:
+            log.warning("a shard replica died answering a search; asking another: %s", exc)
+            self.response = self.ask()
+            return self._await()
+
+    def _await(self) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+        left = None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
+        out: tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]] = self.response.result(timeout_s=left)
         return out

@@ -1,11 +1,14 @@
 """Expert shards on a real local Ray cluster (the `ray` extra; skipped without it): three shard
 deployments from a shard map, the hottest with two replicas, answer the ask flow exactly as the
-single process does; a shard that does not answer in time leaves the answer partial, and one whose
-only replica is killed is replaced by Serve without a failed question."""
+single process does; a document just uploaded is found at once; killing one replica of the
+two-replica shard under load fails no question; a shard that does not answer in time leaves the
+answer partial, and one whose only replica is killed is replaced by Serve without a failed question."""
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import threading
 import time
 from typing import Any
 
@@ -74,6 +77,7 @@ def test_three_shard_deployments_answer_as_one_process(client: TestClient, route
             assert [c["chunk_id"] for c in a["citations"]] == [c["chunk_id"] for c in b["citations"]]
             assert a["route"]["path"] == b["route"]["path"] and a["route"]["shard_map"] == shard_map.version
         assert client.get("/readyz").json()["serving"]["shard_map"] == shard_map.version
+        assert [s["vectors"] for s in RayShards(shard_map).stats()] == [s["vectors"] for s in stats]
         # Read your writes: a document just uploaded is found at once (a shard behind the state's
         # index position follows the log before it searches).
         text = "# Zanzibar quokka ledger\n\nThe zanzibar quokka ledger reconciles every quokka entry nightly."
@@ -81,7 +85,37 @@ def test_three_shard_deployments_answer_as_one_process(client: TestClient, route
         assert r.status_code == 201, r.text
         found = client.post("/ask", json={"query": "zanzibar quokka ledger", "mode": "fallback"}).json()
         assert found["citations"][0]["document_id"] == r.json()["id"] and not found["route"]["partial"]
-        assert [s["vectors"] for s in RayShards(shard_map).stats()] == [s["vectors"] for s in stats]
+
+        # Under load, one replica of the two-replica git shard is killed: no question fails and
+        # none is partial (a search its replica dies with is asked again on the other one).
+        git = [q for q in _questions() if "commit" in q or "branch" in q]
+        answers: list[tuple[int, bool]] = []
+        stop = threading.Event()
+
+        def load() -> None:
+            for q in itertools.cycle(git):
+                if stop.is_set():
+                    return
+                r = client.post("/ask", json={"query": q, "mode": "fallback"})
+                answers.append((r.status_code, r.status_code == 200 and r.json()["route"]["partial"]))
+
+        asking = threading.Thread(target=load)
+        asking.start()
+        try:
+            deadline = time.monotonic() + 30
+            while len(answers) < 20:
+                assert time.monotonic() < deadline and asking.is_alive()
+                time.sleep(0.05)
+            first = next(a for a in ray.util.list_named_actors(all_namespaces=True) if "shard-git" in a["name"])
+            ray.kill(ray.get_actor(first["name"], namespace=first["namespace"]))
+            killed_at = len(answers)
+            while len(answers) < killed_at + 40:
+                assert time.monotonic() < deadline + 60 and asking.is_alive()
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            asking.join(30)
+        assert all(code == 200 for code, _ in answers) and not any(partial for _, partial in answers), answers
 
         # A shard that cannot answer in time is left out: partial, never an error (a timeout of
         # 0.1 ms, which no shard meets), and the answer is not cached.
