@@ -46,6 +46,7 @@ from engine.embedder import Embedder
 from engine.pipeline import AskPipeline, PipelineConfig
 from engine.question_encoder import QuestionEncoder
 from engine.serving import ServingState
+from engine.turns import lower_this_thread
 
 log = logging.getLogger(__name__)
 _SNAPSHOT_LEASE = 0x6D6F6572  # "moer": the advisory lock key of the snapshot writer
@@ -104,7 +105,10 @@ class Runtime:
         self.catalogue = Catalogue(self.sessions, settings.catalogue_poll_seconds)  # before anything writes
         self.snapshot_lease = SqlLease(self.engine, _SNAPSHOT_LEASE)  # one process writes index snapshots
         self.lexical = LexicalManager(
-            self.sessions, settings.lexical_rebuild_share, in_child=settings.lexical_rebuild_in_child
+            self.sessions,
+            settings.lexical_rebuild_share,
+            in_child=settings.lexical_rebuild_in_child,
+            niceness=settings.background_niceness,
         )
         self.generators = Generators(settings)  # name -> generator (the experts' and the fallback's)
         self.console_sessions = ConsoleSessions(self.sessions)
@@ -200,6 +204,8 @@ class Runtime:
             emb = self._embedder or Embedder(
                 s.model_path, dtype=s.embed_dtype, batch_size=s.embed_batch_size, cache_dir=s.resolved_cache_dir
             )
+            if run_jobs:  # serving: uploads embed behind the questions being answered
+                emb.lower_document_priority(s.background_niceness)
             if s.trace_questions and run_jobs:  # serving: the model call without the GIL (one-shots skip it)
                 lone = s.question_lone_threads or os.cpu_count() or 1
                 self.question_model = emb.compile_questions(s.question_runtime, wide_threads=lone)
@@ -326,6 +332,7 @@ class Runtime:
         self.engine.dispose()
 
     def _checkpoint_loop(self) -> None:
+        lower_this_thread(self.settings.background_niceness)  # snapshots yield the cores to questions
         while not self._stop.wait(self.settings.checkpoint_seconds):
             try:
                 self.indexes.checkpoint()  # and compacts the log a new snapshot covers

@@ -114,6 +114,14 @@ class Settings(BaseSettings):
         description="BM25 rebuilds after start-up run in a child process at a lower priority, off the GIL that "
         "questions share (a file or server database; an in-memory one rebuilds in the process).",
     )
+    background_niceness: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="A serving process's background work runs at this CPU niceness (Linux), so the questions "
+        "being answered come first on busy cores: embedding documents (uploads, training samples; one thread), "
+        "writing index snapshots, and BM25 rebuilds in their child process. 0 = as the questions.",
+    )
     fusion: Fusion = Field(
         "convex",
         description="How both paths fuse dense and BM25 over the dense candidates: convex (cosine + weight x "

@@ -24,7 +24,7 @@ import torch
 
 from engine.errors import NotConfigured
 from engine.onnx_questions import OPSET, OnnxQuestions, QuestionTokens, export, has_onnxruntime
-from engine.turns import Turns
+from engine.turns import LowPriority, Turns
 
 log = logging.getLogger(__name__)
 QUESTION_RUNTIMES = ("auto", "torch", "onnxruntime")  # what serves question embeddings (compile_questions)
@@ -117,6 +117,7 @@ class Embedder:
         self._counter = copy.deepcopy(self.model.tokenizer)  # counting's own state
         self._count_lock = threading.Lock()
         self._turns = Turns()  # encode: one at a time, questions and small uploads first
+        self._lower = LowPriority(0)  # where encode's turns run (lower_document_priority)
         self._local = threading.local()  # per thread: its own input module (tokenizer) for encode_questions
         self._question_model: Any = None  # the transformer compiled for questions (compile_questions); None: eager
         self.question_runtime = "eager"  # which one serves, in words (for the log and /readyz)
@@ -155,16 +156,26 @@ class Embedder:
         step = BACKGROUND_SLICE if background else max(len(texts), 1)
         for start in range(0, len(texts), step):
             part = list(texts[start : start + step])
-            with self._turns.turn(urgent=not background), torch.inference_mode():
-                vecs = self.model.encode(
-                    part,
-                    batch_size=self.batch_size,
-                    convert_to_tensor=True,
-                    show_progress_bar=False,
-                    normalize_embeddings=False,
-                )
+            with self._turns.turn(urgent=not background):
+                vecs = self._lower.run(partial(self._forward_documents, part))
             out[start : start + len(part)] = _normalised(vecs)
         return out
+
+    def _forward_documents(self, texts: list[str]) -> torch.Tensor:
+        with torch.inference_mode():
+            return self.model.encode(
+                texts,
+                batch_size=self.batch_size,
+                convert_to_tensor=True,
+                show_progress_bar=False,
+                normalize_embeddings=False,
+            )
+
+    def lower_document_priority(self, niceness: int) -> None:
+        """Run `encode` (documents, training samples) on one thread at this CPU niceness from now
+        on (engine.turns.LowPriority; 0: in the caller's thread). Questions are not affected."""
+        old, self._lower = self._lower, LowPriority(niceness)
+        old.close()
 
     def encode_questions(self, texts: Sequence[str], *, wide: bool = False) -> Vectors:
         """[N, D] like `encode`, for a handful of short texts (the serving path): one forward pass.

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import threading
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
@@ -18,6 +17,8 @@ from typing import Any, Protocol
 import faiss
 import numpy as np
 import numpy.typing as npt
+
+from index.locks import ReadWrite
 
 Floats = npt.NDArray[np.float32]
 Ints = npt.NDArray[np.int64]
@@ -57,7 +58,7 @@ class ClusteredIndex:
         self._ivf.nprobe = ivf.nlist
         self._ivf.parallel_mode = 0
         self.version = version
-        self._lock = threading.RLock()
+        self._lock = ReadWrite()  # searches and snapshots read together; add and remove write alone
         self._centroids: Floats | None = None  # the quantizer never changes after construction
         self.writes = 0  # bumped by every add/remove: a key for what callers derive from the lists
         self._where: tuple[int, Ints, Ints] | None = None  # (writes, ids sorted, their lists)
@@ -131,7 +132,7 @@ class ClusteredIndex:
         cached = self._sizes
         if cached is None or cached[0] != self.writes:
             writes = self.writes
-            with self._lock:
+            with self._lock.read():
                 invlists = self._ivf.invlists
                 sizes = np.array([invlists.list_size(c) for c in range(self.nlist)], dtype=np.int64)
             sizes.setflags(write=False)
@@ -140,7 +141,7 @@ class ClusteredIndex:
 
     def assignments(self) -> tuple[Ints, Ints]:
         """(ids [N], clusters [N]) of every vector in the index, sorted by id."""
-        with self._lock:
+        with self._lock.read():
             invlists = self._ivf.invlists
             ids_parts, cluster_parts = [], []
             for c in range(self.nlist):
@@ -189,7 +190,7 @@ class ClusteredIndex:
             raise ValueError(f"shape mismatch: x {x.shape}, ids {ids.shape}, clusters {clusters.shape}")
         if n and (clusters.min() < 0 or clusters.max() >= self.nlist):
             raise ValueError(f"cluster out of range 0..{self.nlist - 1}")
-        with self._lock:
+        with self._lock.write():
             self._ivf.add_core(n, faiss.swig_ptr(x), faiss.swig_ptr(ids), faiss.swig_ptr(clusters))
             self.writes += 1
 
@@ -197,7 +198,7 @@ class ClusteredIndex:
         arr = np.fromiter(ids, dtype=np.int64)
         if arr.size == 0:
             return 0
-        with self._lock:
+        with self._lock.write():
             self.writes += 1
             return int(self._ivf.remove_ids(faiss.IDSelectorBatch(arr.size, faiss.swig_ptr(arr))))
 
@@ -213,7 +214,7 @@ class ClusteredIndex:
             raise ValueError(f"queries must be [Q, {self.dim}], got {q.shape}")
         if k <= 0:
             raise ValueError("k must be positive")
-        with self._lock:
+        with self._lock.read():
             if clusters is None:
                 scores, ids = self._ivf.search(q, k)
                 return scores, ids
@@ -233,7 +234,7 @@ class ClusteredIndex:
         """
         q = np.ascontiguousarray(q, dtype=np.float32)
         nq, nprobe = len(q), max(1, min(nprobe, self.nlist))
-        with self._lock:
+        with self._lock.read():
             _, nearest = self._ivf.quantizer.search(q, nprobe)  # [Q, P]
             probe = np.full((nq, self.nlist), -1, dtype=np.int64)  # [Q, C], -1 = no list
             probe[:, :nprobe] = nearest
@@ -249,7 +250,7 @@ class ClusteredIndex:
         selector = faiss.IDSelectorRange(0, through + 1) if through is not None else None  # alive for the call
         ivf_params: Any = faiss.SearchParametersIVF
         params = ivf_params(sel=selector, nprobe=max(1, min(nprobe, self.nlist)))
-        with self._lock:
+        with self._lock.read():
             scores, ids = self._ivf.search(q, k, params=params)
         return scores, ids
 
@@ -258,7 +259,7 @@ class ClusteredIndex:
         of `lists`, copied code for code (index.shards)."""
         part = ClusteredIndex.create(self.centroids(), version)
         src, dst = self._ivf.invlists, part._ivf.invlists
-        with self._lock:
+        with self._lock.read():
             for c in self._valid_lists(lists):
                 size = src.list_size(int(c))
                 if size:
@@ -269,9 +270,15 @@ class ClusteredIndex:
 
     # ---- persistence -------------------------------------------------------------------------
 
+    def serialized(self) -> memoryview:
+        """The index as FAISS writes it, without a copy into `bytes`. FAISS serializes without
+        the GIL, under a background read (index.locks), so searches go on meanwhile."""
+        with self._lock.read(background=True):
+            data: npt.NDArray[np.uint8] = faiss.serialize_index(self._ivf)  # [bytes]
+        return data.data
+
     def to_bytes(self) -> bytes:
-        with self._lock:
-            return faiss.serialize_index(self._ivf).tobytes()
+        return self.serialized().tobytes()
 
     @classmethod
     def from_bytes(cls, data: bytes, version: str) -> ClusteredIndex:
@@ -286,7 +293,7 @@ class ClusteredIndex:
         return cls(ivf, version)
 
     def save(self, path: Path) -> None:
-        write_atomic(path, self.to_bytes())
+        write_atomic(path, self.serialized())
 
     @classmethod
     def load(cls, path: Path, version: str) -> ClusteredIndex:
@@ -305,7 +312,7 @@ def nearest_of(centroids: Floats, q: Floats, lists: Ints, nprobe: int) -> Ints:
     return np.sort(lists[np.argpartition(-scores, nprobe - 1)[:nprobe]])
 
 
-def write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes | memoryview) -> None:
     """Write-then-rename so a crash leaves either the old file or the new one, never half of one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

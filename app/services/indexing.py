@@ -172,7 +172,7 @@ class IndexManager:
                 fresh, position = self._build_from_sql(progress)
                 self.index, self.position, self._dirty = fresh, position, False
             if self.snapshot_writer():
-                self.store.write(fresh.version, position, fresh.to_bytes())
+                self.store.write(fresh.version, position, fresh.serialized())
                 self.written = position
                 self._remove_stale_files()
         log.info("index %s rebuilt: %d vectors in %d clusters", fresh.version, fresh.ntotal, fresh.nlist)
@@ -201,7 +201,7 @@ class IndexManager:
         with self._replica_lock:
             if not self._dirty:
                 return False
-            data, version, position = self.index.to_bytes(), self.index.version, self.position
+            data, version, position = self.index.serialized(), self.index.version, self.position
             self._dirty = False
         try:
             self.store.write(version, position, data)

@@ -26,7 +26,6 @@ from app.models import Chunk
 from engine.lexical import LexicalIndex
 
 log = logging.getLogger(__name__)
-CHILD_NICENESS = 10  # a rebuild in its own process yields the cores to the questions
 
 
 def build(sessions: sessionmaker[Session]) -> tuple[LexicalIndex, int]:
@@ -54,8 +53,10 @@ class LexicalManager:
         clock: Callable[[], float] = time.monotonic,
         *,
         in_child: bool = False,
+        niceness: int = 10,
     ) -> None:
         self.sessions = sessions
+        self.niceness = niceness  # a rebuild in its own process yields the cores to the questions
         self.max_share, self.clock = max_share, clock
         # Rebuilds that are not forced run in a child process at a lower priority: tokenizing and
         # indexing every chunk holds the GIL for seconds, and the questions' threads share it.
@@ -107,7 +108,7 @@ class LexicalManager:
             # no memory held between rebuilds, no process left behind by a parent that dies.
             context = multiprocessing.get_context("spawn")
             self._pool = ProcessPoolExecutor(
-                1, context, initializer=os.nice, initargs=(CHILD_NICENESS,), max_tasks_per_child=1
+                1, context, initializer=os.nice, initargs=(self.niceness,), max_tasks_per_child=1
             )
         try:
             return self._pool.submit(_build_at, self._url).result()

@@ -68,7 +68,7 @@ class SnapshotStore:
         data: bytes = self._fs.cat_file(location)
         return data
 
-    def write(self, clustering: str, position: int, data: bytes) -> None:
+    def write(self, clustering: str, position: int, data: bytes | memoryview) -> None:
         name = snapshot_name(clustering, position)
         if self._local:
             write_atomic(Path(self._root) / name, data)
