@@ -175,6 +175,7 @@ class RayShards:
             ray.init(address=address, log_to_driver=False)
         self.shard_map, self.timeout_seconds = shard_map, timeout_seconds
         self.handles = [serve.get_deployment_handle(f"shard-{s.name}", app_name=APP) for s in shard_map.shards]
+        self.sent = [0] * len(shard_map.shards)  # searches this process sent each shard (the console's load)
 
     def index_over(
         self, index: ClusteredIndex, experts: Mapping[int, ExpertProfile], position: int = 0
@@ -183,11 +184,38 @@ class RayShards:
         each shard searched at catalogue version `position` or later (the state's)."""
         lists = self.shard_map.lists_of_shards(experts, index.nlist)
         names = [s.name for s in self.shard_map.shards]
-        found = searches(self.handles, self.timeout_seconds, position)
+        found = [self._counted(n, f) for n, f in enumerate(searches(self.handles, self.timeout_seconds, position))]
         return ShardedIndex(index, lists, found, shard_map=self.shard_map.version, names=names)
+
+    def _counted(self, shard: int, search: ShardSearch) -> ShardSearch:
+        def counted(q: npt.NDArray[np.float32], k: int, lists: npt.NDArray[np.int64]) -> Any:
+            self.sent[shard] += 1  # a count for operators: a lost increment under races is harmless
+            return search(q, k, lists)
+
+        return counted
 
     def stats(self) -> list[dict[str, Any]]:
         return shard_stats(self.shard_map, self.handles)
+
+    def overview(self) -> list[dict[str, Any]]:
+        """Each shard in map order: its experts, replicas, searches sent from this process, and
+        what one of its replicas holds (lists, vectors, position), or `reachable: false` when none
+        answers within 2 s."""
+        pending = [h.stats.remote() for h in self.handles]
+        out = []
+        for n, (shard, response) in enumerate(zip(self.shard_map.shards, pending, strict=True)):
+            row: dict[str, Any] = {
+                "shard": shard.name,
+                "experts": list(shard.experts) + (["(unmapped lists)"] if shard.default else []),
+                "replicas": shard.replicas,
+                "searches": self.sent[n],
+            }
+            try:
+                row |= {"reachable": True, **response.result(timeout_s=2.0)}
+            except Exception:  # down, restarting, or too slow: say so, do not fail the page
+                row |= {"reachable": False, "lists": None, "vectors": None, "position": None}
+            out.append(row)
+        return out
 
 
 def shard_stats(shard_map: ShardMap, handles: Sequence[Any]) -> list[dict[str, Any]]:

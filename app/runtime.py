@@ -242,8 +242,9 @@ class Runtime:
             if s.shard_map is not None:  # searches go to the expert shards on Ray Serve (`moerag ray up`)
                 from app import ray_shards, shard_map
 
-                shards = ray_shards.RayShards(shard_map.load(s.shard_map), s.ray_address, s.shard_timeout_seconds)
-                states.shards = shards.index_over
+                states.shards = ray_shards.RayShards(
+                    shard_map.load(s.shard_map), s.ray_address, s.shard_timeout_seconds
+                )
             routers = RouterManager(
                 s,
                 self.sessions,

@@ -216,6 +216,9 @@ def test_console_end_to_end_in_chromium(tmp_path: Path) -> None:
             walk_refit_and_history(page, api, dialogs)
             walk_define_by_documents(page, api, dialogs)
             walk_sync_a_folder(page, tmp_path / "sync")
+            page.click("#tab-shards")  # one process: no shard map, and the page says where to set one
+            expect(page.locator("#sh-map")).to_contain_text("no shard map is set (MOERAG_SHARD_MAP")
+            expect(page.locator("#sh-rows")).to_contain_text("no shards")
             page.click("#tab-overview")
             expect(page.locator("#ov-share svg")).to_have_count(1)
             page.screenshot(path=str(ARTIFACTS / "7-overview-after.png"), full_page=True)

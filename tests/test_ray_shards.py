@@ -73,7 +73,7 @@ def test_three_shard_deployments_answer_as_one_process(client: TestClient, route
         questions = _questions()[::8]
         before = [client.post("/ask", json={"query": q}).json() for q in questions]
         states = rt.services.states
-        states.shards = RayShards(shard_map).index_over
+        states.shards = RayShards(shard_map)
         states.changed(rt.catalogue.version, frozenset({"index"}))  # republished over the shards
         assert isinstance(rt.state().index, ShardedIndex)
         after = [client.post("/ask", json={"query": q}).json() for q in questions]
@@ -82,6 +82,15 @@ def test_three_shard_deployments_answer_as_one_process(client: TestClient, route
             assert a["route"]["path"] == b["route"]["path"] and a["route"]["shard_map"] == shard_map.version
         assert client.get("/readyz").json()["serving"]["shard_map"] == shard_map.version
         assert [s["vectors"] for s in RayShards(shard_map).stats()] == [s["vectors"] for s in stats]
+        # The console's shard page: each shard's experts, vectors, and the searches sent to it.
+        page = client.get("/admin/api/shards", headers=AUTH).json()
+        assert page["shard_map"] == shard_map.version
+        assert [(r["shard"], r["vectors"], r["reachable"]) for r in page["shards"]] == [
+            (name, s["vectors"], True) for name, s in zip(["git", "sqlite", "rest"], stats, strict=True)
+        ]
+        assert page["shards"][2]["experts"] == ["debian", "(unmapped lists)"] and sum(
+            r["searches"] for r in page["shards"]
+        )
         # Read your writes: a document just uploaded is found at once (a shard behind the state's
         # index position follows the log before it searches).
         text = "# Zanzibar quokka ledger\n\nThe zanzibar quokka ledger reconciles every quokka entry nightly."
@@ -125,14 +134,14 @@ def test_three_shard_deployments_answer_as_one_process(client: TestClient, route
         # 0.1 ms, which no shard meets), and the answer is not cached.
         sqlite_question = {"query": "SQLite write-ahead log checkpoint", "mode": "fallback"}
         whole = client.post("/ask", json=sqlite_question).json()
-        states.shards = RayShards(shard_map, timeout_seconds=1e-4).index_over
+        states.shards = RayShards(shard_map, timeout_seconds=1e-4)
         states.changed(rt.catalogue.version, frozenset({"index"}))
         r = client.post("/ask", json=sqlite_question)
         assert r.status_code == 200 and r.json()["route"]["partial"] is True
         assert set(r.json()["route"]["missing_shards"]) <= {"git", "sqlite", "rest"}
         # The only replica of the sqlite shard is killed: no question fails; Serve replaces it
         # (it boots from SQL) and the answers are whole and the same again.
-        states.shards = RayShards(shard_map, timeout_seconds=2).index_over
+        states.shards = RayShards(shard_map, timeout_seconds=2)
         states.changed(rt.catalogue.version, frozenset({"index"}))
         [replica] = [a for a in ray.util.list_named_actors(all_namespaces=True) if "shard-sqlite" in a["name"]]
         ray.kill(ray.get_actor(replica["name"], namespace=replica["namespace"]))
@@ -181,7 +190,7 @@ def test_three_shard_deployments_answer_as_one_process(client: TestClient, route
         ray.shutdown()
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
         deploy(shard_map, rt.settings.db_url, rt.embedder.dim)
-        states.shards = RayShards(shard_map).index_over
+        states.shards = RayShards(shard_map)
         states.changed(rt.catalogue.version, frozenset({"index"}))
         after = [client.post("/ask", json=body).json() for body in asked]
         for b, a in zip(before, after, strict=True):

@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 from engine.pipeline import AskRequest
 from index import ClusteredIndex
 from index.shards import ShardedIndex, carve, local_search, merge_topk, shard_of_lists
+from tests.conftest import AUTH
 from tests.helpers import TOPICS
 
 
@@ -216,19 +217,24 @@ def test_a_shard_that_does_not_answer_makes_the_answer_partial_never_an_error(
 
         return maybe
 
-    def index_over(index: ClusteredIndex, profiles: Any, position: int) -> ShardedIndex:
-        owners: list[int | None] = [None] * index.nlist
-        for eid, p in profiles.items():
-            for c in p.clusters:
-                owners[c] = eid
-        shard = shard_of_lists(owners, {experts["git"]: 0, experts["sqlite"]: 1}, default=2)
-        lists = [np.flatnonzero(shard == s) for s in range(3)]
-        parts = [carve(index, ls) for ls in lists]
-        searches = [local_search(parts[0]), failing(parts[1]), local_search(parts[2])]
-        return ShardedIndex(index, lists, searches, shard_map="test", names=["git", "sqlite", "rest"])
+    class InProcess:  # a ShardTier (app.services.serving) whose shards live here
+        def index_over(self, index: ClusteredIndex, profiles: Any, position: int) -> ShardedIndex:
+            owners: list[int | None] = [None] * index.nlist
+            for eid, p in profiles.items():
+                for c in p.clusters:
+                    owners[c] = eid
+            shard = shard_of_lists(owners, {experts["git"]: 0, experts["sqlite"]: 1}, default=2)
+            lists = [np.flatnonzero(shard == s) for s in range(3)]
+            parts = [carve(index, ls) for ls in lists]
+            searches = [local_search(parts[0]), failing(parts[1]), local_search(parts[2])]
+            return ShardedIndex(index, lists, searches, shard_map="test", names=["git", "sqlite", "rest"])
+
+        def overview(self) -> list[dict[str, Any]]:
+            return []
 
     states = rt.services.states
-    states.shards = index_over
+    assert client.get("/admin/api/shards", headers=AUTH).json() == {"shard_map": None, "shards": []}
+    states.shards = InProcess()
     states.changed(rt.catalogue.version, frozenset({"index"}))
     r = client.post("/ask", json={"query": "SQLite write-ahead log checkpoint", "mode": "fallback"})
     assert r.status_code == 200

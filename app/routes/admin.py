@@ -278,3 +278,14 @@ async def try_question(body: ExampleTry, rt: RuntimeDep) -> dict[str, object]:
 
     prepared = await run_in_threadpool(rt.pipeline.prepare, AskRequest(body.query))
     return {"route": route_json(prepared.route), "citations": len(prepared.citations)}
+
+
+@router.get("/shards")
+async def shards(rt: RuntimeDep) -> dict[str, object]:
+    """The expert shards this server searches (MOERAG_SHARD_MAP): each shard's experts, replicas,
+    lists, vectors, index position and searches sent. `shard_map` is null and `shards` empty when
+    the server searches its own full replica (the default)."""
+    tier = rt.services.states.shards
+    if tier is None:
+        return {"shard_map": None, "shards": []}
+    return {"shard_map": rt.state().shard_map, "shards": await run_in_threadpool(tier.overview)}

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -40,6 +41,18 @@ _MATRIX_PARTS = frozenset({"documents", "clusters", "experts", "index"})
 _PROFILE_PARTS = frozenset({"clusters", "experts", "index"})
 
 
+class ShardTier(Protocol):
+    """Where the index's vectors live when they are spread over expert shards (app.ray_shards.RayShards)."""
+
+    def index_over(self, index: ClusteredIndex, experts: Mapping[int, ExpertProfile], position: int) -> ShardedIndex:
+        """The state's index: `index`'s lists over the shards, searched at `position` or later."""
+        ...
+
+    def overview(self) -> list[dict[str, Any]]:
+        """Each shard, for operators: its experts, replicas, lists, vectors, position, searches sent."""
+        ...
+
+
 class ServingStates:
     """Builds and publishes the serving state; `current()` is what a question takes at its start."""
 
@@ -57,9 +70,9 @@ class ServingStates:
         self._serial = 0
         self._lock = threading.Lock()
         self.build_ms = {"last": 0.0, "max": 0.0}  # building a state after a catalogue change (/readyz)
-        # Expert shards (app.ray_shards.RayShards.index_over): the state's index is then the
-        # replica's lists spread over the shards, as the shard map says for the state's experts.
-        self.shards: Callable[[ClusteredIndex, Mapping[int, ExpertProfile], int], ShardedIndex] | None = None
+        # Expert shards (app.ray_shards.RayShards): the state's index is then the replica's lists
+        # spread over the shards, as the shard map says for the state's experts.
+        self.shards: ShardTier | None = None
 
     def current(self) -> ServingState:
         state = self._state
@@ -113,7 +126,7 @@ class ServingStates:
         index: SearchIndex = self.indexes.index
         shard_map = None
         if self.shards is not None:
-            sharded = self.shards(self.indexes.index, experts, self.indexes.position)
+            sharded = self.shards.index_over(self.indexes.index, experts, self.indexes.position)
             index, shard_map = sharded, sharded.shard_map
         state = ServingState(
             version=version,

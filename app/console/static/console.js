@@ -106,6 +106,16 @@ const pages = {
       status(s.value === "new" ? "labelled as a new topic: the router learns that no expert fits it" : "labelled: the question is now router training data");
     }));
   },
+  async shards() {
+    const sh = await api("GET", "/admin/api/shards");
+    $("sh-map").textContent = sh.shard_map ? `Shard map ${sh.shard_map}: each shard holds only its experts' lists (Ray Serve).`
+      : "This server searches its own full replica of the index: no shard map is set (MOERAG_SHARD_MAP, see the README's Scaling out).";
+    const num = (v) => v == null ? "—" : v.toLocaleString();
+    $("sh-rows").innerHTML = sh.shards.map((r) => `<tr><td>${esc(r.shard)}</td><td>${esc(r.experts.join(", "))}</td><td>${r.replicas}</td>
+      <td>${num(r.lists)}</td><td>${num(r.vectors)}</td><td>${num(r.position)}</td><td>${num(r.searches)}</td>
+      <td>${r.reachable ? "answering" : '<span class="danger">not answering</span>'}</td></tr>`).join("") ||
+      `<tr><td colspan="8" class="muted">no shards</td></tr>`;
+  },
   async documents() {
     const q = state.docQuery ? `&q=${encodeURIComponent(state.docQuery)}` : "";
     const page = await api("GET", `/documents?offset=${state.docPage * PAGE}&limit=${PAGE}${q}`);
