@@ -1,4 +1,5 @@
-"""Expert shards on a real local Ray cluster (the `ray` extra; skipped without it): three shard
+"""Expert shards on a real local Ray cluster (the `ray` extra; skipped without it), PostgreSQL
+the truth when the run has one (MOERAG_TEST_PG_URL, as CI does), else SQLite: three shard
 deployments from a shard map, the hottest with two replicas, answer the ask flow exactly as the
 single process does; a document just uploaded is found at once; killing one replica of the
 two-replica shard under load fails no question; a shard that does not answer in time leaves the
@@ -10,32 +11,62 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
+import shutil
 import threading
 import time
-from typing import Any
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
+from app.db import make_engine
+from app.main import create_app
+from app.migrate import downgrade
 from app.models import Chunk
+from app.runtime import Runtime
+from app.services.dbcopy import copy_database
+from app.settings import Settings
+from engine.embedder import Embedder
 from engine.pipeline import AskRequest
 from index.shards import ShardedIndex
-from tests.conftest import AUTH
+from tests.conftest import AUTH, ROUTED_SETTINGS, RoutedStore
 from tests.test_shards import _questions
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 
 
-def test_three_shard_deployments_answer_as_one_process(client: TestClient, routed: dict[str, Any]) -> None:
+@pytest.fixture
+def truth(settings: Settings, embedder: Embedder, routed_store: RoutedStore) -> Iterator[TestClient]:
+    """The routed store served with PostgreSQL as the truth when the run has one (its catalogue
+    copied there, as `moerag db copy-to` does), else on its SQLite file; the shards read the same."""
+    shutil.copytree(routed_store.data, settings.resolved_data_dir)
+    for name, value in ROUTED_SETTINGS.items():
+        setattr(settings, name, value)
+    url = os.environ.get("MOERAG_TEST_PG_URL")
+    if url:
+        source, target = make_engine(settings.db_url), make_engine(url)
+        downgrade(target, "base")
+        copy_database(source, target)
+        source.dispose()
+        target.dispose()
+        settings.database_url = url
+    with TestClient(create_app(settings, runtime=Runtime(settings, embedder=embedder), start_in_background=False)) as c:
+        yield c
+
+
+def test_three_shard_deployments_answer_as_one_process(truth: TestClient) -> None:
+    client = truth
     from ray import serve
 
     from app.ray_shards import RayShards, deploy, searches
     from app.shard_map import parse
 
     rt = client.app.state.runtime  # type: ignore[attr-defined]
+    assert rt.engine.dialect.name == ("postgresql" if os.environ.get("MOERAG_TEST_PG_URL") else "sqlite")
     state = rt.state()
     shard_map = parse(
         {
