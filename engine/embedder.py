@@ -174,6 +174,8 @@ class Embedder:
     def lower_document_priority(self, niceness: int) -> None:
         """Run `encode` (documents, training samples) on one thread at this CPU niceness from now
         on (engine.turns.LowPriority; 0: in the caller's thread). Questions are not affected."""
+        if LowPriority.effective(niceness) == self._lower.niceness:
+            return  # as it is (one model shared by several runtimes asks the same again)
         old, self._lower = self._lower, LowPriority(niceness)
         old.close()
 

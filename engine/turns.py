@@ -57,7 +57,7 @@ class LowPriority:
 
     def __init__(self, niceness: int) -> None:
         """niceness: added to the process's (as `nice`), up to 19."""
-        self.niceness = niceness if niceness > 0 and sys.platform == "linux" else 0
+        self.niceness = self.effective(niceness)
         self._pool = (
             ThreadPoolExecutor(
                 1, thread_name_prefix="moerag-embed", initializer=lower_this_thread, initargs=(self.niceness,)
@@ -66,6 +66,11 @@ class LowPriority:
             else None
         )
         self._ident: int | None = None
+
+    @staticmethod
+    def effective(niceness: int) -> int:
+        """The niceness a LowPriority asked for `niceness` runs at here (0: none, in the caller)."""
+        return niceness if niceness > 0 and sys.platform == "linux" else 0
 
     def run(self, fn: Callable[[], T]) -> T:
         if self._pool is None or threading.get_ident() == self._ident:
