@@ -355,3 +355,21 @@ def test_routing_refuses_two_question_sets_of_one_name_before_any_work(tmp_path:
     run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "two sets share a file name" in run.stderr
     assert not (tmp_path / "data").exists()  # refused before a store was opened
+
+
+def test_ray_scale_spreads_experts_largest_first_onto_the_lightest_shard() -> None:
+    from benchmarks.ray_scale import spread
+
+    shard_map = spread({"a": 10, "b": 6, "c": 5, "d": 1}, 2, replicas=2)
+    assert [s.experts for s in shard_map.shards] == [("a", "d"), ("b", "c")]  # 11 vectors each
+    assert [s.default for s in shard_map.shards] == [True, False] and {s.replicas for s in shard_map.shards} == {2}
+
+
+def test_the_capacity_projection_scales_the_measured_cost_by_the_vectors_scanned() -> None:
+    from benchmarks.capacity import project
+
+    row = project({"x": {"bytes_per_vector": 100.0, "ns_per_vector_scanned": 10.0}})["50M"]
+    assert row["lists"] == 7071 and row["routed_vectors_scanned"] == round(32 * 50e6 / 7071)
+    x = row["encodings"]["x"]
+    assert x["memory_gib"] == round(50e6 * 100 / 2**30, 1) and x["exact_fallback_ms_one_core"] == 500.0
+    assert x["cores_for_500_routed_q_per_s_with_check"] == round(500 * 40 * 50e6 / 7071 * 10 / 1e9, 1)
