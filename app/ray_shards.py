@@ -12,6 +12,7 @@ Ray places the replicas, health-checks and restarts them; nothing here is cluste
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -41,6 +42,7 @@ APP = "moerag-shards"  # the Serve application holding every shard deployment
 # A replica scans its lists for milliseconds a question: a tenth of a CPU each lets Ray place a
 # shard map's replicas on a small machine; memory, not CPU, is what a shard needs.
 _LIGHT = {"num_cpus": 0.1}
+BATCH = 32  # the most searches a replica answers in one FAISS scan
 
 
 def require() -> Any:
@@ -106,6 +108,33 @@ class ShardReplica:
             index = self.index
         return index.search(q, k, lists)
 
+    def search_many(
+        self,
+        qs: Sequence[npt.NDArray[np.float32]],
+        ks: Sequence[int],
+        lists: Sequence[npt.NDArray[np.int64]],
+        at_least: Sequence[int],
+    ) -> list[tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]]:
+        """Several `search`es at once (what Serve batches on a replica): one FAISS scan for all the
+        searches asking the same k, each row over its own lists; results in the callers' order,
+        each exactly what `search` gives it."""
+        if max(at_least, default=0) > self.position:
+            self.follow()
+        with self._lock:
+            index = self.index
+        out: list[tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]] = [None] * len(qs)  # type: ignore[list-item]
+        for k in sorted(set(ks)):
+            which = [i for i, ki in enumerate(ks) if ki == k]
+            rows = np.vstack([qs[i] for i in which])  # [R, D]
+            row_lists = [lists[i] for i in which for _ in range(len(qs[i]))]
+            scores, ids = index.search_rows(rows, k, row_lists)  # [R, k] each
+            start = 0
+            for i in which:
+                end = start + len(qs[i])
+                out[i] = (scores[start:end], ids[start:end])
+                start = end
+        return out
+
     def follow(self) -> int:
         """Apply what the index log says of this shard's lists since its position; the catalogue
         version it holds now. A new clustering, or a log compacted past it, is read again. One
@@ -141,16 +170,40 @@ def deploy(shard_map: ShardMap, db_url: str, dim: int) -> list[Any]:
     """Run one Serve application with a deployment per shard (Ray started or joined by the caller,
     `ray.init`); returns their handles, in map order."""
     serve = require()
+    replica = _batched(serve)
     deployments = []
     for n, shard in enumerate(shard_map.shards):
         deployment = serve.deployment(
-            ShardReplica, name=f"shard-{shard.name}", num_replicas=shard.replicas, ray_actor_options=_LIGHT
+            replica,
+            name=f"shard-{shard.name}",
+            num_replicas=shard.replicas,
+            ray_actor_options=_LIGHT,
+            max_ongoing_requests=BATCH * 2,  # room for a batch in flight and the next one forming
         )
         deployments.append(deployment.bind(db_url, shard_map, n, dim))
     serve.start(proxy_location="Disabled")  # handles only: no HTTP proxy to start (it timed out on busy cores)
     holder = serve.deployment(_Shards, name="shards", ray_actor_options=_LIGHT)
     serve.run(holder.bind(*deployments), name=APP, route_prefix=None)
     return [serve.get_deployment_handle(f"shard-{s.name}", app_name=APP) for s in shard_map.shards]
+
+
+def _batched(serve: Any) -> type[ShardReplica]:
+    """ShardReplica whose `search` Serve batches: the searches waiting on a replica are answered by
+    one `search_many` (at most BATCH, none held back to wait for more), run off the replica's event
+    loop so the next batch forms meanwhile."""
+
+    class BatchedShardReplica(ShardReplica):
+        @serve.batch(max_batch_size=BATCH, batch_wait_timeout_s=0.0)
+        async def search(
+            self,
+            q: list[npt.NDArray[np.float32]],
+            k: list[int],
+            lists: list[npt.NDArray[np.int64]],
+            at_least: list[int],
+        ) -> list[tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]]:
+            return await asyncio.to_thread(self.search_many, q, k, lists, at_least)
+
+    return BatchedShardReplica
 
 
 class _Shards:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -226,6 +226,23 @@ class ClusteredIndex:
             probe[:, : lists.size] = lists
             scores, ids = self._ivf.search_preassigned(q, k, probe, None)
             return scores, ids
+
+    def search_rows(self, q: Floats, k: int, lists: Sequence[Iterable[int]]) -> tuple[Floats, Ints]:
+        """Each row of q [Q, D] over its own lists (`lists[i]` for row i) in one scan: (scores
+        [Q, K], ids [Q, K]), row i exactly what `search(q[i:i+1], k, lists[i])` gives."""
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        if q.ndim != 2 or q.shape[1] != self.dim or len(lists) != len(q):
+            raise ValueError(f"queries must be [Q, {self.dim}] with one list set a row, got {q.shape}, {len(lists)}")
+        if k <= 0:
+            raise ValueError("k must be positive")
+        valid = [self._valid_lists(row) for row in lists]
+        probe = np.full((len(q), self.nlist), -1, dtype=np.int64)  # [Q, C], -1 = no list
+        for i, v in enumerate(valid):
+            probe[i, : v.size] = v
+        with self._lock.read():
+            scores, ids = self._ivf.search_preassigned(q, k, probe, None)
+        scores[[i for i, v in enumerate(valid) if v.size == 0]] = -np.inf  # no list to scan, as `search` says it
+        return scores, ids
 
     def search_nearest(self, q: Floats, k: int, nprobe: int) -> tuple[Floats, Ints, int]:
         """IVF search of each question's own `nprobe` nearest lists (no shared state mutated).

@@ -185,6 +185,13 @@ def test_shard_replicas_built_from_sql_follow_the_index_log_for_their_lists(
             assert np.array_equal(sharded.search(q, 10, scope)[1], index.search(q, 10, scope)[1])
         stats = [r.stats() for r in replicas]
         assert all(s["position"] == rt.catalogue.version for s in stats)
+        # Several searches at once (what Serve batches on a replica): each exactly its own search.
+        git_lists = replicas[0].lists
+        asks = [(q[:1], 10, git_lists), (q[1:], 5, git_lists[:2]), (q[:2], 10, git_lists[1:])]
+        many = replicas[0].search_many([a[0] for a in asks], [a[1] for a in asks], [a[2] for a in asks], [0, 0, 0])
+        for (qi, k, ls), (scores, ids) in zip(asks, many, strict=True):
+            one = replicas[0].search(qi, k, ls)
+            assert np.array_equal(ids, one[1]) and np.allclose(scores, one[0])
         # An expert's list moves to an expert of the other shard: both shards read their lists again.
         moving = int(lists[0][0])
         expert_service.assign(rt.sessions, [moving], routed["experts"]["debian"])
