@@ -33,6 +33,7 @@ from engine.embedder import Embedder
 from engine.pipeline import AskRequest
 from index.shards import ShardedIndex
 from tests.conftest import AUTH, ROUTED_SETTINGS, RoutedStore
+from tests.helpers import wait_job
 from tests.test_shards import _questions
 
 ray = pytest.importorskip("ray")
@@ -212,6 +213,49 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient) -> Non
         while [s["vectors"] for s in RayShards(shard_map).stats()] != expected:
             assert time.monotonic() < committed + 5, (RayShards(shard_map).stats(), expected)
             time.sleep(0.05)
+
+        # A git list mapped to the sqlite expert (another shard) while a client asks: no question
+        # fails or is partial (the sqlite shard, asked at the new state's position, reads its new
+        # list before it answers), the vectors move and none is lost, and the fallback answers are
+        # the same before and after (the same vectors, now on another shard).
+        asked_fallback = [{"query": q, "mode": "fallback"} for q in questions]
+        before_move = [client.post("/ask", json=body).json() for body in asked_fallback]
+        experts = {p.name: p.id for p in rt.state().experts.values()}
+        moving = int(lists[0][0])
+        answers.clear()
+        stop.clear()
+        asking = threading.Thread(target=load)
+        asking.start()
+        try:
+            while len(answers) < 5:
+                assert asking.is_alive()
+                time.sleep(0.05)
+            moved = client.post(
+                "/admin/api/clusters/assign",
+                json={"cluster_ids": [moving], "expert_id": experts["sqlite"]},
+                headers=AUTH,
+            )
+            assert moved.status_code == 200, moved.text
+            at_once = [client.post("/ask", json=body).json() for body in asked_fallback]  # before the poll
+            if moved.json()["realign_job"] is not None:
+                assert wait_job(client, moved.json()["realign_job"], AUTH)["status"] == "done"
+            settled = len(answers)
+            while len(answers) < settled + 10:
+                assert asking.is_alive()
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            asking.join(30)
+        assert all(code == 200 for code, _ in answers) and not any(partial for _, partial in answers), answers
+        after_move = [client.post("/ask", json=body).json() for body in asked_fallback]
+        for b, a in itertools.chain(zip(before_move, at_once, strict=True), zip(before_move, after_move, strict=True)):
+            assert [(c["chunk_id"], c["score"]) for c in a["citations"]] == [
+                (c["chunk_id"], c["score"]) for c in b["citations"]
+            ]
+        page = client.get("/admin/api/shards", headers=AUTH).json()["shards"]
+        with rt.sessions() as s:
+            assert sum(r["vectors"] for r in page) == s.scalar(select(func.count()).select_from(Chunk))
+        assert page[1]["lists"] == len(lists[1]) + 1 and page[0]["lists"] == len(lists[0]) - 1
 
         # The cluster stopped and started again (replicas boot from SQL): the same answers, ids
         # and scores, routed and fallback.

@@ -195,6 +195,12 @@ def test_shard_replicas_built_from_sql_follow_the_index_log_for_their_lists(
         # An expert's list moves to an expert of the other shard: both shards read their lists again.
         moving = int(lists[0][0])
         expert_service.assign(rt.sessions, [moving], routed["experts"]["debian"])
+        # Asked at the catalogue version of the move (the mapping moved, not the index log), the
+        # new owner reads its lists again before it answers: the moved list's vectors are there.
+        at = rt.catalogue.version
+        assert at > rt.state().index_position  # a mapping change moves no index position
+        _, found = replicas[1].search(q, 10, np.array([moving]), at_least=at)
+        assert np.array_equal(found, index.search(q, 10, [moving])[1]) and (found >= 0).any()
         for r in replicas:
             r.follow()
         assert moving not in replicas[0].lists and moving in replicas[1].lists
@@ -225,7 +231,11 @@ def test_a_shard_that_does_not_answer_makes_the_answer_partial_never_an_error(
         return maybe
 
     class InProcess:  # a ShardTier (app.services.serving) whose shards live here
+        def __init__(self) -> None:
+            self.positions: list[int] = []  # the catalogue version each state's shards are asked at
+
         def index_over(self, index: ClusteredIndex, profiles: Any, position: int) -> ShardedIndex:
+            self.positions.append(position)
             owners: list[int | None] = [None] * index.nlist
             for eid, p in profiles.items():
                 for c in p.clusters:
@@ -241,8 +251,16 @@ def test_a_shard_that_does_not_answer_makes_the_answer_partial_never_an_error(
 
     states = rt.services.states
     assert client.get("/admin/api/shards", headers=AUTH).json() == {"shard_map": None, "shards": []}
-    states.shards = InProcess()
+    tier = InProcess()
+    states.shards = tier
     states.changed(rt.catalogue.version, frozenset({"index"}))
+    # A mapping change (no index change) publishes a state whose shards are asked at its catalogue
+    # version: a shard that a list just moved to reads it before it answers (app.ray_shards).
+    moved = client.post(
+        "/admin/api/clusters/assign", json={"cluster_ids": [0], "expert_id": experts["git"]}, headers=AUTH
+    )
+    assert moved.status_code == 200, moved.text
+    assert tier.positions[-1] == rt.state().version > rt.state().index_position
     r = client.post("/ask", json={"query": "SQLite write-ahead log checkpoint", "mode": "fallback"})
     assert r.status_code == 200
     body = r.json()

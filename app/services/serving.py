@@ -45,7 +45,7 @@ class ShardTier(Protocol):
     """Where the index's vectors live when they are spread over expert shards (app.ray_shards.RayShards)."""
 
     def index_over(self, index: ClusteredIndex, experts: Mapping[int, ExpertProfile], position: int) -> ShardedIndex:
-        """The state's index: `index`'s lists over the shards, searched at `position` or later."""
+        """The state's index: `index`'s lists over the shards, searched at catalogue version `position` or later."""
         ...
 
     def overview(self) -> list[dict[str, Any]]:
@@ -126,7 +126,9 @@ class ServingStates:
         index: SearchIndex = self.indexes.index
         shard_map = None
         if self.shards is not None:
-            sharded = self.shards.index_over(self.indexes.index, experts, self.indexes.position)
+            # Searched at this state's catalogue version or later: a shard's lists follow the
+            # mapping as well as the index log (a list moved to it must be there before it answers).
+            sharded = self.shards.index_over(self.indexes.index, experts, max(version, self.indexes.position))
             index, shard_map = sharded, sharded.shard_map
         state = ServingState(
             version=version,
