@@ -72,15 +72,22 @@ def carve(index: ClusteredIndex, lists: Iterable[int], version: str | None = Non
 
 def merge_topk(parts: Sequence[tuple[Floats, Ints]], k: int) -> tuple[Floats, Ints]:
     """Partial results (scores [Q, k_i], ids [Q, k_i]) -> the best k of their union, [Q, k] each,
-    best first; ties by lower id; missing slots (id -1) last, as FAISS fills them (-inf, -1)."""
+    best first; ties by lower id; missing slots (id -1) last, as FAISS fills them (-inf, -1). An
+    id in two parts (a chunk moving between shards, found by both) counts once."""
     if not parts:
         raise ValueError("nothing to merge")
     scores = np.concatenate([s for s, _ in parts], axis=1)  # [Q, S]
     ids = np.concatenate([i for _, i in parts], axis=1)  # [Q, S]
     scores = np.where(ids >= 0, scores, -np.inf).astype(np.float32)
-    order = np.lexsort((np.where(ids >= 0, ids, np.iinfo(np.int64).max), -scores), axis=1)[:, :k]  # [Q, k]
-    top_scores = np.take_along_axis(scores, order, axis=1)
-    top_ids = np.take_along_axis(ids, order, axis=1)
+    order = np.lexsort((np.where(ids >= 0, ids, np.iinfo(np.int64).max), -scores), axis=1)  # [Q, S]
+    scores, ids = np.take_along_axis(scores, order, axis=1), np.take_along_axis(ids, order, axis=1)
+    again = np.zeros(ids.shape, dtype=bool)  # [Q, S] the same vector's second copy sorts beside its first
+    again[:, 1:] = (ids[:, 1:] == ids[:, :-1]) & (ids[:, 1:] >= 0)
+    if again.any():
+        scores = np.where(again, -np.inf, scores).astype(np.float32)
+        keep = np.argsort(np.where(again, 1, 0), axis=1, kind="stable")  # [Q, S] copies last, order kept
+        scores, ids = np.take_along_axis(scores, keep, axis=1), np.take_along_axis(ids, keep, axis=1)
+    top_scores, top_ids = scores[:, :k], ids[:, :k]  # [Q, k]
     q = len(ids)
     if top_ids.shape[1] < k:  # fewer candidates than k in all
         pad = k - top_ids.shape[1]

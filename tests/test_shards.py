@@ -25,6 +25,9 @@ def test_merge_topk_keeps_the_best_k_of_the_union_and_pads_like_faiss() -> None:
     assert scores[0].tolist() == pytest.approx([0.9, 0.7, 0.5, 0.5])
     scores, ids = merge_topk([a], 4)  # fewer candidates than k: padded with (-inf, -1)
     assert ids.tolist() == [[1, 5, -1, -1]] and np.isneginf(scores[0, 2:]).all()
+    moving = (np.array([[0.7, 0.6]], dtype=np.float32), np.array([[3, 6]]))  # id 3 found by two shards
+    scores, ids = merge_topk([a, b, moving], 5)
+    assert ids.tolist() == [[1, 3, 6, 2, 5]] and scores[0].tolist() == pytest.approx([0.9, 0.7, 0.6, 0.5, 0.5])
 
 
 def test_a_carved_index_holds_exactly_its_lists_and_searches_them_identically() -> None:
