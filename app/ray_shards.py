@@ -272,11 +272,15 @@ class RayShards:
 
 
 def shard_stats(shard_map: ShardMap, handles: Sequence[Any]) -> list[dict[str, Any]]:
-    """Each shard's name, replicas, and what one of its replicas holds (lists, vectors, position)."""
-    return [
-        {"shard": s.name, "replicas": s.replicas, **h.stats.remote().result()}
-        for s, h in zip(shard_map.shards, handles, strict=True)
-    ]
+    """Each shard's name, replicas, what one of its replicas holds (lists, vectors, position), and
+    the round trip of that call (`round_trip_ms`: the hop to the shard, no search in it)."""
+    out = []
+    for s, h in zip(shard_map.shards, handles, strict=True):
+        start = time.perf_counter()
+        held = h.stats.remote().result()
+        ms = round((time.perf_counter() - start) * 1000, 2)
+        out.append({"shard": s.name, "replicas": s.replicas, **held, "round_trip_ms": ms})
+    return out
 
 
 def store_dim(engine: Engine) -> int:
