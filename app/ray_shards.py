@@ -102,11 +102,7 @@ class ShardReplica:
         """As `ClusteredIndex.search` over `lists` (those this shard holds), at catalogue version
         `at_least` or later: the asking state's index position. A replica behind it follows the
         log first, so a question sees every write its serving state saw (read your writes)."""
-        if at_least > self.position:
-            self.follow()
-        with self._lock:
-            index = self.index
-        return index.search(q, k, lists)
+        return self.search_many([q], [k], [lists], [at_least])[0]
 
     def search_many(
         self,
@@ -251,35 +247,35 @@ class RayShards:
         return shard_stats(self.shard_map, self.handles)
 
     def overview(self) -> list[dict[str, Any]]:
-        """Each shard in map order: its experts, replicas, searches sent from this process, and
-        what one of its replicas holds (lists, vectors, position), or `reachable: false` when none
-        answers within 2 s."""
-        pending = [h.stats.remote() for h in self.handles]
-        out = []
-        for n, (shard, response) in enumerate(zip(self.shard_map.shards, pending, strict=True)):
-            row: dict[str, Any] = {
-                "shard": shard.name,
-                "experts": list(shard.experts) + (["(unmapped lists)"] if shard.default else []),
-                "replicas": shard.replicas,
-                "searches": self.sent[n],
-            }
-            try:
-                row |= {"reachable": True, **response.result(timeout_s=2.0)}
-            except Exception:  # down, restarting, or too slow: say so, do not fail the page
-                row |= {"reachable": False, "lists": None, "vectors": None, "position": None}
-            out.append(row)
-        return out
+        """Each shard in map order, for the console: `shard_stats` (a shard none of whose replicas
+        answers within 2 s is `reachable: false`), its experts and the searches this process sent it."""
+        rows = shard_stats(self.shard_map, self.handles, timeout_seconds=2.0)
+        for n, (shard, row) in enumerate(zip(self.shard_map.shards, rows, strict=True)):
+            row["experts"] = list(shard.experts) + (["(unmapped lists)"] if shard.default else [])
+            row["searches"] = self.sent[n]
+        return rows
 
 
-def shard_stats(shard_map: ShardMap, handles: Sequence[Any]) -> list[dict[str, Any]]:
+def shard_stats(
+    shard_map: ShardMap, handles: Sequence[Any], timeout_seconds: float | None = None
+) -> list[dict[str, Any]]:
     """Each shard's name, replicas, what one of its replicas holds (lists, vectors, position), and
-    the round trip of that call (`round_trip_ms`: the hop to the shard, no search in it)."""
+    the round trip of that call (`round_trip_ms`: the hop to the shard, no search in it). With a
+    timeout, a shard that does not answer in time is `reachable: false` (its figures None) instead
+    of an error."""
     out = []
     for s, h in zip(shard_map.shards, handles, strict=True):
+        row: dict[str, Any] = {"shard": s.name, "replicas": s.replicas}
         start = time.perf_counter()
-        held = h.stats.remote().result()
-        ms = round((time.perf_counter() - start) * 1000, 2)
-        out.append({"shard": s.name, "replicas": s.replicas, **held, "round_trip_ms": ms})
+        try:
+            row |= h.stats.remote().result(timeout_s=timeout_seconds)
+        except Exception:  # down, restarting, or too slow
+            if timeout_seconds is None:
+                raise
+            row |= {"reachable": False, "lists": None, "vectors": None, "position": None, "round_trip_ms": None}
+        else:
+            row |= {"reachable": True, "round_trip_ms": round((time.perf_counter() - start) * 1000, 2)}
+        out.append(row)
     return out
 
 

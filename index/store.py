@@ -214,22 +214,16 @@ class ClusteredIndex:
             raise ValueError(f"queries must be [Q, {self.dim}], got {q.shape}")
         if k <= 0:
             raise ValueError("k must be positive")
-        with self._lock.read():
-            if clusters is None:
-                scores, ids = self._ivf.search(q, k)
-                return scores, ids
+        if clusters is not None:
             lists = self._valid_lists(clusters)
-            nq = len(q)
-            if lists.size == 0:
-                return np.full((nq, k), -np.inf, dtype=np.float32), np.full((nq, k), -1, dtype=np.int64)
-            probe = np.full((nq, self.nlist), -1, dtype=np.int64)  # [Q, C], -1 = no list
-            probe[:, : lists.size] = lists
-            scores, ids = self._ivf.search_preassigned(q, k, probe, None)
-            return scores, ids
+            return self.search_rows(q, k, [lists] * len(q))
+        with self._lock.read():
+            scores, ids = self._ivf.search(q, k)
+        return scores, ids
 
     def search_rows(self, q: Floats, k: int, lists: Sequence[Iterable[int]]) -> tuple[Floats, Ints]:
         """Each row of q [Q, D] over its own lists (`lists[i]` for row i) in one scan: (scores
-        [Q, K], ids [Q, K]), row i exactly what `search(q[i:i+1], k, lists[i])` gives."""
+        [Q, K], ids [Q, K]); a row with no list to scan gets (-inf, -1) throughout."""
         q = np.ascontiguousarray(q, dtype=np.float32)
         if q.ndim != 2 or q.shape[1] != self.dim or len(lists) != len(q):
             raise ValueError(f"queries must be [Q, {self.dim}] with one list set a row, got {q.shape}, {len(lists)}")
