@@ -295,8 +295,11 @@ def build_parser() -> argparse.ArgumentParser:
     sync.add_argument("folder", nargs="?", help="a local folder (or give --git or --site)")
     sync.add_argument("--git", help="a git repository URL (cloned with the git command, then fetched)")
     sync.add_argument("--branch", help="--git: the branch (default: the repository's)")
-    sync.add_argument("--site", help="a web site's start page: its folder on that host is crawled")
+    sync.add_argument(
+        "--site", help="a web site's start page (its folder on that host is crawled) or its sitemap (.xml)"
+    )
     sync.add_argument("--max-pages", type=int, default=200, help="--site: pages to crawl at most (default 200)")
+    sync.add_argument("--max-depth", type=int, default=5, help="--site: links followed from the start (default 5)")
     sync.add_argument("--every", type=every_seconds, help="run again after this long (30s, 10m, 2h), until stopped")
     sync.set_defaults(func=cmd_sync)
     cli_ray.add_commands(sub)

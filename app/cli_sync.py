@@ -30,11 +30,11 @@ def cmd_sync(args: argparse.Namespace) -> None:
     settings = settings_from(args)
     if sum(x is not None for x in (args.folder, args.git, args.site)) != 1:
         raise SystemExit("moerag: give one source: a FOLDER, --git URL or --site URL")
-    if args.max_pages < 1:
-        raise SystemExit("moerag: --max-pages takes a positive count")
+    if args.max_pages < 1 or args.max_depth < 0:
+        raise SystemExit("moerag: --max-pages takes a positive count, --max-depth zero or more")
     source: dict[str, Any] = {"git": args.git, "branch": args.branch} if args.git else {}
     if args.site:
-        source = {"site": args.site, "max_pages": args.max_pages}
+        source = {"site": args.site, "max_pages": args.max_pages, "max_depth": args.max_depth}
     if args.folder is not None:
         folder = Path(args.folder).expanduser().resolve()
         if not folder.is_dir():
@@ -68,6 +68,7 @@ def _sync_once(args: argparse.Namespace, settings: Settings, source: dict[str, A
             with Remote(server, token_for(args, settings, admin=True)) as api:
                 job = api.call("POST", "/admin/api/sync", ok=(202,), json=source)
                 return dict(api.follow_job(job, progress)["result"])
+        from app.services import jobs
         from app.services.sync import sync_folder
         from app.services.sync_sources import sync_git, sync_site
         from engine.errors import MoeragError
@@ -76,9 +77,14 @@ def _sync_once(args: argparse.Namespace, settings: Settings, source: dict[str, A
             try:
                 if "git" in source:
                     cache = settings.resolved_data_dir / "sources"
-                    return sync_git(rt.ingestor, rt.sessions, source["git"], source["branch"], cache, progress)
-                if "site" in source:
-                    return sync_site(rt.ingestor, rt.sessions, source["site"], source["max_pages"], progress)
-                return sync_folder(rt.ingestor, rt.sessions, source["folder"], progress)
+                    result = sync_git(rt.ingestor, rt.sessions, source["git"], source["branch"], cache, progress)
+                elif "site" in source:
+                    pages, depth = source["max_pages"], source["max_depth"]
+                    result = sync_site(rt.ingestor, rt.sessions, source["site"], pages, progress, depth)
+                else:
+                    result = sync_folder(rt.ingestor, rt.sessions, source["folder"], progress)
             except MoeragError as exc:
+                jobs.record(rt.sessions, "sync", source, None, f"{type(exc).__name__}: {exc.message}")
                 raise SystemExit(f"moerag: {exc.code}: {exc.message}") from None
+            jobs.record(rt.sessions, "sync", source, result)  # listed with the server's jobs
+            return result

@@ -185,6 +185,7 @@ class SyncIn(BaseModel):
     branch: str | None = Field(None, min_length=1, max_length=255, pattern=r"^[\w./-]+$", description="git: the branch")
     site: str | None = Field(None, min_length=1, max_length=2048, description="A start page under MOERAG_SYNC_URLS.")
     max_pages: int = Field(200, ge=1, le=10_000, description="site: pages to crawl at most")
+    max_depth: int = Field(5, ge=0, le=100, description="site: links followed from the start page at most")
 
     @model_validator(mode="after")
     def _one_source(self) -> SyncIn:

@@ -18,14 +18,27 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 import httpx
 
-Progress = Callable[[int, int], None]
-Json = dict[str, Any]
+from moerag.admin import AdminCalls
+from moerag.types import Answer, Citation, Job, Json, Progress, Route
+
+__all__ = [
+    "Answer",
+    "ApiError",
+    "AsyncClient",
+    "Citation",
+    "Client",
+    "Job",
+    "JobFailed",
+    "Json",
+    "Route",
+    "Unreachable",
+]
 UPLOAD_BATCH = 50  # files a bulk upload sends at once
 POLL_SECONDS = 0.5  # how often a job is read while waiting for it
 # What a folder upload sends: engine.parsing.SUFFIXES (the client imports nothing of the server's).
@@ -54,46 +67,6 @@ class JobFailed(ApiError):
     def __init__(self, url: str, job: Job) -> None:
         Exception.__init__(self, f"job {job['id']} ({job['kind']}) failed: {job['error']}")
         self.url, self.status, self.code, self.message, self.job = url, 200, "job_failed", str(job["error"]), job
-
-
-class Route(TypedDict):
-    path: str
-    expert: Json | None
-    confidence: float | None
-    reason: str
-    detail: str
-
-
-class Citation(TypedDict):
-    n: int
-    document_id: int
-    source: str
-    title: str
-    chunk_id: int
-    heading: str
-    score: float
-    text: str
-    used: bool
-
-
-class Answer(TypedDict):
-    answer: str | None
-    citations: list[Citation]
-    route: Route
-    timings_ms: dict[str, float]
-    query_id: int | None
-    conversation_id: str | None
-    standalone_question: str | None
-
-
-class Job(TypedDict):
-    id: int
-    kind: str
-    status: str
-    done: int
-    total: int
-    error: str | None
-    result: Json | None
 
 
 def _error(url: str, r: httpx.Response) -> ApiError:
@@ -160,7 +133,7 @@ def _events(lines: Iterator[str]) -> Iterator[tuple[str, Json]]:
             yield name, data
 
 
-class Client:
+class Client(AdminCalls):
     """A moerag server, synchronously. `token`: the admin token for writes, the read token (or
     none, where reads are open) for questions."""
 
@@ -240,61 +213,7 @@ class Client:
     def delete_document(self, document_id: int) -> Json:
         return self.request("DELETE", f"/documents/{document_id}")
 
-    # ---- experts, router, jobs -----------------------------------------------------------------
-
-    def experts(self) -> list[Json]:
-        return self.request("GET", "/admin/api/experts", params={"limit": 500})["items"]
-
-    def train_router(self, activate: bool = True, wait: bool = True, progress: Progress | None = None) -> Job:
-        job = self.request("POST", "/admin/api/router/train", ok=(202,), json={"activate": activate})
-        return self.wait(job, progress) if wait else job
-
-    def router_versions(self) -> list[Json]:
-        return self.request("GET", "/admin/api/router/versions", params={"limit": 500})["items"]
-
-    def activate_router(self, version_id: int) -> Json:
-        return self.request("POST", f"/admin/api/router/versions/{version_id}/activate")
-
-    def recluster(self, clusters: int | None = None, wait: bool = True, progress: Progress | None = None) -> Job:
-        job = self.request("POST", "/admin/api/recluster", ok=(202,), json={"clusters": clusters})
-        return self.wait(job, progress) if wait else job
-
-    def sync(
-        self,
-        folder: str | None = None,
-        git: str | None = None,
-        branch: str | None = None,
-        site: str | None = None,
-        max_pages: int = 200,
-        wait: bool = True,
-        progress: Progress | None = None,
-    ) -> Job:
-        """Mirror one source on the server: a folder under MOERAG_SYNC_ROOTS, or a git repository
-        (`branch`) or a web site (`max_pages`) under MOERAG_SYNC_URLS; the job's result: the counts."""
-        body: Json = {"folder": folder} if folder else {"git": git, "branch": branch} if git else {}
-        if site:
-            body = {"site": site, "max_pages": max_pages}
-        job = self.request("POST", "/admin/api/sync", ok=(202,), json=body)
-        return self.wait(job, progress) if wait else job
-
-    def create_expert(self, name: str, **fields: Any) -> Json:
-        """A new expert (fields: description, system_prompt, generator, top_k, threshold)."""
-        return self.request("POST", "/admin/api/experts", ok=(201,), json={"name": name, **fields})
-
-    def define_expert(
-        self,
-        expert_id: int,
-        ids: list[int] | None = None,
-        source_prefix: str | None = None,
-        tag: str | None = None,
-        wait: bool = True,
-        progress: Progress | None = None,
-    ) -> Job:
-        """Define an expert by documents (ids, a source folder, a tag): a job gives it lists of
-        exactly their chunks and retrains the router."""
-        body = {k: v for k, v in (("ids", ids), ("source_prefix", source_prefix), ("tag", tag)) if v}
-        job = self.request("PUT", f"/admin/api/experts/{expert_id}/documents", ok=(202,), json=body)
-        return self.wait(job, progress) if wait else job
+    # ---- jobs ---------------------------------------------------------------------------------------
 
     def job(self, job_id: int) -> Job:
         return self.request("GET", f"/jobs/{job_id}")

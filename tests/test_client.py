@@ -72,3 +72,25 @@ def test_the_async_client_asks_streams_and_searches(live: Server) -> None:
 
     answer, names, hits = asyncio.run(tour())
     assert answer["answer"] and names[0] == "route" and names[-1] == "done" and "token" in names and hits == 3
+
+
+def test_the_operator_calls_read_and_refuse_as_the_api_does(live: Server) -> None:
+    with Client(live.url, TOKEN) as admin:
+        lists, experts = admin.clusters(), admin.experts()
+        assert lists and {c["expert_id"] for c in lists} <= {e["id"] for e in experts} | {None}
+        first = experts[0]["id"]
+        assert {c["id"] for c in admin.clusters(first)} == {c["id"] for c in lists if c["expert_id"] == first}
+        plan = admin.propose_experts(n=2, keep_mapped=False)  # without apply: the proposal, nothing changed
+        assert len(plan["proposals"]) == 2 and not plan["applied"] and admin.experts() == experts
+        with pytest.raises(ApiError) as missing:
+            admin.map_clusters([999_999], first)
+        assert missing.value.status == 404
+        asked = admin.ask("How do I generate a secure random token?", conversation_id="operator-calls")
+        assert admin.conversation("operator-calls")["turns"][0]["question"].startswith("How do I generate")
+        assert "operator-calls" in {c["id"] for c in admin.conversations(limit=100)["items"]}
+        admin.delete_conversation("operator-calls")
+        with pytest.raises(ApiError) as gone:
+            admin.conversation("operator-calls")
+        assert gone.value.status == 404
+        page = admin.questions(limit=5)
+        assert page["items"] and asked["query_id"] in {q["id"] for q in admin.questions(limit=50)["items"]}

@@ -11,6 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from app.cli import main
+from app.cli_common import local_runtime
 from app.cli_sync import every_seconds
 from app.runtime import Runtime
 from app.services.sync import sync_folder
@@ -89,6 +90,12 @@ def test_the_cli_syncs_here_and_reads_periods(tmp_path: Path, capsys: pytest.Cap
     (root / "a.md").unlink()
     main(["--data-dir", str(tmp_path / "data"), "sync", str(root), "--quiet"])
     assert json.loads(capsys.readouterr().out)["deleted"] == 1
+    with local_runtime(Settings(data_dir=tmp_path / "data")) as rt:  # each local run is listed with the jobs
+        _, recorded = rt.jobs.recent(0, 10)
+    assert [(j.kind, j.status, j.result["added"], j.result["deleted"]) for j in recorded] == [
+        ("sync", "done", 0, 1),
+        ("sync", "done", 3, 0),
+    ]
     assert [every_seconds(p) for p in ("30s", "10m", "2h", "1d", "45")] == [30, 600, 7200, 86400, 45]
     for bad in ("0s", "ten", "5w"):
         with pytest.raises(Exception, match="not a period"):

@@ -18,7 +18,8 @@ from sqlalchemy import select
 
 from app.models import Document
 from app.runtime import Runtime
-from app.services.sync_sources import sync_git, sync_site
+from app.services.sync_sources import AGENT, robots, sync_git, sync_site
+from engine.errors import SourceUnavailable
 from tests.conftest import AUTH
 from tests.helpers import topic_doc, wait_job
 
@@ -125,3 +126,45 @@ def test_the_server_fetches_only_under_its_sync_urls(client: TestClient, site: t
     assert job.status_code == 202, job.text
     done = wait_job(client, job.json()["id"])
     assert done["status"] == "done" and done["result"]["pages"] == 2, done
+
+
+def test_a_site_honours_robots_txt_its_sitemap_and_the_depth_bound(site: tuple[str, Path], runtime: Runtime) -> None:
+    start, root = site
+    scope = start.rsplit("/", 1)[0] + "/"
+    (root / "robots.txt").write_text("User-agent: *\nDisallow: /guide/apt.html\n")
+    fenced = sync_site(runtime.ingestor, runtime.sessions, start)
+    assert (fenced["pages"], fenced["robots_forbidden"], fenced["added"]) == (2, 1, 2), fenced
+    assert set(_sources(runtime, scope)) == {scope + "index.html", scope + "wal.html"}
+
+    (root / "robots.txt").unlink()  # a missing robots.txt allows all
+    listed = (scope + "index.html", scope + "apt.html", scope.replace("/guide/", "/blog/post.html"))
+    urls = "".join(f"<url><loc>{url}</loc></url>" for url in listed)  # the blog is outside the sitemap's folder
+    sitemap = f'<?xml version="1.0"?><urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">{urls}</urlset>'
+    (root / "guide" / "pages.xml").write_text(sitemap)
+    (root / "guide" / "index.xml").write_text(
+        '<sitemapindex xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">'
+        f"<sitemap><loc>{scope}pages.xml</loc></sitemap></sitemapindex>"
+    )
+    mapped = sync_site(runtime.ingestor, runtime.sessions, scope + "index.xml")
+    counts = {k: mapped[k] for k in ("pages", "added", "unchanged", "deleted", "failed")}
+    assert counts == {"pages": 2, "added": 1, "unchanged": 1, "deleted": 1, "failed": 0}, mapped  # links not followed
+    assert set(_sources(runtime, scope)) == {scope + "index.html", scope + "apt.html"}
+
+    shallow = sync_site(runtime.ingestor, runtime.sessions, start, max_depth=0)
+    assert (shallow["pages"], shallow["deleted"]) == (1, 1), shallow
+    with pytest.raises(SourceUnavailable, match="not XML"):
+        (root / "guide" / "bad.xml").write_text("<urlset><url>unclosed")
+        sync_site(runtime.ingestor, runtime.sessions, scope + "bad.xml")
+
+
+def test_robots_txt_is_read_as_rfc_9309_says() -> None:
+    class Answer:
+        def __init__(self, status: int, text: str = "") -> None:
+            self.status_code, self.content = status, text.encode()
+
+    page = "http://docs.example/guide/a.html"
+    assert robots(page, lambda _: Answer(404)).can_fetch(AGENT, page)  # none: all allowed
+    assert not robots(page, lambda _: Answer(503)).can_fetch(AGENT, page)  # server error: none allowed
+    assert not robots(page, lambda _: (_ for _ in ()).throw(OSError("down"))).can_fetch(AGENT, page)
+    rules = robots(page, lambda _: Answer(200, f"User-agent: {AGENT}\nDisallow: /guide/\nCrawl-delay: 2\n"))
+    assert not rules.can_fetch(AGENT, page) and rules.can_fetch("other", page) and rules.crawl_delay(AGENT) == 2

@@ -53,7 +53,8 @@ def sync(body: SyncIn, rt: RuntimeDep) -> JobOut:
     elif body.git is not None:
         params = {"git": allowed_url(body.git, rt.settings.sync_urls), "branch": body.branch}
     else:
-        params = {"site": allowed_url(body.site or "", rt.settings.sync_urls), "max_pages": body.max_pages}
+        site = allowed_url(body.site or "", rt.settings.sync_urls)
+        params = {"site": site, "max_pages": body.max_pages, "max_depth": body.max_depth}
     return JobOut.model_validate(rt.jobs.submit("sync", params, coalesce=True))
 
 

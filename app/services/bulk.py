@@ -99,7 +99,7 @@ def _read(f: dict[str, Any]) -> Upload:
 
 
 def sync_handler(ingestor: Ingestor, cache: Path) -> Callable[[JobContext], dict[str, Any]]:
-    """The `sync` job: params {"folder"}, {"git", "branch"} or {"site", "max_pages"}
+    """The `sync` job: params {"folder"}, {"git", "branch"} or {"site", "max_pages", "max_depth"}
     (app.services.sync, sync_sources; git clones kept in `cache`); an interrupted one runs whole
     again when resumed (a sync is idempotent: what it did already is unchanged the second time)."""
 
@@ -110,7 +110,8 @@ def sync_handler(ingestor: Ingestor, cache: Path) -> Callable[[JobContext], dict
         if p.get("git"):
             return sync_git(ingestor, ingestor.sessions, p["git"], p.get("branch"), cache, progress)
         if p.get("site"):
-            return sync_site(ingestor, ingestor.sessions, p["site"], int(p.get("max_pages") or 200), progress)
+            pages, depth = int(p.get("max_pages") or 200), int(p.get("max_depth", 5))
+            return sync_site(ingestor, ingestor.sessions, p["site"], pages, progress, depth)
         return sync_folder(ingestor, ingestor.sessions, p["folder"], progress)
 
     return run

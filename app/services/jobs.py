@@ -31,6 +31,22 @@ log = logging.getLogger(__name__)
 _PROGRESS_INTERVAL_S = 0.5
 
 
+def record(
+    sessions: sessionmaker[Session], kind: str, params: dict[str, Any], result: dict[str, Any] | None, error: str = ""
+) -> int:
+    """A job done outside any runner (the CLI's local `sync`) recorded as finished, so its result
+    is listed with the server's jobs: -> its id."""
+    with sessions.begin() as s:
+        job = Job(
+            kind=kind, status="failed" if error else "done", params=params, result=result or {}, error=error or None
+        )
+        counted = ("added", "updated", "deleted", "unchanged", "duplicate", "failed")
+        job.done = job.total = sum(int((result or {}).get(k, 0)) for k in counted)
+        s.add(job)
+        s.flush()
+        return job.id
+
+
 class JobCancelled(Exception):
     """Raised inside a handler at a progress report once its runner is stopping."""
 

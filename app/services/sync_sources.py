@@ -6,8 +6,13 @@ repository and a web site.
   folder. A file's source is `<url>/<path in the repository>`.
 - **site**: crawled breadth-first from a start page, following links within the start page's
   folder on the same host (`https://docs.example.com/guide/` holds `.../guide/a.html`, not
-  `.../blog/`), at most `max_pages` pages of the types moerag ingests; a page's source is its
-  URL without query or fragment. A page that fails to fetch is reported, not fatal.
+  `.../blog/`), at most `max_pages` pages of the types moerag ingests, at most `max_depth` links
+  away from the start; or, when the start URL is a sitemap (`.xml`: a `<urlset>` or a
+  `<sitemapindex>` of them), exactly the pages it lists within its folder, links not followed.
+  The host's robots.txt is honoured for the `moerag-sync` agent (RFC 9309: a missing robots.txt
+  allows all, one that answers 5xx or cannot be fetched allows none; `Crawl-delay` is kept, up to
+  CRAWL_DELAY_MAX seconds). A page's source is its URL without query or fragment. A page that
+  fails to fetch is reported, not fatal; a page robots.txt forbids is counted, not fetched.
 
 A server fetches only URLs under `MOERAG_SYNC_URLS` (`allowed_url`): a sync is a request the
 server makes on the caller's behalf.
@@ -19,6 +24,8 @@ import hashlib
 import os
 import shutil
 import subprocess
+import time
+import xml.etree.ElementTree as ET
 from collections import deque
 from collections.abc import Callable
 from functools import partial
@@ -26,6 +33,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 from urllib.parse import urldefrag, urljoin, urlsplit
+from urllib.robotparser import RobotFileParser
 
 from sqlalchemy.orm import Session
 
@@ -39,6 +47,10 @@ GIT_SECONDS = 300  # a clone or fetch that takes longer fails the sync
 PAGE_SECONDS = 30  # one page's fetch
 PAGE_BYTES = 20 * 1024 * 1024  # a larger page is reported as failed
 MAX_PAGES = 200  # the default crawl bound
+MAX_DEPTH = 5  # links followed from the start page, by default
+MAX_SITEMAPS = 50  # sitemaps read from one sitemap index
+CRAWL_DELAY_MAX = 5.0  # seconds: a longer robots.txt Crawl-delay is cut to this
+AGENT = "moerag-sync"
 _SCHEMES = ("http://", "https://", "file://", "ssh://", "git@")
 
 
@@ -133,15 +145,88 @@ def _wanted(url: str, scope: str) -> bool:
     return url.startswith(scope) and (path.endswith("/") or suffix in ("", ".htm", ".html") or suffix in SUFFIXES)
 
 
-def crawl(start: str, max_pages: int, get: Callable[[str], Any]) -> tuple[dict[str, Upload], list[dict[str, str]]]:
-    """Breadth-first from `start` within its folder: ({url: its upload}, [{source, error}]).
+def robots(start: str, get: Callable[[str], Any]) -> RobotFileParser:
+    """The start host's robots.txt, read as RFC 9309 says: 4xx allows all, 5xx or no answer none."""
+    parts = urlsplit(start)
+    where = f"{parts.scheme}://{parts.netloc}/robots.txt"
+    rules = RobotFileParser(where)
+    try:
+        r = get(where)
+    except Exception:  # unreachable: assume complete disallow
+        r = None
+    if r is None or r.status_code >= 500:
+        rules.parse(["User-agent: *", "Disallow: /"])
+    elif r.status_code >= 400:
+        rules.parse([])
+    else:
+        rules.parse(r.content.decode("utf-8", errors="replace").splitlines())
+    return rules
+    if r.status_code >= 500:
+        rules.disallow_all = True
+    elif r.status_code >= 400:
+        rules.allow_all = True
+    else:
+        rules.parse(r.content.decode("utf-8", errors="replace").splitlines())
+    return rules
+
+
+def _local(tag: str) -> str:
+    return tag.rsplit("}", 1)[-1]
+
+
+def sitemap_pages(url: str, get: Callable[[str], Any]) -> list[str]:
+    """The page URLs a sitemap lists (a sitemap index: those of its sitemaps, at most MAX_SITEMAPS);
+    a sitemap that cannot be read is SourceUnavailable."""
+    pages: list[str] = []
+    queue, read = deque([url]), 0
+    while queue and read < MAX_SITEMAPS:
+        current = queue.popleft()
+        read += 1
+        try:
+            r = get(current)
+            if r.status_code != 200:
+                raise SourceUnavailable(f"sitemap {current}: HTTP {r.status_code}")
+            root = ET.fromstring(r.content)
+        except ET.ParseError as exc:
+            raise SourceUnavailable(f"sitemap {current} is not XML: {exc}") from None
+        except SourceUnavailable:
+            raise
+        except Exception as exc:
+            raise SourceUnavailable(f"sitemap {current}: {type(exc).__name__}: {exc}") from None
+        locs = [el.text.strip() for el in root.iter() if _local(el.tag) == "loc" and el.text and el.text.strip()]
+        (queue.extend if _local(root.tag) == "sitemapindex" else pages.extend)(locs)
+    return pages
+
+
+def is_sitemap(url: str) -> bool:
+    return urlsplit(url).path.lower().endswith(".xml")
+
+
+def crawl(
+    start: str, max_pages: int, get: Callable[[str], Any], max_depth: int = MAX_DEPTH
+) -> tuple[dict[str, Upload], list[dict[str, str]], int]:
+    """Breadth-first from `start` within its folder, or the pages of the sitemap `start`:
+    ({url: its upload}, [{source, error}], pages robots.txt forbade).
     `get(url)` is an httpx-like GET (a response with status_code, headers, content, url)."""
     scope = _scope(start)
-    queue, seen = deque([_page_url(start)]), {_page_url(start)}
+    rules = robots(start, get)
+    delay = min(float(rules.crawl_delay(AGENT) or 0), CRAWL_DELAY_MAX)
+    listed = is_sitemap(start)
+    first = (
+        [u for u in map(_page_url, sitemap_pages(start, get)) if _wanted(u, scope)] if listed else [_page_url(start)]
+    )
+    queue, seen = deque((u, 0) for u in dict.fromkeys(first)), set(first)
     pages: dict[str, Upload] = {}
     failures: list[dict[str, str]] = []
+    forbidden, fetched = 0, 0
     while queue and len(pages) < max_pages:
-        url = queue.popleft()
+        url, depth = queue.popleft()
+        if not rules.can_fetch(AGENT, url):
+            forbidden += 1
+            continue
+        if delay and fetched:
+            time.sleep(delay)
+        fetched += 1
         try:
             r = get(url)
         except Exception as exc:  # any transport error: that page fails, the crawl goes on
@@ -156,15 +241,15 @@ def crawl(start: str, max_pages: int, get: Callable[[str], Any]) -> tuple[dict[s
         kind = r.headers.get("content-type", "").split(";")[0].strip() or None
         name = Path(urlsplit(url).path).name or "index.html"
         pages[url] = Upload(data=r.content, source=url, filename=name, content_type=kind)
-        if kind in ("text/html", "application/xhtml+xml"):
+        if not listed and depth < max_depth and kind in ("text/html", "application/xhtml+xml"):
             links = _Links()
             links.feed(r.content.decode(r.encoding or "utf-8", errors="replace"))
             for href in links.hrefs:
                 target = _page_url(urljoin(str(r.url), href))
                 if target not in seen and _wanted(target, scope):
                     seen.add(target)
-                    queue.append(target)
-    return pages, failures
+                    queue.append((target, depth + 1))
+    return pages, failures, forbidden
 
 
 def sync_site(
@@ -173,18 +258,21 @@ def sync_site(
     start: str,
     max_pages: int = MAX_PAGES,
     progress: Progress | None = None,
+    max_depth: int = MAX_DEPTH,
 ) -> dict[str, Any]:
-    """Mirror a site's pages under the start page's folder: -> {site, pages, added, ..., failures}."""
+    """Mirror a site's pages under the start page's folder: -> {site, pages, robots_forbidden,
+    added, ..., failures}."""
     import httpx
 
-    with httpx.Client(timeout=PAGE_SECONDS, follow_redirects=True, headers={"User-Agent": "moerag-sync"}) as http:
-        pages, unreachable = crawl(start, max_pages, http.get)
+    with httpx.Client(timeout=PAGE_SECONDS, follow_redirects=True, headers={"User-Agent": AGENT}) as http:
+        pages, unreachable, forbidden = crawl(start, max_pages, http.get, max_depth)
     if not pages:
-        raise SourceUnavailable(f"no page of {start} could be fetched: {unreachable[:3]}")
+        why = f"robots.txt forbids {forbidden} page(s) to {AGENT}" if forbidden else f"{unreachable[:3]}"
+        raise SourceUnavailable(f"no page of {start} could be fetched: {why}")
     # A page that did not answer this time is kept, not deleted: only pages the crawl reached count.
     readers = {url: partial(_given, upload) for url, upload in pages.items()}
     kept = {f["source"] for f in unreachable}
     result = mirror(ingestor, sessions, _scope(start), readers, progress, keep=kept)
     result["failed"] += len(unreachable)
     result["failures"] = (unreachable + result["failures"])[:100]
-    return {"site": start, "pages": len(pages), **result}
+    return {"site": start, "pages": len(pages), "robots_forbidden": forbidden, **result}
