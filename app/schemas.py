@@ -309,6 +309,9 @@ class AskOut(BaseModel):
     standalone_question: str | None = Field(
         None, description="With a conversation_id: the question as it was routed (a follow-up made standalone)."
     )
+    standalone_by: Literal["llm", "rule"] | None = Field(
+        None, description="What rewrote the question (the configured model or the rule); null: routed as asked."
+    )
 
 
 class TurnOut(BaseModel):

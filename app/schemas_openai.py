@@ -56,6 +56,9 @@ class Moerag(BaseModel):
     timings_ms: dict[str, float] | None = None
     conversation_id: str | None = None
     standalone_question: str | None = Field(None, description="The question as it was routed.")
+    standalone_by: Literal["llm", "rule"] | None = Field(
+        None, description="What rewrote the question (the configured model or the rule); null: routed as asked."
+    )
 
 
 class ModelOut(BaseModel):

@@ -227,6 +227,11 @@ class Settings(BaseSettings):
         "the sample): extractive, openai or openai:MODEL (with MOERAG_OPENAI_BASE_URL).",
     )
     openai_api_key: SecretStr | None = None
+    followup_rewrite: Literal["auto", "rule"] = Field(
+        "auto",
+        description="How a conversation's follow-up is made standalone: auto = by the configured model "
+        "(MOERAG_OPENAI_BASE_URL, MOERAG_OPENAI_MODEL) when there is one, checked, else the rule; rule = the rule.",
+    )
     kernel_backend: Literal["auto", "torch", "triton"] = Field(
         "auto", description="Gate and scoped-search kernels: Triton on CUDA, torch twins otherwise."
     )

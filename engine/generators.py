@@ -175,6 +175,19 @@ class OpenAIGenerator:
                 if delta:
                     yield delta
 
+    def complete(self, messages: list[dict[str, str]], max_tokens: int = 96, timeout: float = 15.0) -> str:
+        """One short reply, not streamed (a follow-up's rewrite): the message's text."""
+        body = {"model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0}
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        url = f"{self.base_url}/chat/completions"
+        r = httpx.post(url, json=body, headers=headers, timeout=timeout)
+        if r.status_code != 200:
+            raise GeneratorError(f"{url} answered {r.status_code}: {r.text[:300]}")
+        try:
+            return str(r.json()["choices"][0]["message"]["content"] or "")
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise GeneratorError(f"malformed completion from {url}: {r.text[:200]}") from exc
+
 
 class GeneratorError(RuntimeError):
     pass

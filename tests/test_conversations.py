@@ -13,7 +13,7 @@ from app.main import create_app
 from app.runtime import Runtime
 from app.settings import Settings
 from engine.embedder import Embedder
-from engine.followup import is_follow_up, standalone, standalone_chain
+from engine.followup import accepted, is_follow_up, make_standalone, rewrite_messages, standalone, standalone_chain
 from tests.conftest import AUTH, TOKEN
 from tests.helpers import TOPICS, topic_doc
 
@@ -30,6 +30,37 @@ def test_the_follow_up_rule() -> None:
     cut = standalone("and that?", "x" * 50, limit=20)
     assert cut == "x" * 10 + " and that?" and len(cut) == 20
     assert standalone_chain([FIRST, "and merges?", "why?"]) == f"{FIRST} and merges? why?"
+
+
+def test_a_model_rewrite_is_checked_and_the_rule_stands_in() -> None:
+    history = [(FIRST, "git rebase replays each commit.")]
+    said: list[list[dict[str, str]]] = []
+
+    def model(reply: str) -> Any:
+        def complete(messages: list[dict[str, str]]) -> str:
+            said.append(messages)
+            return reply
+
+        return complete
+
+    good = model("Rewritten question: How do I undo a git rebase that replayed commits?\nThe end.")
+    assert make_standalone("and how do I undo that?", history, 2000, good) == (
+        "How do I undo a git rebase that replayed commits?",
+        "llm",
+    )
+    assert "Q: " + FIRST in said[0][-1]["content"] and "A: git rebase replays" in said[0][-1]["content"]
+    # The previous question given back for a new one drops the question's own words: the rule decides.
+    own = "Which command installs a Debian package with its dependencies?"
+    assert make_standalone(own, history, 2000, model(FIRST)) == (own, None)
+    assert make_standalone("and merges?", history, 2000, model("")) == (f"{FIRST} and merges?", "rule")
+
+    def down(messages: list[dict[str, str]]) -> str:
+        raise OSError("connection refused")
+
+    assert make_standalone("why?", history, 2000, down) == (f"{FIRST} why?", "rule")
+    assert make_standalone(FIRST, [], 2000, down) == (FIRST, None)  # a first turn: no model asked
+    assert accepted("x" * 30, "x" * 30, limit=20) is None  # over the question limit
+    assert rewrite_messages("q", [(str(i), None) for i in range(9)])[-1]["content"].count("Q: ") == 3
 
 
 def _ask(client: TestClient, **body: Any) -> dict[str, Any]:

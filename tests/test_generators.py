@@ -263,3 +263,31 @@ def test_sample_corpus_answers_are_readable_and_cite_only_what_they_use(tmp_path
             assert cited <= {c["n"] for c in body["citations"]}, (q, answer)
             assert {c["n"] for c in body["citations"] if c["used"]} == cited, q
             assert all(not c["title"].startswith("Python: Python:") for c in body["citations"])
+
+
+def test_a_follow_up_is_rewritten_by_the_configured_model(llama_server: str, client: object) -> None:
+    """With a model configured, a conversation's follow-up is rewritten by it (checked: it keeps
+    the question's own words); /ask and the OpenAI route say so; a standalone question on a new
+    topic is never replaced by the previous one."""
+    from fastapi.testclient import TestClient
+
+    from tests.conftest import AUTH
+
+    assert isinstance(client, TestClient)
+    rt = client.app.state.runtime  # type: ignore[attr-defined]
+    rt.settings.openai_base_url, rt.settings.openai_model = llama_server, "smollm2"
+    client.post("/documents", json={"text": PASSAGES[0].text, "title": "Git"}, headers=AUTH)
+    first = {"question": "How do I undo the last git commit?", "conversation_id": "llm", "generate": False}
+    assert client.post("/ask", json=first).json()["standalone_by"] is None
+    second = client.post("/ask", json={**first, "question": "and how do I undo that?"}).json()
+    assert second["standalone_by"] == "llm" and "undo" in second["standalone_question"].lower(), second
+    assert "git" in second["standalone_question"].lower(), second
+    switch = client.post("/ask", json={**first, "question": "How do I enable WAL mode in SQLite?"}).json()
+    assert "sqlite" in switch["standalone_question"].lower() and "git" not in switch["standalone_question"].lower()
+    messages = [{"role": "user", "content": first["question"]}, {"role": "assistant", "content": "git reset."}]
+    body = {"model": "moerag", "messages": [*messages, {"role": "user", "content": "and how do I undo that?"}]}
+    chat = client.post("/v1/chat/completions", json=body).json()["moerag"]
+    assert chat["standalone_by"] == "llm" and "git" in chat["standalone_question"].lower(), chat
+    rt.settings.followup_rewrite = "rule"  # the rule alone
+    ruled = client.post("/ask", json={**first, "question": "and how do I undo that?"}).json()
+    assert ruled["standalone_by"] == "rule" and ruled["standalone_question"].startswith(switch["standalone_question"])

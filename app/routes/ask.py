@@ -89,7 +89,11 @@ def _events(asked: Asked, body: AskIn, log: LogOnce) -> Iterator[str]:
         "citations": [c.model_dump() for c in citations(prepared)],
     }
     if asked.turn is not None:
-        route |= {"conversation_id": body.conversation_id, "standalone_question": asked.standalone}
+        route |= {
+            "conversation_id": body.conversation_id,
+            "standalone_question": asked.standalone,
+            "standalone_by": asked.standalone_by,
+        }
     yield event("route", route)
     if body.generate:
         try:

@@ -13,7 +13,6 @@ from app.deps import ReaderDep, RuntimeDep
 from app.routes.flow import answer_slots, check_rate, threaded_stream
 from app.schemas_openai import ChatCompletionOut, ChatIn, ModelList
 from app.services import chat
-from app.services.answering import prepare
 
 router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[ReaderDep])
 # One server-sent event: data is a chat.completion.chunk as JSON, the last one `[DONE]`.
@@ -34,9 +33,8 @@ async def chat_completions(body: ChatIn, request: Request, rt: RuntimeDep) -> Re
     rt.asking += 1  # on the event loop: no other thread writes it
     try:
         if body.stream:
-            ask = chat.ask_body(rt, body)
-            asked = await anyio.to_thread.run_sync(prepare, rt, ask, limiter=slots)
-            stream = threaded_stream(rt, asked, lambda log: chat.stream_chunks(asked, ask, body.model, log))
+            asked = await anyio.to_thread.run_sync(chat.prepare_chat, rt, body, limiter=slots)
+            stream = threaded_stream(rt, asked.asked, lambda log: chat.stream_chunks(asked, body.model, log))
             return StreamingResponse(stream, media_type="text/event-stream")
         return Response(
             await anyio.to_thread.run_sync(chat.completion_json, rt, body, limiter=slots),

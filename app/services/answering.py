@@ -49,6 +49,11 @@ class Asked:
         """The question as routed, when a conversation made it standalone (else None)."""
         return self.turn.standalone if self.turn is not None else None
 
+    @property
+    def standalone_by(self) -> str | None:
+        """What made it standalone: "llm", "rule", or None (as asked)."""
+        return self.turn.standalone_by if self.turn is not None else None
+
 
 def prepare(rt: Runtime, body: AskIn) -> Asked:
     """Check the question (made standalone in its conversation), then route and retrieve (or
@@ -61,7 +66,8 @@ def prepare(rt: Runtime, body: AskIn) -> Asked:
     turn = None
     if body.conversation_id is not None:
         limit = rt.settings.max_question_chars
-        turn = conversations.begin(rt.sessions, body.conversation_id, body.query, limit)
+        complete = rt.generators.rewriter()
+        turn = conversations.begin(rt.sessions, body.conversation_id, body.query, limit, complete)
     query = turn.standalone if turn is not None else body.query
     try:
         request = AskRequest(query, body.k, body.mode, body.expert)
@@ -104,5 +110,6 @@ def answer_json(rt: Runtime, body: AskIn) -> bytes:
         query_id=query_id,
         conversation_id=body.conversation_id,
         standalone_question=asked.standalone,
+        standalone_by=asked.standalone_by,
     )
     return out.model_dump_json().encode()

@@ -11,6 +11,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from app.errors import ApiError
@@ -18,7 +19,7 @@ from app.schemas import AskIn, CitationOut
 from app.schemas_openai import AssistantMessage, ChatCompletionOut, ChatIn, Choice, ModelList, ModelOut, Moerag
 from app.services.answering import Asked, citations, finish, prepare
 from app.services.ask import route_json
-from engine.followup import standalone_chain
+from engine.followup import make_standalone, standalone_chain
 from engine.generators import GeneratorError
 
 if TYPE_CHECKING:
@@ -42,11 +43,34 @@ def models(rt: Runtime) -> ModelList:
     return ModelList(data=[ModelOut(id=name, created=_LISTED_SINCE) for name in names])
 
 
-def ask_body(rt: Runtime, body: ChatIn) -> AskIn:
-    """The /ask request a chat request stands for: its model's mode and expert, and its question.
+@dataclass(frozen=True)
+class ChatAsked:
+    """A chat request routed and retrieved: the /ask request it stands for, and what made its
+    question standalone ("llm", "rule", or None)."""
+
+    ask: AskIn
+    asked: Asked
+    standalone_by: str | None
+
+    @property
+    def standalone(self) -> str:
+        return self.asked.standalone or self.ask.query
+
+
+def prepare_chat(rt: Runtime, body: ChatIn) -> ChatAsked:
+    """`ask_body`, then `prepare` (both may wait on a model: run off the event loop)."""
+    ask, by = ask_body(rt, body)
+    asked = prepare(rt, ask)
+    return ChatAsked(ask, asked, asked.standalone_by if ask.conversation_id is not None else by)
+
+
+def ask_body(rt: Runtime, body: ChatIn) -> tuple[AskIn, str | None]:
+    """The /ask request a chat request stands for (its model's mode and expert, and its question),
+    and what made the question standalone.
 
     The question: with a `conversation_id`, the last user message (made standalone from the stored
-    turns); without one, the user messages of `messages` made standalone in turn (engine.followup)."""
+    turns); without one, the last user message made standalone from the messages before it
+    (engine.followup: by the configured model, else the rule applied to each user message in turn)."""
     by_model: dict[str, int | None] = {MODEL: None}
     by_model |= {EXPERT_MODEL + p.name: i for i, p in rt.state().experts.items()}  # names are unique
     if body.model not in by_model:
@@ -55,8 +79,22 @@ def ask_body(rt: Runtime, body: ChatIn) -> AskIn:
     mode = "auto" if expert is None else "expert"
     questions = _questions(body)
     if body.conversation_id is not None:
-        return AskIn(query=questions[-1], mode=mode, expert=expert, conversation_id=body.conversation_id)
-    return AskIn(query=standalone_chain(questions, rt.settings.max_question_chars), mode=mode, expert=expert)
+        return AskIn(query=questions[-1], mode=mode, expert=expert, conversation_id=body.conversation_id), None
+    limit = rt.settings.max_question_chars
+    previous = standalone_chain(questions[:-1], limit) or None
+    query, by = make_standalone(questions[-1], _history(body, questions), limit, rt.generators.rewriter(), previous)
+    return AskIn(query=query, mode=mode, expert=expert), by
+
+
+def _history(body: ChatIn, questions: list[str]) -> list[tuple[str, str | None]]:
+    """(user message, the assistant's reply to it or None) for every user message but the last."""
+    replies: list[str | None] = []
+    for m in body.messages:
+        if m.role == "user":
+            replies.append(None)
+        elif m.role == "assistant" and replies and isinstance(m.content, str):
+            replies[-1] = m.content
+    return list(zip(questions[:-1], replies[:-1], strict=True))
 
 
 def _questions(body: ChatIn) -> list[str]:
@@ -86,8 +124,8 @@ def sources(cited: list[CitationOut]) -> str:
 
 def completion_json(rt: Runtime, body: ChatIn) -> bytes:
     """One non-streamed completion, serialised (the route returns the bytes as they are)."""
-    ask = ask_body(rt, body)
-    asked = prepare(rt, ask)
+    chat = prepare_chat(rt, body)
+    asked = chat.asked
     prepared = asked.prepared
     try:
         answer = "".join(prepared.answer_stream())
@@ -106,13 +144,14 @@ def completion_json(rt: Runtime, body: ChatIn) -> bytes:
             query_id=query_id,
             timings_ms={k: round(v, 3) for k, v in prepared.timings_ms.items()},
             conversation_id=body.conversation_id,
-            standalone_question=asked.standalone or ask.query,
+            standalone_question=chat.standalone,
+            standalone_by=chat.standalone_by,
         ),
     )
     return out.model_dump_json().encode()
 
 
-def stream_chunks(asked: Asked, ask: AskIn, model: str, log: LogAnswer) -> Iterator[str]:
+def stream_chunks(chat: ChatAsked, model: str, log: LogAnswer) -> Iterator[str]:
     """OpenAI's stream: `data: <chat.completion.chunk>` lines, then `data: [DONE]`. The first chunk
     (role) carries route and citations; the text comes as deltas, then the sources; the last chunk
     (finish_reason "stop") carries query_id and timings. A generator failure is an `error` event."""
@@ -129,13 +168,14 @@ def stream_chunks(asked: Asked, ask: AskIn, model: str, log: LogAnswer) -> Itera
         }
         return f"data: {json.dumps(body)}\n\n"
 
-    prepared, text = asked.prepared, []
+    prepared, text = chat.asked.prepared, []
     cited = citations(prepared)
     route = {
         "route": route_json(prepared.route),
         "citations": [c.model_dump() for c in cited],
-        "conversation_id": ask.conversation_id,
-        "standalone_question": asked.standalone or ask.query,
+        "conversation_id": chat.ask.conversation_id,
+        "standalone_question": chat.standalone,
+        "standalone_by": chat.standalone_by,
     }
     yield chunk({"role": "assistant", "content": ""}, moerag=route)
     try:

@@ -12,29 +12,36 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.models import ConversationTurn
 from app.services.paging import page
 from engine.errors import NotFound
-from engine.followup import standalone
+from engine.followup import HISTORY_TURNS, Complete, make_standalone
 from engine.pipeline import Prepared
 
 
 @dataclass(frozen=True)
 class Turn:
-    """A turn being answered: its conversation, the question as asked and as it is routed."""
+    """A turn being answered: its conversation, the question as asked and as it is routed, and
+    what made it standalone ("llm", "rule", or None: as asked)."""
 
     conversation_id: str
     question: str
     standalone: str
+    standalone_by: str | None = None
 
 
-def begin(sessions: sessionmaker[Session], conversation_id: str, question: str, limit: int) -> Turn:
-    """The next turn of `conversation_id` (a new id starts a conversation): `question` made standalone."""
+def begin(
+    sessions: sessionmaker[Session], conversation_id: str, question: str, limit: int, complete: Complete | None = None
+) -> Turn:
+    """The next turn of `conversation_id` (a new id starts a conversation): `question` made
+    standalone from the earlier turns (by the model `complete` when given, else by the rule)."""
     with sessions() as s:
-        previous = s.scalar(
-            select(ConversationTurn.standalone)
+        rows = s.execute(
+            select(ConversationTurn.standalone, ConversationTurn.answer)
             .where(ConversationTurn.conversation_id == conversation_id)
             .order_by(ConversationTurn.id.desc())
-            .limit(1)
-        )
-    return Turn(conversation_id, question, standalone(question, previous, limit))
+            .limit(HISTORY_TURNS)
+        ).all()
+    history = [(asked, answer) for asked, answer in reversed(rows)]
+    text, by = make_standalone(question, history, limit, complete)
+    return Turn(conversation_id, question, text, by)
 
 
 def record(

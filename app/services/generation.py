@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+from functools import partial
 
 from app.settings import Settings
 from engine.errors import InvalidSetting, NotConfigured
+from engine.followup import REWRITE_SECONDS, REWRITE_TOKENS, Complete
 from engine.generators import GENERATOR_NAME, ExtractiveGenerator, Generator, GeneratorError, OpenAIGenerator
 
 
@@ -29,6 +31,16 @@ class Generators:
             key = s.openai_api_key.get_secret_value() if s.openai_api_key else ""
             return OpenAIGenerator(s.openai_base_url, model, key)
         raise GeneratorError(f"unknown generator {name!r}; use extractive, openai or openai:MODEL")
+
+    def rewriter(self) -> Complete | None:
+        """What makes a follow-up standalone besides the rule (engine.followup): the configured
+        model when there is one and MOERAG_FOLLOWUP_REWRITE is `auto`; None: the rule alone."""
+        s = self.settings
+        if s.followup_rewrite != "auto" or not s.openai_base_url:
+            return None
+        key = s.openai_api_key.get_secret_value() if s.openai_api_key else ""
+        model = OpenAIGenerator(s.openai_base_url, s.openai_model, key)
+        return partial(model.complete, max_tokens=REWRITE_TOKENS, timeout=REWRITE_SECONDS)
 
     def check(self, name: str) -> None:
         """A generator name an expert may be given: it resolves here, or InvalidSetting (422);
