@@ -49,8 +49,11 @@ run-llm: setup setup-llm
 	  print(next(pathlib.Path(next(iter(s.submodule_search_locations))).glob("*.gguf")))') && \
 	$(BIN)/python -m llama_cpp.server --model "$$gguf" --host 127.0.0.1 --port $(LLM_PORT) --n_ctx 2048 \
 	  --model_alias smollm2 > llama-server.log 2>&1 & llm=$$!; trap "kill $$llm" EXIT INT TERM; \
+	# The 135M model's follow-up rewrites are no better than the rule and cost ~340 ms a turn
+	# (benchmarks/results/followups.json): the rule makes follow-ups standalone here.
 	HF_HUB_OFFLINE=1 MOERAG_OPENAI_BASE_URL=http://127.0.0.1:$(LLM_PORT)/v1 MOERAG_OPENAI_MODEL=smollm2 \
-	  MOERAG_DEFAULT_GENERATOR=openai $(BIN)/moerag serve --sample --host $(HOST) --port $(PORT)
+	  MOERAG_DEFAULT_GENERATOR=openai MOERAG_FOLLOWUP_REWRITE=rule \
+	  $(BIN)/moerag serve --sample --host $(HOST) --port $(PORT)
 
 lint: setup
 	$(BIN)/ruff format --check .

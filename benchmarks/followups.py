@@ -148,7 +148,7 @@ def main() -> None:
             "store_chunks": rt.stats()["chunks"],
             "experts": {str(e): d for e, d in sorted(domains.items())},
             "conversations": len(convs),
-            "llm": {"url": args.llm, "model": args.model} if args.llm else None,
+            "model_server": {"url": args.llm, "model": args.model} if args.llm else None,
         }
         for way in ways:
             t = time.perf_counter()

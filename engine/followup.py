@@ -2,7 +2,8 @@
 
 With a language model configured (MOERAG_OPENAI_BASE_URL, MOERAG_FOLLOWUP_REWRITE=auto), the
 model rewrites each turn that has earlier turns (`make_standalone`); a rewrite that drops the
-question's own words is not trusted, and then, or when the model fails, the rule decides.
+question's own words, invents words, or leaves a follow-up's reference unresolved is not
+trusted (`accepted`), and then, or when the model fails, the rule decides.
 
 The rule, without a language model: a question that opens with a connective ("and", "but",
 "also", "so", "then", "what about", "how about", "what if", "why not"), refers back ("it",
@@ -88,16 +89,21 @@ def rewrite_messages(question: str, history: Sequence[tuple[str, str | None]]) -
     ]  # fmt: skip
 
 
-def accepted(reply: str, question: str, limit: int) -> str | None:
-    """The model's rewrite, or None when it cannot stand for `question`: empty, longer than
-    `limit`, or without half of the question's own content words (a model that answers, or that
-    repeats the previous question in place of a new one, is not trusted)."""
+def accepted(reply: str, question: str, limit: int, history: str = "") -> str | None:
+    """The model's rewrite, or None when it cannot stand for `question`: empty; longer than
+    `limit`; without half of the question's own content words (an answer, or the previous question
+    given back); with words mostly from neither the question nor `history` (the earlier turns'
+    text: invented); or, for a question the rule reads as a follow-up, without a word of `history`
+    (the reference left unresolved: "why?" given back as "Why?")."""
     line = next((ln.strip() for ln in reply.splitlines() if ln.strip()), "")
     line = _LABEL.sub("", line).strip().strip('"“”').strip()
     if not line or len(line) > limit:
         return None
-    asked = set(tokenize(question))
-    if len(asked & set(tokenize(line))) * 2 < len(asked):
+    asked, said, earlier = set(tokenize(question)), set(tokenize(line)), set(tokenize(history))
+    added = said - asked
+    if len(asked & said) * 2 < len(asked) or len(added & earlier) * 2 < len(added):
+        return None
+    if is_follow_up(question) and not added & earlier:
         return None
     return line
 
@@ -118,7 +124,8 @@ def make_standalone(
         return question, None
     if complete is not None:
         try:
-            text = accepted(complete(rewrite_messages(question, history)), question, limit)
+            context = " ".join(f"{asked} {answer or ''}" for asked, answer in history[-HISTORY_TURNS:])
+            text = accepted(complete(rewrite_messages(question, history)), question, limit, context)
         except Exception as exc:  # the model's server down or slow: the rule still answers
             log.warning("follow-up rewrite failed, the rule is used: %s: %s", type(exc).__name__, exc)
             text = None

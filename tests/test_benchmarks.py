@@ -373,3 +373,19 @@ def test_the_capacity_projection_scales_the_measured_cost_by_the_vectors_scanned
     x = row["encodings"]["x"]
     assert x["memory_gib"] == round(50e6 * 100 / 2**30, 1) and x["exact_fallback_ms_one_core"] == 500.0
     assert x["cores_for_500_routed_q_per_s_with_check"] == round(500 * 40 * 50e6 / 7071 * 10 / 1e9, 1)
+
+
+def test_followup_conversations_pair_each_question_with_a_follow_up_and_a_switch() -> None:
+    from benchmarks.followups import FOLLOW_UPS, conversations
+
+    qs = [{"question": f"q{i}", "domain": d} for i, d in enumerate(["git", "git", "sqlite"])]
+    convs = conversations(qs)
+    assert [c["kind"] for c in convs] == ["follow-up", "switch"] * 3
+    follow = convs[0::2]
+    assert [c["second"] for c in follow] == list(FOLLOW_UPS[:3]) and [c["domain"] for c in follow] == ["git"] * 2 + [
+        "sqlite"
+    ]
+    switch = convs[1::2]
+    assert [(c["first"], c["second"], c["domain"]) for c in switch] == [
+        ("q0", "q2", "sqlite"), ("q1", "q2", "sqlite"), ("q2", "q0", "git")
+    ]  # fmt: skip

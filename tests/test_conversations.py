@@ -53,6 +53,9 @@ def test_a_model_rewrite_is_checked_and_the_rule_stands_in() -> None:
     own = "Which command installs a Debian package with its dependencies?"
     assert make_standalone(own, history, 2000, model(FIRST)) == (own, None)
     assert make_standalone("and merges?", history, 2000, model("")) == (f"{FIRST} and merges?", "rule")
+    assert make_standalone("why?", history, 2000, model("Why?")) == (f"{FIRST} why?", "rule")  # unresolved
+    invented = model("How do I undo a package installed with apt?")  # words from nowhere in the conversation
+    assert make_standalone("and how do I undo that?", history, 2000, invented)[1] == "rule"
 
     def down(messages: list[dict[str, str]]) -> str:
         raise OSError("connection refused")

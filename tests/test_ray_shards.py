@@ -5,7 +5,9 @@ single process does; a document just uploaded is found at once; killing one repl
 two-replica shard under load fails no question; a shard that does not answer in time leaves the
 answer partial, and one whose only replica is killed is replaced by Serve without a failed question;
 four concurrent writers' chunks are on their shards within a bound, each shard holding exactly SQL's
-chunks of its lists; the cluster stopped and started again gives the same answers."""
+chunks of its lists; a list moved to another shard under load loses nothing; a router roll-out under
+load never pairs a router with another version's catalogue; the cluster stopped and started again
+gives the same answers."""
 
 from __future__ import annotations
 
@@ -258,6 +260,48 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient) -> Non
         with rt.sessions() as s:
             assert sum(r["vectors"] for r in page) == s.scalar(select(func.count()).select_from(Chunk))
         assert page[1]["lists"] == len(lists[1]) + 1 and page[0]["lists"] == len(lists[0]) - 1
+
+        # A router roll-out under load: two router versions activated in turn while a client asks
+        # routed questions through the shards; every answer pairs its catalogue version with the
+        # router that version activated (never the old router with the new version's catalogue),
+        # and none fails or is partial.
+        from app.catalogue import read_version
+
+        first_router = rt.state().router.version_id
+        second_router = rt.routers.train(activate=False, force=True)["version"]
+        with rt.sessions() as s:
+            rollout = {read_version(s): first_router}  # catalogue version -> its active router
+        routes: list[tuple[int, dict[str, object]]] = []
+
+        def ask_routed() -> None:
+            for q in itertools.cycle(questions):
+                if stop.is_set():
+                    return
+                r = client.post("/ask", json={"query": q})
+                routes.append((r.status_code, r.json()["route"] if r.status_code == 200 else {}))
+
+        stop.clear()
+        asking = threading.Thread(target=ask_routed)
+        asking.start()
+        try:
+            for i in range(6):
+                while len(routes) < 3 * (i + 1):
+                    assert asking.is_alive()
+                    time.sleep(0.02)
+                active = second_router if i % 2 == 0 else first_router
+                rt.routers.activate(active)
+                with rt.sessions() as s:
+                    rollout[read_version(s)] = active
+        finally:
+            stop.set()
+            asking.join(30)
+        assert all(code == 200 and not route["partial"] for code, route in routes), routes
+        seen_routers = set()
+        for _, route in routes:
+            v = int(route["catalogue_version"])  # type: ignore[call-overload]
+            assert route["router_version"] == rollout[max(k for k in rollout if k <= v)], (route, rollout)
+            seen_routers.add(route["router_version"])
+        assert seen_routers == {first_router, second_router}, seen_routers
 
         # The cluster stopped and started again (replicas boot from SQL): the same answers, ids
         # and scores, routed and fallback.

@@ -79,7 +79,8 @@ export async function ask(state) {
     <br><span class="muted small">scanned ${rt.clusters_scanned} clusters, ${rt.vectors_scanned} vectors · router v${rt.router_version ?? "—"} · catalogue v${rt.catalogue_version ?? "—"}</span>`;
   $("pg-probs").innerHTML = routeProbabilities(rt.top);
   if (r.conversation_id) {
-    const routed = r.standalone_question === body.query ? "" : ` → <i>${esc(r.standalone_question)}</i>`;
+    const by = r.standalone_by ? ` <span class="muted small">(${r.standalone_by === "llm" ? "rewritten by the model" : "by the rule"})</span>` : "";
+    const routed = r.standalone_question === body.query ? "" : ` → <i>${esc(r.standalone_question)}</i>${by}`;
     $("pg-turns").insertAdjacentHTML("beforeend", `<li>${esc(body.query)}${routed}
       <span class="path-${rt.path}">${rt.path}${rt.expert ? " → " + esc(rt.expert.name) : ""}</span></li>`);
   }
