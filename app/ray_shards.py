@@ -2,7 +2,10 @@
 replica holding only the FAISS lists of its experts, following the index log for them.
 
 `ShardReplica` is the deployment's class and runs without Ray too (tests, one machine): it
-builds its part from SQL (the clustering's centroids, the chunks in its lists), answers
+boots from the newest index snapshot (`MOERAG_SNAPSHOT_URL`, or the data directory's index
+folder on one machine), keeping only its lists, and replays the index log after it; without a
+usable snapshot (none, older than the compacted log, unreadable, or a count that disagrees with
+SQL) it builds its part from SQL (the clustering's centroids, the chunks in its lists). It answers
 `search(q, k, lists)` and applies the index log after its position, only for its lists
 (`follow`; a new clustering is read again). `deploy` starts or joins a Ray cluster and runs one
 Serve application with a deployment a shard (`shard-<name>`, its replicas from the map);
@@ -18,18 +21,20 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
 from app.catalogue import read_version
 from app.db import make_engine, make_sessionmaker
 from app.index_log import apply_log, carries, read_log
-from app.models import IndexState
+from app.models import Chunk, IndexState
 from app.services.experts import profiles
+from app.services.snapshots import SnapshotStore
 from app.services.sql_index import index_from_sql
 from app.shard_map import ShardMap
 from engine.errors import NotConfigured
@@ -57,7 +62,15 @@ def require() -> Any:
 class ShardReplica:
     """One replica of one shard: the vectors of `lists` only, in an index with every centroid."""
 
-    def __init__(self, db_url: str, shard_map: ShardMap, shard: int, dim: int, poll_seconds: float = 0.5) -> None:
+    def __init__(
+        self,
+        db_url: str,
+        shard_map: ShardMap,
+        shard: int,
+        dim: int,
+        poll_seconds: float = 0.5,
+        snapshots: str | None = None,
+    ) -> None:
         self.engine = make_engine(db_url)
         self.sessions = make_sessionmaker(self.engine)
         self.shard_map, self.shard = shard_map, shard
@@ -65,7 +78,9 @@ class ShardReplica:
         self.dim = dim
         self._lock = threading.Lock()
         self._following = threading.Lock()
-        self.index, self.position, self.clustering = self._build()
+        self.booted = "sql"  # or "snapshot@<position>": what the replica started from
+        booted = self._from_snapshot(snapshots) if snapshots else None
+        self.index, self.position, self.clustering = booted or self._build()
         self._stop = threading.Event()
         if poll_seconds > 0:  # a replica follows the catalogue on its own
             threading.Thread(target=self._follow, args=(poll_seconds,), name="shard-follow", daemon=True).start()
@@ -82,6 +97,7 @@ class ShardReplica:
         self.engine.dispose()
 
     def _build(self) -> tuple[ClusteredIndex, int, str]:
+        self.booted = "sql"
         with self.sessions() as s:
             position = read_version(s)  # rows read below are this version's or later (replays are idempotent)
 
@@ -92,6 +108,33 @@ class ShardReplica:
             index = index_from_sql(s, self.dim, own)
         log.info("shard replica: %d vectors in %d lists at version %d", index.ntotal, len(self.lists), position)
         return index, position, index.version
+
+    def _from_snapshot(self, where: str) -> tuple[ClusteredIndex, int, str] | None:
+        """The newest snapshot at `where` (a folder or fsspec URL) cut to this shard's lists and
+        brought to now by the log; None when there is none to trust (then SQL builds it)."""
+        try:
+            with self.sessions() as s:
+                clustering, nlist = s.execute(select(IndexState.version, IndexState.nlist)).one()
+                found = SnapshotStore(Path(where), where).list(clustering)
+                if not found or not carries(s, clustering, found[-1][0]):
+                    return None
+                position, location = found[-1]
+                self.lists = self._own_lists(s, nlist)
+            whole = ClusteredIndex.from_bytes(SnapshotStore(Path(where), where).read(location), clustering)
+            self.index, self.position, self.clustering = whole.subset(self.lists, clustering), position, clustering
+            del whole
+            self.booted = f"snapshot@{position}"
+            self._follow_once()  # the log after the snapshot, for its lists (or SQL, if it cannot)
+            with self.sessions() as s:
+                rows = s.scalar(select(func.count(Chunk.id)).where(Chunk.cluster_id.in_(self.lists.tolist()))) or 0
+            if self.clustering != clustering or rows != self.index.ntotal:  # not what SQL holds: distrust it
+                log.warning("shard replica: the snapshot at %d disagrees with SQL; building from SQL", position)
+                return None
+        except Exception as exc:  # unreadable, corrupt, or gone meanwhile: SQL is the truth
+            log.warning("shard replica: cannot boot from a snapshot at %s (%s); building from SQL", where, exc)
+            return None
+        log.info("shard replica: %d vectors in %d lists from %s", self.index.ntotal, len(self.lists), self.booted)
+        return self.index, self.position, self.clustering
 
     def _own_lists(self, s: Session, nlist: int) -> npt.NDArray[np.int64]:
         return self.shard_map.lists_of_shards(profiles(s), nlist)[self.shard]
@@ -159,12 +202,18 @@ class ShardReplica:
         return now
 
     def stats(self) -> dict[str, Any]:
-        return {"vectors": self.index.ntotal, "lists": len(self.lists), "position": self.position}
+        return {
+            "vectors": self.index.ntotal,
+            "lists": len(self.lists),
+            "position": self.position,
+            "booted": self.booted,
+        }
 
 
-def deploy(shard_map: ShardMap, db_url: str, dim: int) -> list[Any]:
+def deploy(shard_map: ShardMap, db_url: str, dim: int, snapshots: str | None = None) -> list[Any]:
     """Run one Serve application with a deployment per shard (Ray started or joined by the caller,
-    `ray.init`); returns their handles, in map order."""
+    `ray.init`), its replicas booting from the snapshots at `snapshots` (a folder every replica's
+    machine reads, or an fsspec URL) when given; returns their handles, in map order."""
     serve = require()
     replica = _batched(serve)
     deployments = []
@@ -176,7 +225,7 @@ def deploy(shard_map: ShardMap, db_url: str, dim: int) -> list[Any]:
             ray_actor_options=_LIGHT,
             max_ongoing_requests=BATCH * 2,  # room for a batch in flight and the next one forming
         )
-        deployments.append(deployment.bind(db_url, shard_map, n, dim))
+        deployments.append(deployment.bind(db_url, shard_map, n, dim, snapshots=snapshots))
     serve.start(proxy_location="Disabled")  # handles only: no HTTP proxy to start (it timed out on busy cores)
     holder = serve.deployment(_Shards, name="shards", ray_actor_options=_LIGHT)
     serve.run(holder.bind(*deployments), name=APP, route_prefix=None)

@@ -303,14 +303,19 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient) -> Non
             seen_routers.add(route["router_version"])
         assert seen_routers == {first_router, second_router}, seen_routers
 
-        # The cluster stopped and started again (replicas boot from SQL): the same answers, ids
-        # and scores, routed and fallback.
+        # The cluster stopped and started again (replicas boot from the newest snapshot and the log
+        # after it): the same answers, ids and scores, routed and fallback.
         asked = [{"query": q, "mode": m} for q in questions for m in ("auto", "fallback")]
         before = [client.post("/ask", json=body).json() for body in asked]
+        rt.indexes.checkpoint()  # the replicas boot from the newest snapshot, cut to their lists
         serve.shutdown()
         ray.shutdown()
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-        deploy(shard_map, rt.settings.db_url, rt.embedder.dim)
+        handles = deploy(shard_map, rt.settings.db_url, rt.embedder.dim, str(rt.settings.index_dir))
+        rebooted = [h.stats.remote().result() for h in handles]
+        assert all(r["booted"].startswith("snapshot@") for r in rebooted), rebooted
+        with rt.sessions() as s:
+            assert sum(r["vectors"] for r in rebooted) == s.scalar(select(func.count()).select_from(Chunk))
         states.shards = RayShards(shard_map)
         states.changed(rt.catalogue.version, frozenset({"index"}))
         after = [client.post("/ask", json=body).json() for body in asked]

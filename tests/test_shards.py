@@ -209,6 +209,25 @@ def test_shard_replicas_built_from_sql_follow_the_index_log_for_their_lists(
         assert moving not in replicas[0].lists and moving in replicas[1].lists
         assert sum(r.index.ntotal for r in replicas) == rt.state().index.ntotal
         assert replicas[1].index.list_sizes()[moving] == rt.state().index.list_sizes()[moving]
+        # A replica boots from the newest snapshot (its lists cut from it, the log replayed after
+        # it) when there is one to trust, else from SQL; either way it holds what SQL holds.
+        rt.indexes.checkpoint()
+        where = str(rt.settings.index_dir)
+        late = rt.ingestor.ingest(Upload(topic_doc("debian", 950, 2).encode(), "after-the-snapshot.md"))
+        assert late.status == "created"
+        booted = [ShardReplica(rt.settings.db_url, shard_map, n, rt.embedder.dim, 0, where) for n in range(2)]
+        replicas += booted
+        assert all(r.booted.startswith("snapshot@") for r in booted), [r.booted for r in booted]
+        for fresh, old in zip(booted, replicas[:2], strict=True):
+            old.follow()
+            assert fresh.position == old.position == rt.catalogue.version
+            assert fresh.lists.tolist() == old.lists.tolist()
+            assert np.array_equal(fresh.index.list_sizes(), old.index.list_sizes())
+            assert np.array_equal(fresh.search(q, 10, fresh.lists)[1], old.search(q, 10, old.lists)[1])
+        for snapshot in rt.settings.index_dir.glob("ivf-*.faiss"):
+            snapshot.write_bytes(b"not an index")  # unreadable: SQL builds the replica
+        replicas.append(ShardReplica(rt.settings.db_url, shard_map, 1, rt.embedder.dim, 0, where))
+        assert replicas[-1].booted == "sql" and replicas[-1].index.ntotal == booted[1].index.ntotal
     finally:
         for r in replicas:
             r.close()

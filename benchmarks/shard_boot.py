@@ -1,0 +1,84 @@
+"""How long an expert shard's replica takes to boot: from the newest index snapshot (cut to its
+lists, the index log replayed after it) against a build from SQL (its lists' embeddings read and
+added), each shard of the `ray_scale.py` map, the two ways alternating by round.
+
+    python benchmarks/shard_boot.py --data-dir D [--shards 3 --rounds 3]
+    # results: benchmarks/results/shard-boot.json
+
+`ShardReplica` runs in this process (no Ray: the boot is what a Serve replica does before it
+answers). The store's serving process checkpoints once first, so a snapshot exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.ray_scale import spread
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data-dir", type=Path, required=True, help="a store (SQLite), e.g. a copy of the held-known one")
+    ap.add_argument("--shards", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--name", default="shard-boot")
+    args = ap.parse_args()
+
+    from app.ray_shards import ShardReplica
+    from app.runtime import Runtime
+    from app.settings import Settings
+
+    rt = Runtime(Settings(data_dir=args.data_dir))
+    rt.start(run_jobs=False)
+    try:
+        rt.indexes.checkpoint()
+        state = rt.state()
+        sizes = state.index.list_sizes()
+        shard_map = spread({p.name: int(sizes[list(p.clusters)].sum()) for p in state.experts.values()}, args.shards, 1)
+        db, dim, where = rt.settings.db_url, rt.embedder.dim, str(rt.settings.index_dir)
+        snapshot = next(iter(sorted(rt.settings.index_dir.glob("ivf-*.faiss"))), None)
+        seconds: dict[str, dict[str, list[float]]] = {s.name: {"snapshot": [], "sql": []} for s in shard_map.shards}
+        vectors: dict[str, int] = {}
+        for r in range(args.rounds):
+            for n, shard in enumerate(shard_map.shards):
+                for way in ("snapshot", "sql") if r % 2 == 0 else ("sql", "snapshot"):
+                    t = time.perf_counter()
+                    replica = ShardReplica(db, shard_map, n, dim, 0, where if way == "snapshot" else None)
+                    seconds[shard.name][way].append(time.perf_counter() - t)
+                    assert replica.booted.startswith("snapshot@") == (way == "snapshot"), replica.booted
+                    vectors[shard.name] = replica.index.ntotal
+                    replica.close()
+        result: dict[str, Any] = {
+            "command": "python benchmarks/shard_boot.py " + " ".join(sys.argv[1:]),
+            "store_vectors": state.index.ntotal,
+            "snapshot_bytes": snapshot.stat().st_size if snapshot else None,
+            "rounds": args.rounds,
+            "shards": {
+                shard.name: {
+                    "experts": list(shard.experts),
+                    "vectors": vectors[shard.name],
+                    "snapshot_s_median": round(statistics.median(seconds[shard.name]["snapshot"]), 3),
+                    "sql_s_median": round(statistics.median(seconds[shard.name]["sql"]), 3),
+                }
+                for shard in shard_map.shards
+            },
+        }
+    finally:
+        rt.close()
+    print(json.dumps(result, indent=2))
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
