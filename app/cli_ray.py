@@ -1,10 +1,12 @@
 """`moerag ray up|status|down`: expert shards on Ray Serve (app.ray_shards; the `ray` extra).
 
-`up` joins the Ray cluster at `--address`, or starts a local one (`ray start --head`, Ray's own
-command) when none is given, and deploys one Serve deployment per shard of the map. `moerag
-serve` with MOERAG_SHARD_MAP (and MOERAG_RAY_ADDRESS) then searches through them. `status`
-prints each shard: its replicas, the lists and vectors it holds and the catalogue version it has
-reached. `down` deletes the shards' application (and stops the local cluster `up` started).
+`up` joins the Ray cluster at `--address`, or the local one, or starts a local one (`ray start
+--head`, Ray's own command), and deploys one Serve deployment per shard of the map, as one Serve
+application per map version. `moerag serve` with MOERAG_SHARD_MAP (and MOERAG_RAY_ADDRESS) then
+searches through them; a changed map file, once `up` runs it, is what the servers switch to
+(app.shard_map_follow), and `up` deletes the other maps' shards `--retire-after` seconds later.
+`status` prints each shard: its replicas, the lists and vectors it holds and the catalogue
+version it has reached. `down` deletes every map's shards (and stops the local cluster).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +28,13 @@ def add_commands(sub: Any) -> None:
     up = actions.add_parser("up", help="start or join a Ray cluster and deploy the shards of a shard map")
     up.add_argument("--config", type=Path, required=True, help="the shard map (docs/shards.example.yaml)")
     up.add_argument("--address", help="a Ray cluster to join (auto, host:6379, ray://host:10001); default: a local one")
+    up.add_argument(
+        "--retire-after",
+        type=float,
+        default=30.0,
+        help="seconds before the shards of any other map are deleted (servers switch within 2 s of the new "
+        "map running; default 30)",
+    )
     up.set_defaults(func=cmd_up)
     status = actions.add_parser("status", help="shards, replicas, vectors and versions")
     status.add_argument("--config", type=Path, required=True, help="the shard map deployed")
@@ -53,15 +63,29 @@ def cmd_up(args: argparse.Namespace) -> None:
         dim = ray_shards.store_dim(engine)
     finally:
         engine.dispose()
-    if args.address is None:
-        _ray_command("start", "--head", "--disable-usage-stats", "--include-dashboard=false")
     import ray
 
-    ray.init(address=args.address or "auto", log_to_driver=False)
+    if args.address is None:
+        try:  # a local cluster `up` started before (a changed map deployed beside the running one)
+            ray.init(address="auto", log_to_driver=False)
+        except ConnectionError:
+            _ray_command("start", "--head", "--disable-usage-stats", "--include-dashboard=false")
+    if not ray.is_initialized():
+        ray.init(address=args.address or "auto", log_to_driver=False)
     # Replicas boot from the snapshots (MOERAG_SNAPSHOT_URL; on one machine the data dir's index folder).
     snapshots = settings.snapshot_url or str(settings.index_dir)
     handles = ray_shards.deploy(shards, settings.db_url, dim, snapshots)
     print(json.dumps({"shard_map": shards.version, "shards": ray_shards.shard_stats(shards, handles)}, indent=2))
+    from ray import serve
+
+    if any(
+        name != ray_shards.app_name(shards) for name in serve.status().applications if name.startswith(ray_shards.APP)
+    ):
+        print(
+            f"other shard maps are retired in {args.retire_after:g} s (servers switch to {shards.version})", flush=True
+        )
+        time.sleep(args.retire_after)
+        print(json.dumps({"retired": ray_shards.retire(keep=shards)}))
 
 
 def cmd_status(args: argparse.Namespace) -> None:
@@ -78,8 +102,9 @@ def cmd_down(args: argparse.Namespace) -> None:
     import ray
 
     ray.init(address=args.address or "auto", log_to_driver=False)
-    serve.delete(ray_shards.APP)
+    serve.start(proxy_location="Disabled")
+    deleted = ray_shards.retire()
     ray.shutdown()
     if args.address is None:
         _ray_command("stop")
-    print(json.dumps({"deleted": ray_shards.APP}))
+    print(json.dumps({"deleted": deleted}))

@@ -43,7 +43,7 @@ from index import ClusteredIndex
 from index.shards import ShardedIndex, ShardSearch
 
 log = logging.getLogger(__name__)
-APP = "moerag-shards"  # the Serve application holding every shard deployment
+APP = "moerag-shards"  # + "-<map version>": the Serve application holding a map's shard deployments
 # A replica scans its lists for milliseconds a question: a tenth of a CPU each lets Ray place a
 # shard map's replicas on a small machine; memory, not CPU, is what a shard needs.
 _LIGHT = {"num_cpus": 0.1}
@@ -228,8 +228,29 @@ def deploy(shard_map: ShardMap, db_url: str, dim: int, snapshots: str | None = N
         deployments.append(deployment.bind(db_url, shard_map, n, dim, snapshots=snapshots))
     serve.start(proxy_location="Disabled")  # handles only: no HTTP proxy to start (it timed out on busy cores)
     holder = serve.deployment(_Shards, name="shards", ray_actor_options=_LIGHT)
-    serve.run(holder.bind(*deployments), name=APP, route_prefix=None)
-    return [serve.get_deployment_handle(f"shard-{s.name}", app_name=APP) for s in shard_map.shards]
+    serve.run(holder.bind(*deployments), name=app_name(shard_map), route_prefix=None)
+    return [serve.get_deployment_handle(f"shard-{s.name}", app_name=app_name(shard_map)) for s in shard_map.shards]
+
+
+def app_name(shard_map: ShardMap) -> str:
+    """One Serve application per map version: a changed map runs beside the one serving."""
+    return f"{APP}-{shard_map.version}"
+
+
+def deployed(shard_map: ShardMap) -> bool:
+    """Whether the map's application runs (every deployment has its replicas up)."""
+    app = require().status().applications.get(app_name(shard_map))
+    return app is not None and getattr(app.status, "value", app.status) == "RUNNING"
+
+
+def retire(keep: ShardMap | None = None) -> list[str]:
+    """Delete the shard applications of every map but `keep` (None: all of them); their names."""
+    serve = require()
+    gone = [name for name in serve.status().applications if name.startswith(APP + "-")]
+    gone = [name for name in gone if keep is None or name != app_name(keep)]
+    for name in gone:
+        serve.delete(name)
+    return gone
 
 
 def _batched(serve: Any) -> type[ShardReplica]:
@@ -272,7 +293,8 @@ class RayShards:
         if not ray.is_initialized():
             ray.init(address=address, log_to_driver=False)
         self.shard_map, self.timeout_seconds = shard_map, timeout_seconds
-        self.handles = [serve.get_deployment_handle(f"shard-{s.name}", app_name=APP) for s in shard_map.shards]
+        app = app_name(shard_map)
+        self.handles = [serve.get_deployment_handle(f"shard-{s.name}", app_name=app) for s in shard_map.shards]
         self.sent = [0] * len(shard_map.shards)  # searches this process sent each shard (the console's load)
 
     def index_over(

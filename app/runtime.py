@@ -241,10 +241,14 @@ class Runtime:
             )
             if s.shard_map is not None:  # searches go to the expert shards on Ray Serve (`moerag ray up`)
                 from app import ray_shards, shard_map
+                from app.shard_map_follow import ShardMapFollower
 
-                states.shards = ray_shards.RayShards(
-                    shard_map.load(s.shard_map), s.ray_address, s.shard_timeout_seconds
+                tier = ray_shards.RayShards(shard_map.load(s.shard_map), s.ray_address, s.shard_timeout_seconds)
+                states.shards = tier
+                follow = ShardMapFollower(
+                    s.shard_map, states, tier.shard_map.version, s.ray_address, tier.timeout_seconds
                 )
+                threading.Thread(target=follow.run, args=(self._stop,), name="shard-map", daemon=True).start()
             routers = RouterManager(
                 s,
                 self.sessions,

@@ -15,6 +15,8 @@ wrong) and against the store's experts when applied (`lists_of_shards`).
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,13 +91,13 @@ def parse(data: Any, version: str = "") -> ShardMap:
     defaults = [s.name for s in shards if s.default]
     if len(defaults) != 1:
         raise InvalidSetting(f"exactly one shard has 'default: true' (it holds unowned lists); found {defaults}")
+    if not version:  # a map not read from a file: named by its content
+        version = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
     return ShardMap(tuple(shards), version)
 
 
 def load(path: Path) -> ShardMap:
     """Read and check a shard map file."""
-    import hashlib
-
     import yaml
 
     try:

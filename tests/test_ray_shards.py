@@ -6,8 +6,9 @@ two-replica shard under load fails no question; a shard that does not answer in 
 answer partial, and one whose only replica is killed is replaced by Serve without a failed question;
 four concurrent writers' chunks are on their shards within a bound, each shard holding exactly SQL's
 chunks of its lists; a list moved to another shard under load loses nothing; a router roll-out under
-load never pairs a router with another version's catalogue; the cluster stopped and started again
-gives the same answers."""
+load never pairs a router with another version's catalogue; a shard map changed while serving
+switches only once its shards run, losing nothing; the cluster stopped and started again gives the
+same answers."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -61,7 +63,7 @@ def truth(settings: Settings, embedder: Embedder, routed_store: RoutedStore) -> 
         yield c
 
 
-def test_three_shard_deployments_answer_as_one_process(truth: TestClient) -> None:
+def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_path: Path) -> None:
     client = truth
     from ray import serve
 
@@ -302,6 +304,55 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient) -> Non
             assert route["router_version"] == rollout[max(k for k in rollout if k <= v)], (route, rollout)
             seen_routers.add(route["router_version"])
         assert seen_routers == {first_router, second_router}, seen_routers
+
+        # The shard map changed while serving (the sqlite expert joins the rest shard): the new
+        # map's application is deployed beside the old one; the follower switches only once it
+        # runs; a client asking meanwhile sees no failure and no partial answer; the answers are
+        # the same on the new map, and still after the old map's shards are retired.
+        import yaml
+
+        from app.ray_shards import deployed, retire
+        from app.shard_map import load as load_map
+        from app.shard_map_follow import ShardMapFollower
+
+        map_file = tmp_path / "shards.yaml"
+        merged = {"shards": [{"name": "git", "experts": ["git"], "replicas": 2},
+                             {"name": "rest", "experts": ["sqlite", "debian"], "default": True}]}  # fmt: skip
+        map_file.write_text(yaml.safe_dump(merged))
+        follower = ShardMapFollower(map_file, states, shard_map.version, timeout_seconds=5)
+        new_map = load_map(map_file)
+        assert not deployed(new_map) and not follower.check()  # not running yet: the old map serves
+        assert rt.state().shard_map == shard_map.version
+        before_map = [client.post("/ask", json=body).json() for body in asked_fallback]
+        answers.clear()
+        stop.clear()
+        asking = threading.Thread(target=load)
+        asking.start()
+        try:
+            deploy(new_map, rt.settings.db_url, rt.embedder.dim, str(rt.settings.index_dir))
+            assert follower.check() and rt.state().shard_map == new_map.version
+            switched = len(answers)
+            while len(answers) < switched + 10:
+                assert asking.is_alive()
+                time.sleep(0.05)
+            assert retire(keep=new_map) == [f"moerag-shards-{shard_map.version}"]
+            retired = len(answers)
+            while len(answers) < retired + 10:
+                assert asking.is_alive()
+                time.sleep(0.05)
+        finally:
+            stop.set()
+            asking.join(30)
+        assert all(code == 200 for code, _ in answers) and not any(partial for _, partial in answers), answers
+        on_new_map = [client.post("/ask", json=body).json() for body in asked_fallback]
+        for b, a in zip(before_map, on_new_map, strict=True):
+            assert a["route"]["shard_map"] == new_map.version
+            assert [(c["chunk_id"], c["score"]) for c in a["citations"]] == [
+                (c["chunk_id"], c["score"]) for c in b["citations"]
+            ]
+        with rt.sessions() as s:
+            rows = s.scalar(select(func.count()).select_from(Chunk))
+        assert sum(r["vectors"] for r in RayShards(new_map).stats()) == rows
 
         # The cluster stopped and started again (replicas boot from the newest snapshot and the log
         # after it): the same answers, ids and scores, routed and fallback.

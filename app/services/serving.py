@@ -106,6 +106,13 @@ class ServingStates:
             took = (time.perf_counter() - t0) * 1000
             self.build_ms = {"last": round(took, 3), "max": round(max(took, self.build_ms["max"]), 3)}
 
+    def reshard(self, shards: ShardTier) -> ServingState:
+        """The current catalogue version again, over `shards` (a changed shard map)."""
+        with self._lock:
+            self.shards = shards
+            old = self.current()
+            return self._publish(old.version, old.experts, old.router, old.lexical, old.lexical_version, old.matrix)
+
     def lexical_built(self, lexical: LexicalIndex, version: int) -> None:
         """A BM25 rebuild (built at catalogue `version`): the same state with it."""
         with self._lock:
