@@ -78,14 +78,14 @@ def cmd_up(args: argparse.Namespace) -> None:
     print(json.dumps({"shard_map": shards.version, "shards": ray_shards.shard_stats(shards, handles)}, indent=2))
     from ray import serve
 
-    if any(
-        name != ray_shards.app_name(shards) for name in serve.status().applications if name.startswith(ray_shards.APP)
-    ):
+    from app.shard_map_follow import retire
+
+    if any(name != shards.app_name for name in serve.status().applications if name.startswith(shard_map.APP)):
         print(
             f"other shard maps are retired in {args.retire_after:g} s (servers switch to {shards.version})", flush=True
         )
         time.sleep(args.retire_after)
-        print(json.dumps({"retired": ray_shards.retire(keep=shards)}))
+        print(json.dumps({"retired": retire(keep=shards)}))
 
 
 def cmd_status(args: argparse.Namespace) -> None:
@@ -97,13 +97,14 @@ def cmd_status(args: argparse.Namespace) -> None:
 
 def cmd_down(args: argparse.Namespace) -> None:
     from app import ray_shards
+    from app.shard_map_follow import retire
 
     serve = ray_shards.require()
     import ray
 
     ray.init(address=args.address or "auto", log_to_driver=False)
     serve.start(proxy_location="Disabled")
-    deleted = ray_shards.retire()
+    deleted = retire()
     ray.shutdown()
     if args.address is None:
         _ray_command("stop")

@@ -43,7 +43,7 @@ from index import ClusteredIndex
 from index.shards import ShardedIndex, ShardSearch
 
 log = logging.getLogger(__name__)
-APP = "moerag-shards"  # + "-<map version>": the Serve application holding a map's shard deployments
+Stamped = tuple[npt.NDArray[np.float32], npt.NDArray[np.int64], int, int]  # scores, ids, lo, hi
 # A replica scans its lists for milliseconds a question: a tenth of a CPU each lets Ray place a
 # shard map's replicas on a small machine; memory, not CPU, is what a shard needs.
 _LIGHT = {"num_cpus": 0.1}
@@ -139,12 +139,12 @@ class ShardReplica:
     def _own_lists(self, s: Session, nlist: int) -> npt.NDArray[np.int64]:
         return self.shard_map.lists_of_shards(profiles(s), nlist)[self.shard]
 
-    def search(
-        self, q: npt.NDArray[np.float32], k: int, lists: npt.NDArray[np.int64], at_least: int = 0
-    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+    def search(self, q: npt.NDArray[np.float32], k: int, lists: npt.NDArray[np.int64], at_least: int = 0) -> Stamped:
         """As `ClusteredIndex.search` over `lists` (those this shard holds), at catalogue version
         `at_least` or later: the asking state's index position. A replica behind it follows the
-        log first, so a question sees every write its serving state saw (read your writes)."""
+        log first, so a question sees every write its serving state saw (read your writes).
+        -> (scores, ids, lo, hi): the catalogue versions the searched content lies between (the
+        log may be applied while a search runs), for `ShardedIndex`'s one cut across shards."""
         return self.search_many([q], [k], [lists], [at_least])[0]
 
     def search_many(
@@ -153,15 +153,15 @@ class ShardReplica:
         ks: Sequence[int],
         lists: Sequence[npt.NDArray[np.int64]],
         at_least: Sequence[int],
-    ) -> list[tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]]:
+    ) -> list[Stamped]:
         """Several `search`es at once (what Serve batches on a replica): one FAISS scan for all the
         searches asking the same k, each row over its own lists; results in the callers' order,
         each exactly what `search` gives it."""
         if max(at_least, default=0) > self.position:
             self.follow()
         with self._lock:
-            index = self.index
-        out: list[tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]] = [None] * len(qs)  # type: ignore[list-item]
+            index, lo = self.index, self.position
+        found: list[tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]] = [None] * len(qs)  # type: ignore[list-item]
         for k in sorted(set(ks)):
             which = [i for i, ki in enumerate(ks) if ki == k]
             rows = np.vstack([qs[i] for i in which])  # [R, D]
@@ -170,9 +170,11 @@ class ShardReplica:
             start = 0
             for i in which:
                 end = start + len(qs[i])
-                out[i] = (scores[start:end], ids[start:end])
+                found[i] = (scores[start:end], ids[start:end])
                 start = end
-        return out
+        with self._lock:  # a follow applied meanwhile finished its slice before this returns
+            hi = self.position
+        return [(scores, ids, lo, hi) for scores, ids in found]
 
     def follow(self) -> int:
         """Apply what the index log says of this shard's lists since its position; the catalogue
@@ -228,29 +230,8 @@ def deploy(shard_map: ShardMap, db_url: str, dim: int, snapshots: str | None = N
         deployments.append(deployment.bind(db_url, shard_map, n, dim, snapshots=snapshots))
     serve.start(proxy_location="Disabled")  # handles only: no HTTP proxy to start (it timed out on busy cores)
     holder = serve.deployment(_Shards, name="shards", ray_actor_options=_LIGHT)
-    serve.run(holder.bind(*deployments), name=app_name(shard_map), route_prefix=None)
-    return [serve.get_deployment_handle(f"shard-{s.name}", app_name=app_name(shard_map)) for s in shard_map.shards]
-
-
-def app_name(shard_map: ShardMap) -> str:
-    """One Serve application per map version: a changed map runs beside the one serving."""
-    return f"{APP}-{shard_map.version}"
-
-
-def deployed(shard_map: ShardMap) -> bool:
-    """Whether the map's application runs (every deployment has its replicas up)."""
-    app = require().status().applications.get(app_name(shard_map))
-    return app is not None and getattr(app.status, "value", app.status) == "RUNNING"
-
-
-def retire(keep: ShardMap | None = None) -> list[str]:
-    """Delete the shard applications of every map but `keep` (None: all of them); their names."""
-    serve = require()
-    gone = [name for name in serve.status().applications if name.startswith(APP + "-")]
-    gone = [name for name in gone if keep is None or name != app_name(keep)]
-    for name in gone:
-        serve.delete(name)
-    return gone
+    serve.run(holder.bind(*deployments), name=shard_map.app_name, route_prefix=None)
+    return [serve.get_deployment_handle(f"shard-{s.name}", app_name=shard_map.app_name) for s in shard_map.shards]
 
 
 def _batched(serve: Any) -> type[ShardReplica]:
@@ -266,7 +247,7 @@ def _batched(serve: Any) -> type[ShardReplica]:
             k: list[int],
             lists: list[npt.NDArray[np.int64]],
             at_least: list[int],
-        ) -> list[tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]]:
+        ) -> list[Stamped]:
             return await asyncio.to_thread(self.search_many, q, k, lists, at_least)
 
     return BatchedShardReplica
@@ -293,7 +274,7 @@ class RayShards:
         if not ray.is_initialized():
             ray.init(address=address, log_to_driver=False)
         self.shard_map, self.timeout_seconds = shard_map, timeout_seconds
-        app = app_name(shard_map)
+        app = shard_map.app_name
         self.handles = [serve.get_deployment_handle(f"shard-{s.name}", app_name=app) for s in shard_map.shards]
         self.sent = [0] * len(shard_map.shards)  # searches this process sent each shard (the console's load)
 
@@ -308,9 +289,11 @@ class RayShards:
         return ShardedIndex(index, lists, found, shard_map=self.shard_map.version, names=names)
 
     def _counted(self, shard: int, search: ShardSearch) -> ShardSearch:
-        def counted(q: npt.NDArray[np.float32], k: int, lists: npt.NDArray[np.int64]) -> Any:
+        def counted(
+            q: npt.NDArray[np.float32], k: int, lists: npt.NDArray[np.int64], at_least: int | None = None
+        ) -> Any:
             self.sent[shard] += 1  # a count for operators: a lost increment under races is harmless
-            return search(q, k, lists)
+            return search(q, k, lists, at_least)
 
         return counted
 
@@ -359,14 +342,19 @@ def store_dim(engine: Engine) -> int:
     return int(dim)
 
 
-def searches(handles: Sequence[Any], timeout_seconds: float | None = None, at_least: int = 0) -> list[ShardSearch]:
+def searches(handles: Sequence[Any], timeout_seconds: float | None = None, position: int = 0) -> list[ShardSearch]:
     """Each shard's search through its Serve handle (any replica; Serve balances them) at catalogue
-    version `at_least` or later, its answer awaited at most `timeout_seconds` (then the shard is
-    left out of the answer: index.shards). A replica that dies with the search in flight is
-    asked again once, within the same time: Serve sends the retry to another replica."""
+    version `position` or later (unless the search names a later one), its answer awaited at most
+    `timeout_seconds` (then the shard is left out of the answer: index.shards). A replica that dies
+    with the search in flight is asked again once, within the same time: Serve sends the retry to
+    another replica."""
 
     def through(handle: Any) -> ShardSearch:
-        return lambda q, k, lists: _Within(lambda: handle.search.remote(q, k, lists, at_least), timeout_seconds)
+        def search(q: Any, k: int, lists: Any, at_least: int | None = None) -> _Within:
+            at = position if at_least is None else max(position, at_least)
+            return _Within(lambda: handle.search.remote(q, k, lists, at), timeout_seconds)
+
+        return search
 
     return [through(h) for h in handles]
 
@@ -380,7 +368,7 @@ class _Within:
         self.deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
         self.response = ask()
 
-    def result(self) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+    def result(self) -> Stamped:
         from ray.exceptions import RayActorError  # the replica died, or cannot be reached
 
         try:
@@ -390,7 +378,7 @@ class _Within:
             self.response = self.ask()
             return self._await()
 
-    def _await(self) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+    def _await(self) -> Stamped:
         left = None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
-        out: tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]] = self.response.result(timeout_s=left)
+        out: Stamped = self.response.result(timeout_s=left)
         return out

@@ -29,6 +29,8 @@ from engine.errors import InvalidSetting
 from engine.serving import ExpertProfile
 from index.shards import shard_of_lists
 
+APP = "moerag-shards"  # + "-<map version>": the Serve application holding a map's shard deployments
+
 
 @dataclass(frozen=True)
 class Shard:
@@ -42,6 +44,12 @@ class Shard:
 class ShardMap:
     shards: tuple[Shard, ...]
     version: str  # the file's content hash: what responses and `ray status` name
+
+    @property
+    def app_name(self) -> str:
+        """Its Serve application (app.ray_shards): one per map version, so a changed map's shards
+        run beside the serving ones until the servers switch (app.shard_map_follow)."""
+        return f"{APP}-{self.version}"
 
     @property
     def default(self) -> int:

@@ -1,12 +1,12 @@
 """A shard map changed while serving: the serving process follows the file at MOERAG_SHARD_MAP.
 
 `moerag ray up --config MAP` deploys a changed map as a new Serve application beside the one
-serving (`ray_shards.app_name`: one application per map version), so both run for a while. Every
+serving (`ShardMap.app_name`: one application per map version), so both run for a while. Every
 POLL_SECONDS the serving process reads the file; once the new version's application is running
-(`ray_shards.deployed`), it publishes the same catalogue version over the new shards
+(`deployed`), it publishes the same catalogue version over the new shards
 (`ServingStates.reshard`): a question reads the old map's state or the new one's, whole, and a
 question in flight on the old state finishes on the old application. `ray up` retires the old
-application after `--retire-after` seconds, well after every server has switched.
+application (`retire`) after `--retire-after` seconds, well after every server has switched.
 """
 
 from __future__ import annotations
@@ -17,10 +17,27 @@ from pathlib import Path
 
 from app import ray_shards, shard_map
 from app.services.serving import ServingStates
+from app.shard_map import APP, ShardMap
 from engine.errors import InvalidSetting
 
 log = logging.getLogger(__name__)
 POLL_SECONDS = 2.0
+
+
+def deployed(shard_map: ShardMap) -> bool:
+    """Whether the map's application runs (every deployment has its replicas up)."""
+    app = ray_shards.require().status().applications.get(shard_map.app_name)
+    return app is not None and getattr(app.status, "value", app.status) == "RUNNING"
+
+
+def retire(keep: ShardMap | None = None) -> list[str]:
+    """Delete the shard applications of every map but `keep` (None: all of them); their names."""
+    serve = ray_shards.require()
+    gone = [name for name in serve.status().applications if name.startswith(APP + "-")]
+    gone = [name for name in gone if keep is None or name != keep.app_name]
+    for name in gone:
+        serve.delete(name)
+    return gone
 
 
 class ShardMapFollower:
@@ -40,7 +57,7 @@ class ShardMapFollower:
             return False
         if new.version == self.version:
             return False
-        if not ray_shards.deployed(new):
+        if not deployed(new):
             if self._waiting != new.version:
                 log.info("shard map %s changed to %s: waiting for `moerag ray up` to run it", self.path, new.version)
                 self._waiting = new.version

@@ -86,9 +86,9 @@ def record(rt: Runtime, shard_map: ShardMap, questions: Sequence[str]) -> dict[s
     def recording(s: int) -> Callable[..., Any]:
         search = local_search(parts[s])
 
-        def scan(q: np.ndarray, k: int, wanted: np.ndarray) -> Any:
+        def scan(q: np.ndarray, k: int, wanted: np.ndarray, at_least: int | None = None) -> Any:
             calls.append((s, np.array(q), k, np.array(wanted)))
-            return search(q, k, wanted)
+            return search(q, k, wanted, at_least)
 
         return scan
 

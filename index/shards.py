@@ -17,7 +17,7 @@ by id here, by scan order in FAISS).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -33,15 +33,22 @@ Floats = npt.NDArray[np.float32]
 Ints = npt.NDArray[np.int64]
 
 
+# A shard's answer: (scores [Q, k], ids [Q, k]), or with the catalogue versions its content lies
+# between (scores, ids, lo, hi) when the shard follows the catalogue on its own (app.ray_shards).
+Answer = tuple[Floats, Ints] | tuple[Floats, Ints, int, int]
+
+
 class PendingSearch(Protocol):
     """A shard's answer to come: a `concurrent.futures.Future`, a Ray Serve `DeploymentResponse`."""
 
-    def result(self) -> tuple[Floats, Ints]: ...
+    def result(self) -> Answer: ...
 
 
-# (queries [Q, D], k, lists to scan) -> (scores [Q, k], ids [Q, k]) to come: a shard's search, in
-# this process or behind a handle (a Ray Serve deployment).
-ShardSearch = Callable[[Floats, int, Ints], PendingSearch]
+class ShardSearch(Protocol):
+    """(queries [Q, D], k, lists to scan, at catalogue version `at_least` or later; None: the
+    state's) -> its answer to come: a shard's search, in this process or behind a Serve handle."""
+
+    def __call__(self, q: Floats, k: int, lists: Ints, at_least: int | None = None) -> PendingSearch: ...
 
 
 _FAILED: ContextVar[list[str] | None] = ContextVar("moerag_failed_shards", default=None)
@@ -100,8 +107,8 @@ def merge_topk(parts: Sequence[tuple[Floats, Ints]], k: int) -> tuple[Floats, In
 def local_search(part: ClusteredIndex) -> ShardSearch:
     """A shard in this process (tests, one machine): its search, as a done future."""
 
-    def search(q: Floats, k: int, lists: Ints) -> PendingSearch:
-        done: Future[tuple[Floats, Ints]] = Future()
+    def search(q: Floats, k: int, lists: Ints, at_least: int | None = None) -> PendingSearch:
+        done: Future[Answer] = Future()
         done.set_result(part.search(q, k, lists))
         return done
 
@@ -139,6 +146,7 @@ class ShardedIndex:
         self.searches = list(searches)
         self.names = list(names) if names is not None else [str(s) for s in range(len(self.searches))]
         self.calls: list[int] = [0] * len(self.searches)  # searches sent to each shard
+        self.reasked = 0  # shard answers asked again to bring them to one cut
 
     # ---- facts, as ClusteredIndex ------------------------------------------------------------
 
@@ -204,22 +212,42 @@ class ShardedIndex:
         lists = np.arange(self.nlist, dtype=np.int64) if clusters is None else self._valid_lists(clusters)
         if lists.size == 0:
             return np.full((len(q), k), -np.inf, dtype=np.float32), np.full((len(q), k), -1, dtype=np.int64)
+        mine = {int(s): lists[self.shard_of_list[lists] == s] for s in np.unique(self.shard_of_list[lists])}
+        answers = self._gather(q, k, mine, None)
+        # One cut: a chunk moving between two shards is in the one it leaves until that shard's
+        # version passes the move, and in the one it enters from then on. Shards follow on their
+        # own, so a shard whose content may be older than another's newest is asked again at that
+        # version: no moving chunk is then missed (one found twice is merged once).
+        stamped = {s: a[2:] for s, a in answers.items() if len(a) == 4}
+        if len(stamped) > 1:
+            target = max(hi for _, hi in stamped.values())
+            behind = {s: mine[s] for s, (lo, _) in stamped.items() if lo < target}
+            if behind:
+                self.reasked += len(behind)
+                for s in behind:
+                    del answers[s]
+                answers |= self._gather(q, k, behind, target)
+        if not answers:
+            return np.full((len(q), k), -np.inf, dtype=np.float32), np.full((len(q), k), -1, dtype=np.int64)
+        return merge_topk([(a[0], a[1]) for a in answers.values()], k)
+
+    def _gather(self, q: Floats, k: int, lists_of: Mapping[int, Ints], at_least: int | None) -> dict[int, Answer]:
+        """Each shard of `lists_of` searched over its lists, all at once: {shard: answer}; a shard
+        that fails or times out is left out (and named: `shard_failures`)."""
         pending: list[tuple[int, PendingSearch]] = []
-        for s in np.unique(self.shard_of_list[lists]):
-            self.calls[int(s)] += 1
+        for s, its_lists in lists_of.items():
+            self.calls[s] += 1
             try:
-                pending.append((int(s), self.searches[int(s)](q, k, lists[self.shard_of_list[lists] == s])))
+                pending.append((s, self.searches[s](q, k, its_lists, at_least)))
             except Exception:  # not even sent (no replica to take it)
-                self._failed(int(s))
-        parts = []
+                self._failed(s)
+        answers: dict[int, Answer] = {}
         for s, p in pending:
             try:
-                parts.append(p.result())
+                answers[s] = p.result()
             except Exception:  # a shard down or too slow: the others answer; the caller is told
                 self._failed(s)
-        if not parts:
-            return np.full((len(q), k), -np.inf, dtype=np.float32), np.full((len(q), k), -1, dtype=np.int64)
-        return merge_topk(parts, k)
+        return answers
 
     def _failed(self, shard: int) -> None:
         log.warning("shard %s did not answer a search", self.names[shard], exc_info=True)

@@ -311,9 +311,8 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
         # the same on the new map, and still after the old map's shards are retired.
         import yaml
 
-        from app.ray_shards import deployed, retire
         from app.shard_map import load as load_map
-        from app.shard_map_follow import ShardMapFollower
+        from app.shard_map_follow import ShardMapFollower, deployed, retire
 
         map_file = tmp_path / "shards.yaml"
         merged = {"shards": [{"name": "git", "experts": ["git"], "replicas": 2},

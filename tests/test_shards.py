@@ -54,6 +54,45 @@ def test_a_carved_index_holds_exactly_its_lists_and_searches_them_identically() 
     assert sharded.shards_of([0, 1]) == [0] and sharded.shards_of(None) == [0, 1, 2]
 
 
+def test_shards_answering_at_different_versions_are_brought_to_one_cut() -> None:
+    """A chunk moving from shard 0's list to shard 1's: shard 0 has applied the move (version 7),
+    shard 1 not yet (5). Shard 1 is asked again at version 7, so the chunk is found; shards at one
+    version, or answering without versions, are asked once."""
+    from concurrent.futures import Future
+
+    from index.shards import Answer
+
+    centroids = np.eye(4, dtype=np.float32)[:2]  # [2, 4]: list 0 on shard 0, list 1 on shard 1
+    skeleton = ClusteredIndex.create(centroids, "v")
+    moving = np.array([[0.6, 0.8, 0.0, 0.0]], dtype=np.float32)
+    skeleton.add(moving, np.array([42]), np.array([1]))  # where it is now
+    left, entered = ClusteredIndex.create(centroids, "v"), ClusteredIndex.create(centroids, "v")
+    entered.add(moving, np.array([42]), np.array([1]))
+    asked: list[tuple[int, int | None]] = []
+
+    def shard(n: int, version: int) -> Any:
+        def search(q: Any, k: int, lists: Any, at_least: int | None = None) -> Future[Answer]:
+            asked.append((n, at_least))
+            at = max(version, at_least or 0)
+            part = left if n == 0 or at < 7 else entered  # shard 1 holds the chunk from version 7 on
+            done: Future[Answer] = Future()
+            done.set_result((*part.search(q, k, lists), at, at))
+            return done
+
+        return search
+
+    q = np.array([[1.0, 1.0, 0.0, 0.0]], dtype=np.float32)
+    lists = [np.array([0]), np.array([1])]
+    sharded = ShardedIndex(skeleton, lists, [shard(0, 7), shard(1, 5)])
+    assert sharded.search(q, 3)[1][0].tolist() == [42, -1, -1]
+    assert asked == [(0, None), (1, None), (1, 7)] and sharded.reasked == 1
+    asked.clear()
+    level = ShardedIndex(skeleton, lists, [shard(0, 7), shard(1, 7)])
+    assert level.search(q, 3)[1][0].tolist() == [42, -1, -1] and len(asked) == 2 and level.reasked == 0
+    plain = ShardedIndex(skeleton, lists, [local_search(left), local_search(left)])
+    assert plain.search(q, 3)[1][0].tolist() == [-1, -1, -1] and plain.reasked == 0  # no versions: as answered
+
+
 def _questions() -> list[str]:
     sentences = [s.strip().rstrip(".") for text in TOPICS.values() for s in text.split(". ") if s.strip()]
     forms = ["{}", "how {}?", "why {}?", "what does it mean that {}?", "explain: {}", "is it true that {}?",
@@ -173,7 +212,8 @@ def test_shard_replicas_built_from_sql_follow_the_index_log_for_their_lists(
         # Asked at the state's position, a replica behind it follows first (read your writes).
         q = rt.embedder.encode([topic_doc("git", 900, 2)])  # [1, D] the new git document itself
         before = replicas[0].position
-        _, ids = replicas[0].search(q, 5, replicas[0].lists, at_least=rt.state().index_position)
+        _, ids, lo, hi = replicas[0].search(q, 5, replicas[0].lists, at_least=rt.state().index_position)
+        assert lo == hi == replicas[0].position  # the version the searched content is at
         assert replicas[0].position == rt.catalogue.version > before
         with rt.sessions() as s:
             new_chunks = set(s.scalars(select(Chunk.id).where(Chunk.document_id == added[0].document_id)))
@@ -192,7 +232,7 @@ def test_shard_replicas_built_from_sql_follow_the_index_log_for_their_lists(
         git_lists = replicas[0].lists
         asks = [(q[:1], 10, git_lists), (q[1:], 5, git_lists[:2]), (q[:2], 10, git_lists[1:])]
         many = replicas[0].search_many([a[0] for a in asks], [a[1] for a in asks], [a[2] for a in asks], [0, 0, 0])
-        for (qi, k, ls), (scores, ids) in zip(asks, many, strict=True):
+        for (qi, k, ls), (scores, ids, *_) in zip(asks, many, strict=True):
             one = index.search(qi, k, ls)  # the whole replica, asked each search alone
             assert np.array_equal(ids, one[1]) and np.allclose(scores, one[0])
         # An expert's list moves to an expert of the other shard: both shards read their lists again.
@@ -202,7 +242,7 @@ def test_shard_replicas_built_from_sql_follow_the_index_log_for_their_lists(
         # new owner reads its lists again before it answers: the moved list's vectors are there.
         at = rt.catalogue.version
         assert at > rt.state().index_position  # a mapping change moves no index position
-        _, found = replicas[1].search(q, 10, np.array([moving]), at_least=at)
+        found = replicas[1].search(q, 10, np.array([moving]), at_least=at)[1]
         assert np.array_equal(found, index.search(q, 10, [moving])[1]) and (found >= 0).any()
         for r in replicas:
             r.follow()
@@ -245,10 +285,10 @@ def test_a_shard_that_does_not_answer_makes_the_answer_partial_never_an_error(
     def failing(part: ClusteredIndex) -> Any:
         search = local_search(part)
 
-        def maybe(q: Any, k: int, lists: Any) -> Any:
+        def maybe(q: Any, k: int, lists: Any, at_least: int | None = None) -> Any:
             if down["on"]:
                 raise TimeoutError("shard sqlite did not answer in 5 s")
-            return search(q, k, lists)
+            return search(q, k, lists, at_least)
 
         return maybe
 
