@@ -74,7 +74,7 @@ def cmd_up(args: argparse.Namespace) -> None:
         ray.init(address=args.address or "auto", log_to_driver=False)
     # Replicas boot from the snapshots (MOERAG_SNAPSHOT_URL; on one machine the data dir's index folder).
     snapshots = settings.snapshot_url or str(settings.index_dir)
-    handles = ray_shards.deploy(shards, settings.db_url, dim, snapshots)
+    handles = ray_shards.deploy(shards, settings.db_url, dim, snapshots, settings.index_codec)
     print(json.dumps({"shard_map": shards.version, "shards": ray_shards.shard_stats(shards, handles)}, indent=2))
     from ray import serve
 

@@ -70,12 +70,13 @@ class ShardReplica:
         dim: int,
         poll_seconds: float = 0.5,
         snapshots: str | None = None,
+        codec: str = "flat",
     ) -> None:
         self.engine = make_engine(db_url)
         self.sessions = make_sessionmaker(self.engine)
         self.shard_map, self.shard = shard_map, shard
         self.lists = np.zeros(0, dtype=np.int64)  # its lists: the map applied to the store's experts
-        self.dim = dim
+        self.dim, self.codec = dim, codec  # a build from SQL stores vectors as `codec` (MOERAG_INDEX_CODEC)
         self._lock = threading.Lock()
         self._following = threading.Lock()
         self.booted = "sql"  # or "snapshot@<position>": what the replica started from
@@ -105,7 +106,7 @@ class ShardReplica:
                 self.lists = self._own_lists(s, nlist)
                 return self.lists
 
-            index = index_from_sql(s, self.dim, own)
+            index = index_from_sql(s, self.dim, own, codec=self.codec)
         log.info("shard replica: %d vectors in %d lists at version %d", index.ntotal, len(self.lists), position)
         return index, position, index.version
 
@@ -121,6 +122,8 @@ class ShardReplica:
                 position, location = found[-1]
                 self.lists = self._own_lists(s, nlist)
             whole = ClusteredIndex.from_bytes(SnapshotStore(Path(where), where).read(location), clustering)
+            if whole.codec != self.codec:
+                return None
             self.index, self.position, self.clustering = whole.subset(self.lists, clustering), position, clustering
             del whole
             self.booted = f"snapshot@{position}"
@@ -212,7 +215,7 @@ class ShardReplica:
         }
 
 
-def deploy(shard_map: ShardMap, db_url: str, dim: int, snapshots: str | None = None) -> list[Any]:
+def deploy(shard_map: ShardMap, db_url: str, dim: int, snapshots: str | None = None, codec: str = "flat") -> list[Any]:
     """Run one Serve application with a deployment per shard (Ray started or joined by the caller,
     `ray.init`), its replicas booting from the snapshots at `snapshots` (a folder every replica's
     machine reads, or an fsspec URL) when given; returns their handles, in map order."""
@@ -227,7 +230,7 @@ def deploy(shard_map: ShardMap, db_url: str, dim: int, snapshots: str | None = N
             ray_actor_options=_LIGHT,
             max_ongoing_requests=BATCH * 2,  # room for a batch in flight and the next one forming
         )
-        deployments.append(deployment.bind(db_url, shard_map, n, dim, snapshots=snapshots))
+        deployments.append(deployment.bind(db_url, shard_map, n, dim, snapshots=snapshots, codec=codec))
     serve.start(proxy_location="Disabled")  # handles only: no HTTP proxy to start (it timed out on busy cores)
     holder = serve.deployment(_Shards, name="shards", ray_actor_options=_LIGHT)
     serve.run(holder.bind(*deployments), name=shard_map.app_name, route_prefix=None)

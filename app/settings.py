@@ -23,6 +23,12 @@ class Settings(BaseSettings):
         description="Where index snapshots live: any fsspec URL (s3://bucket/moerag with s3fs, "
         "file:///shared/moerag) shared by machines on one database; default data_dir/index.",
     )
+    index_codec: Literal["flat", "sq8"] = Field(
+        "flat",
+        description="How the index stores vectors: flat (float32, exact scores) or sq8 (8-bit codes, a quarter "
+        "of the memory; recall@10 0.990 against exact, FAQ dev hit@10 unchanged: benchmarks/results/codec.json). "
+        "A change rebuilds the index at start.",
+    )
     shard_map: Path | None = Field(
         None,
         description="A shard map (docs/shards.example.yaml) whose shards run on Ray Serve (`moerag ray up`): "

@@ -3,7 +3,11 @@
 - chunk id == FAISS id; every vector lives in exactly one list (its cluster);
 - search is global (every list: exactly a flat search) or scoped to a set of lists
   (`search_preassigned`), so an expert that owns some clusters scans only those;
-- persistence is atomic (temp file, fsync, rename, fsync of the directory).
+- persistence is atomic (temp file, fsync, rename, fsync of the directory);
+- vectors are stored whole (`flat`: 4 bytes a dimension, exact scores) or as 8-bit codes (`sq8`:
+  one byte a dimension, FAISS's scalar quantizer over the fixed range ±SQ8_SPAN/sqrt(d), which
+  holds every component of a unit vector the model makes; no training, so every process that
+  builds the index from the same rows scores the same).
 """
 
 from __future__ import annotations
@@ -22,6 +26,20 @@ from index.locks import ReadWrite
 
 Floats = npt.NDArray[np.float32]
 Ints = npt.NDArray[np.int64]
+CODECS = ("flat", "sq8")
+SQ8_SPAN = 8.0  # sq8 codes components in [-8/sqrt(d), 8/sqrt(d)]: ±0.41 at d=384, where the largest seen is 0.30
+
+
+def _sq8(quantizer: Any, d: int, c: int) -> Any:
+    """An IVF of 8-bit codes over a fixed range (trained without data: [vmin] * d + [vdiff] * d)."""
+    ivf = faiss.IndexIVFScalarQuantizer(
+        quantizer, d, c, faiss.ScalarQuantizer.QT_8bit, faiss.METRIC_INNER_PRODUCT, False
+    )
+    span = min(1.0, SQ8_SPAN / np.sqrt(d))
+    trained = np.concatenate([np.full(d, -span), np.full(d, 2 * span)]).astype(np.float32)
+    ivf.sq.trained.resize(2 * d)
+    faiss.copy_array_to_vector(trained, ivf.sq.trained)
+    return ivf
 
 
 class SearchIndex(Protocol):
@@ -50,7 +68,7 @@ class IndexCorrupt(RuntimeError):
 
 
 class ClusteredIndex:
-    def __init__(self, ivf: faiss.IndexIVFFlat, version: str) -> None:
+    def __init__(self, ivf: faiss.IndexIVFFlat | faiss.IndexIVFScalarQuantizer, version: str) -> None:
         # Any: faiss's generated stubs describe the C++ signatures, not the numpy wrappers.
         self._ivf: Any = ivf
         # Probe every list by default: a global search is then exact, and scoped searches pass
@@ -67,21 +85,25 @@ class ClusteredIndex:
     # ---- construction -------------------------------------------------------------------
 
     @classmethod
-    def create(cls, centroids: Floats, version: str) -> ClusteredIndex:
-        """An empty index with the given [C, D] centroids as its lists."""
+    def create(cls, centroids: Floats, version: str, codec: str = "flat") -> ClusteredIndex:
+        """An empty index with the given [C, D] centroids as its lists, storing vectors as `codec`."""
+        if codec not in CODECS:
+            raise ValueError(f"unknown codec {codec!r}: one of {CODECS}")
         c, d = centroids.shape
         quantizer: Any = faiss.IndexFlatIP(d)
         quantizer.add(np.ascontiguousarray(centroids, dtype=np.float32))
-        ivf = faiss.IndexIVFFlat(quantizer, d, c, faiss.METRIC_INNER_PRODUCT)
+        ivf = (
+            _sq8(quantizer, d, c) if codec == "sq8" else faiss.IndexIVFFlat(quantizer, d, c, faiss.METRIC_INNER_PRODUCT)
+        )
         ivf.own_fields = True
         quantizer.this.disown()
         ivf.is_trained = True
         return cls(ivf, version)
 
     @classmethod
-    def single(cls, dim: int, version: str) -> ClusteredIndex:
+    def single(cls, dim: int, version: str, codec: str = "flat") -> ClusteredIndex:
         """One list holding everything: the layout of a corpus too small to cluster."""
-        return cls.create(np.zeros((1, dim), dtype=np.float32), version)
+        return cls.create(np.zeros((1, dim), dtype=np.float32), version, codec)
 
     # ---- facts ------------------------------------------------------------------------------
 
@@ -96,6 +118,11 @@ class ClusteredIndex:
     @property
     def ntotal(self) -> int:
         return int(self._ivf.ntotal)
+
+    @property
+    def codec(self) -> str:
+        """How vectors are stored: "flat" (float32) or "sq8" (8-bit codes)."""
+        return "sq8" if isinstance(self._ivf, faiss.IndexIVFScalarQuantizer) else "flat"
 
     def centroids(self) -> Floats:
         """[C, D] (a shared read-only array)"""
@@ -268,7 +295,7 @@ class ClusteredIndex:
     def subset(self, lists: Iterable[int], version: str) -> ClusteredIndex:
         """A new index with every centroid of this one (list ids agree) holding only the vectors
         of `lists`, copied code for code (index.shards)."""
-        part = ClusteredIndex.create(self.centroids(), version)
+        part = ClusteredIndex.create(self.centroids(), version, self.codec)
         src, dst = self._ivf.invlists, part._ivf.invlists
         with self._lock.read():
             for c in self._valid_lists(lists):
@@ -299,8 +326,9 @@ class ClusteredIndex:
             raise IndexCorrupt(f"unreadable index: {exc}") from exc
         # deserialize_index already returns the concrete class; downcasting again would hand
         # ownership to a temporary proxy and free the index under us.
-        if not isinstance(ivf, faiss.IndexIVFFlat) or ivf.metric_type != faiss.METRIC_INNER_PRODUCT:
-            raise IndexCorrupt(f"expected an inner-product IndexIVFFlat, got {type(ivf).__name__}")
+        kinds = (faiss.IndexIVFFlat, faiss.IndexIVFScalarQuantizer)
+        if not isinstance(ivf, kinds) or ivf.metric_type != faiss.METRIC_INNER_PRODUCT:
+            raise IndexCorrupt(f"expected an inner-product IndexIVFFlat or IVF SQ8, got {type(ivf).__name__}")
         return cls(ivf, version)
 
     def save(self, path: Path) -> None:

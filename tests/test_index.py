@@ -244,3 +244,68 @@ def test_search_rows_gives_each_row_its_own_scoped_search(populated) -> None:  #
         best = np.argsort(-sims)[:7]
         assert found[i].tolist() == ids[inside][best].tolist()
         assert np.allclose(scores[i], sims[best], atol=1e-5)
+
+
+def test_sq8_codes_search_as_flat_does_in_a_quarter_of_the_bytes(populated) -> None:  # type: ignore[no-untyped-def]
+    idx, x, ids, clusters = populated
+    sq8 = ClusteredIndex.create(idx.centroids(), "v1", "sq8")
+    sq8.add(x, ids, clusters)
+    assert (idx.codec, sq8.codec) == ("flat", "sq8")
+    q = x[:200] + np.float32(0.05) * unit(np.random.default_rng(3), 200)
+    exact = flat_search(x, ids, q, 10)
+    _, got = sq8.search(q, 10)
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(got.tolist(), exact.tolist(), strict=True)])
+    assert recall >= 0.95, recall
+    _, scoped = sq8.search(q, 5, clusters=[3, 7])
+    cluster_of = dict(zip(ids.tolist(), clusters.tolist(), strict=True))
+    assert {cluster_of[i] for i in scoped[scoped >= 0].tolist()} <= {3, 7}
+    back = ClusteredIndex.from_bytes(sq8.to_bytes(), "v1")
+    assert back.codec == "sq8" and np.array_equal(back.search(q, 10)[1], got)
+    assert len(sq8.to_bytes()) * 2 < len(idx.to_bytes())  # codes of 32 bytes against 128, beside ids and centroids
+    part = sq8.subset([3, 7], "v1")
+    assert part.codec == "sq8" and np.array_equal(part.search(q, 5, [3, 7])[1], scoped)
+    assert sq8.remove(ids[:10]) == 10 and not set(ids[:10].tolist()) & set(sq8.search(q, 10)[1].ravel().tolist())
+    with pytest.raises(ValueError, match="codec"):
+        ClusteredIndex.create(idx.centroids(), "v1", "pq")
+
+
+def test_the_configured_codec_rebuilds_a_store_and_follows_its_writes(settings, embedder, routed_store) -> None:  # type: ignore[no-untyped-def]
+    import shutil
+
+    from app.runtime import Runtime
+    from app.services.documents import Upload
+    from tests.helpers import topic_doc
+
+    shutil.copytree(routed_store.data, settings.resolved_data_dir)
+    q = embedder.encode(["git rebase onto a branch", "sqlite write-ahead log"])
+    flat = Runtime(settings, embedder=embedder)
+    flat.start(run_jobs=False)
+    try:
+        expect = flat.state().index.search(q, 5)[1]
+    finally:
+        flat.close()
+    settings.index_codec = "sq8"
+    rt = Runtime(settings, embedder=embedder)
+    rt.start(run_jobs=False)
+    try:
+        assert rt.index_status.startswith("rebuilt") and "sq8" in rt.index_status, rt.index_status
+        assert rt.state().index.codec == "sq8"
+        got = rt.state().index.search(q, 5)[1]
+        assert all(len(set(a) & set(b)) >= 4 for a, b in zip(got.tolist(), expect.tolist(), strict=True)), (got, expect)
+        from sqlalchemy import select
+
+        from app.models import Chunk
+
+        added = rt.ingestor.ingest(Upload(topic_doc("git", 700, 2).encode(), "late-git.md"))
+        with rt.sessions() as s:
+            new = set(s.scalars(select(Chunk.id).where(Chunk.document_id == added.document_id)))
+        mine = rt.embedder.encode([topic_doc("git", 700, 2)])
+        assert set(rt.state().index.search(mine, 3)[1][0].tolist()) & new
+    finally:
+        rt.close()
+    again = Runtime(settings, embedder=embedder)  # its own snapshot, stored as sq8, is trusted
+    again.start(run_jobs=False)
+    try:
+        assert again.index_status == "loaded" and again.state().index.codec == "sq8"
+    finally:
+        again.close()

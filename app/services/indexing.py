@@ -63,7 +63,8 @@ class IndexManager:
         self.dim = dim
         self.model = model
         self.write_lock = threading.RLock()
-        self.index: ClusteredIndex = ClusteredIndex.single(dim, "unopened")
+        self.codec = settings.index_codec  # how the index stores vectors (flat, sq8)
+        self.index: ClusteredIndex = ClusteredIndex.single(dim, "unopened", self.codec)
         self.position = 0  # the catalogue version this replica holds
         self._dirty = False  # the index changed since it was last written
         self._staged: ClusteredIndex | None = None  # a recluster's index, adopted when its commit is followed
@@ -138,9 +139,10 @@ class IndexManager:
                     if position < index_log.horizon(s):
                         raise IndexCorrupt(f"the snapshot at {position} is older than the compacted index log")
                 loaded = ClusteredIndex.from_bytes(data, version)
-                if loaded.nlist != nlist or loaded.dim != self.dim:
+                if loaded.nlist != nlist or loaded.dim != self.dim or loaded.codec != self.codec:
                     raise IndexCorrupt(
-                        f"index has {loaded.nlist} lists of dim {loaded.dim}, expected {nlist}/{self.dim}"
+                        f"index has {loaded.nlist} lists of dim {loaded.dim} stored {loaded.codec}, "
+                        f"expected {nlist}/{self.dim}/{self.codec} (MOERAG_INDEX_CODEC)"
                     )
                 with self._replica_lock:
                     self.index, self.position = loaded, position
@@ -182,7 +184,7 @@ class IndexManager:
         """(an index of every stored chunk, the catalogue version it holds at least); reads only."""
         with self.sessions() as s:
             position = read_version(s)  # rows read below are this version or later (replays are idempotent)
-            return index_from_sql(s, self.dim, progress=progress), position
+            return index_from_sql(s, self.dim, progress=progress, codec=self.codec), position
 
     # ---- checkpoints ----------------------------------------------------------------------------
 

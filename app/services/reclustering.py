@@ -92,7 +92,7 @@ def commit(
     """Write clustering `c` in one transaction: lists (their expert from `owners`, called inside
     it), every chunk's list and fit; chunks written meanwhile by others are placed too. The new
     index is staged, then adopted. -> (the index, chunks placed). Call under `write_lock`."""
-    fresh = ClusteredIndex.create(c.centroids, uuid.uuid4().hex)
+    fresh = ClusteredIndex.create(c.centroids, uuid.uuid4().hex, indexes.codec)
     fresh.add(c.x, c.ids, c.assigned)
     document_fit = document_fits_within(fresh, c.x, c.ids, c.documents)  # everything here is fitted content
     indexes.stage(fresh)  # adopted by `follow` when the commit below is applied

@@ -25,14 +25,18 @@ def assignments(s: Session) -> tuple[np.ndarray, np.ndarray]:
 
 
 def index_from_sql(
-    s: Session, dim: int, lists: Callable[[int], np.ndarray] | None = None, progress: Progress | None = None
+    s: Session,
+    dim: int,
+    lists: Callable[[int], np.ndarray] | None = None,
+    progress: Progress | None = None,
+    codec: str = "flat",
 ) -> ClusteredIndex:
     """The index of the stored clustering holding every chunk, or only the chunks of
-    `lists(nlist)` (an expert shard's: app.ray_shards); reads only."""
+    `lists(nlist)` (an expert shard's: app.ray_shards), its vectors stored as `codec`; reads only."""
     state = s.get(IndexState, 1)
     if state is None:
         raise IndexCorrupt("no index state in the database")
-    fresh = ClusteredIndex.create(_centroids(s, state.nlist, dim), state.version)
+    fresh = ClusteredIndex.create(_centroids(s, state.nlist, dim), state.version, codec)
     query = select(Chunk.id, Chunk.cluster_id, Chunk.embedding).order_by(Chunk.id)
     counted = select(func.count(Chunk.id))
     if lists is not None:
