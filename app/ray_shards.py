@@ -21,7 +21,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,12 +28,12 @@ import numpy.typing as npt
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
+from app import shard_parts
 from app.catalogue import read_version
 from app.db import make_engine, make_sessionmaker
 from app.index_log import apply_log, carries, read_log
 from app.models import Chunk, IndexState
 from app.services.experts import profiles
-from app.services.snapshots import SnapshotStore
 from app.services.sql_index import index_from_sql
 from app.shard_map import ShardMap
 from engine.errors import NotConfigured
@@ -79,19 +78,34 @@ class ShardReplica:
         self.dim, self.codec = dim, codec  # a build from SQL stores vectors as `codec` (MOERAG_INDEX_CODEC)
         self._lock = threading.Lock()
         self._following = threading.Lock()
-        self.booted = "sql"  # or "snapshot@<position>": what the replica started from
+        self.booted = "sql"  # or "part@<position>", "snapshot@<position>": what the replica started from
         booted = self._from_snapshot(snapshots) if snapshots else None
         self.index, self.position, self.clustering = booted or self._build()
+        self.snapshots, self.part_written = snapshots, self.position if self.booted.startswith("part@") else -1
         self._stop = threading.Event()
         if poll_seconds > 0:  # a replica follows the catalogue on its own
             threading.Thread(target=self._follow, args=(poll_seconds,), name="shard-follow", daemon=True).start()
 
     def _follow(self, poll_seconds: float) -> None:
+        last_part = time.monotonic()
         while not self._stop.wait(poll_seconds):
             try:
                 self.follow()
+                if self.snapshots and time.monotonic() - last_part >= shard_parts.PART_SECONDS:
+                    last_part = time.monotonic()
+                    self.write_part()
             except Exception:  # the database away for a moment: keep following
                 log.exception("shard replica: following the index log failed; retrying")
+
+    def write_part(self) -> bool:
+        """Write this shard's part to the snapshot store if it moved on since the last one."""
+        with self._lock:
+            index, position, clustering, lists = self.index, self.position, self.clustering, self.lists
+        if not self.snapshots or position <= self.part_written:
+            return False
+        shard_parts.write(self.snapshots, index, clustering, lists, position)  # content at or after position
+        self.part_written = position
+        return True
 
     def close(self) -> None:
         self._stop.set()
@@ -111,22 +125,18 @@ class ShardReplica:
         return index, position, index.version
 
     def _from_snapshot(self, where: str) -> tuple[ClusteredIndex, int, str] | None:
-        """The newest snapshot at `where` (a folder or fsspec URL) cut to this shard's lists and
-        brought to now by the log; None when there is none to trust (then SQL builds it)."""
+        """Its newest part at `where` (a folder or fsspec URL), else the newest whole snapshot cut
+        to its lists (app.shard_parts), brought to now by the log; None when there is none to
+        trust (then SQL builds it)."""
         try:
             with self.sessions() as s:
                 clustering, nlist = s.execute(select(IndexState.version, IndexState.nlist)).one()
-                found = SnapshotStore(Path(where), where).list(clustering)
-                if not found or not carries(s, clustering, found[-1][0]):
-                    return None
-                position, location = found[-1]
                 self.lists = self._own_lists(s, nlist)
-            whole = ClusteredIndex.from_bytes(SnapshotStore(Path(where), where).read(location), clustering)
-            if whole.codec != self.codec:
+                found = shard_parts.newest(s, where, clustering, self.lists)
+            if found is None or found[0].codec != self.codec:
                 return None
-            self.index, self.position, self.clustering = whole.subset(self.lists, clustering), position, clustering
-            del whole
-            self.booted = f"snapshot@{position}"
+            index, position, self.booted = found
+            self.index, self.position, self.clustering = index, position, clustering
             self._follow_once()  # the log after the snapshot, for its lists (or SQL, if it cannot)
             with self.sessions() as s:
                 rows = s.scalar(select(func.count(Chunk.id)).where(Chunk.cluster_id.in_(self.lists.tolist()))) or 0

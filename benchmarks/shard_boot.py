@@ -1,6 +1,7 @@
-"""How long an expert shard's replica takes to boot: from the newest index snapshot (cut to its
-lists, the index log replayed after it) against a build from SQL (its lists' embeddings read and
-added), each shard of the `ray_scale.py` map, the two ways alternating by round.
+"""How long an expert shard's replica takes to boot: from its own part (app.shard_parts), from the
+newest whole-index snapshot (cut to its lists), and from SQL (its lists' embeddings read and
+added), the index log replayed after either snapshot, each shard of the `ray_scale.py` map, the
+three ways in a rotating order by round.
 
     python benchmarks/shard_boot.py --data-dir D [--shards 3 --rounds 3]
     # results: benchmarks/results/shard-boot.json
@@ -13,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -45,30 +48,43 @@ def main() -> None:
         state = rt.state()
         sizes = state.index.list_sizes()
         shard_map = spread({p.name: int(sizes[list(p.clusters)].sum()) for p in state.experts.values()}, args.shards, 1)
-        db, dim, where = rt.settings.db_url, rt.embedder.dim, str(rt.settings.index_dir)
-        snapshot = next(iter(sorted(rt.settings.index_dir.glob("ivf-*.faiss"))), None)
-        seconds: dict[str, dict[str, list[float]]] = {s.name: {"snapshot": [], "sql": []} for s in shard_map.shards}
+        db, dim = rt.settings.db_url, rt.embedder.dim
+        snapshot = next(iter(sorted(rt.settings.index_dir.glob("ivf-*.faiss"))))
+        whole_only = Path(tempfile.mkdtemp(prefix="shard-boot-"))  # the whole snapshot and no part
+        shutil.copy(snapshot, whole_only / snapshot.name)
+        with_parts = Path(tempfile.mkdtemp(prefix="shard-boot-"))
+        shutil.copy(snapshot, with_parts / snapshot.name)
+        part_bytes: dict[str, int] = {}
+        for n in range(len(shard_map.shards)):  # each shard's part written once, by a replica
+            first = ShardReplica(db, shard_map, n, dim, 0, str(with_parts))
+            assert first.write_part()
+            first.close()
+        for f in with_parts.glob("shard-*.faiss"):
+            part_bytes[f.name] = f.stat().st_size
+        ways = {"part": str(with_parts), "snapshot": str(whole_only), "sql": None}
+        seconds: dict[str, dict[str, list[float]]] = {s.name: {w: [] for w in ways} for s in shard_map.shards}
         vectors: dict[str, int] = {}
         for r in range(args.rounds):
+            order = list(ways)[r % 3 :] + list(ways)[: r % 3]
             for n, shard in enumerate(shard_map.shards):
-                for way in ("snapshot", "sql") if r % 2 == 0 else ("sql", "snapshot"):
+                for way in order:
                     t = time.perf_counter()
-                    replica = ShardReplica(db, shard_map, n, dim, 0, where if way == "snapshot" else None)
+                    replica = ShardReplica(db, shard_map, n, dim, 0, ways[way])
                     seconds[shard.name][way].append(time.perf_counter() - t)
-                    assert replica.booted.startswith("snapshot@") == (way == "snapshot"), replica.booted
+                    assert replica.booted.split("@")[0] == way, (way, replica.booted)
                     vectors[shard.name] = replica.index.ntotal
                     replica.close()
         result: dict[str, Any] = {
             "command": "python benchmarks/shard_boot.py " + " ".join(sys.argv[1:]),
             "store_vectors": state.index.ntotal,
-            "snapshot_bytes": snapshot.stat().st_size if snapshot else None,
+            "snapshot_bytes": snapshot.stat().st_size,
+            "part_bytes": sorted(part_bytes.values()),
             "rounds": args.rounds,
             "shards": {
                 shard.name: {
                     "experts": list(shard.experts),
                     "vectors": vectors[shard.name],
-                    "snapshot_s_median": round(statistics.median(seconds[shard.name]["snapshot"]), 3),
-                    "sql_s_median": round(statistics.median(seconds[shard.name]["sql"]), 3),
+                    **{f"{w}_s_median": round(statistics.median(seconds[shard.name][w]), 3) for w in ways},
                 }
                 for shard in shard_map.shards
             },

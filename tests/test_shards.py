@@ -264,9 +264,25 @@ def test_shard_replicas_built_from_sql_follow_the_index_log_for_their_lists(
             assert fresh.lists.tolist() == old.lists.tolist()
             assert np.array_equal(fresh.index.list_sizes(), old.index.list_sizes())
             assert np.array_equal(fresh.search(q, 10, fresh.lists)[1], old.search(q, 10, old.lists)[1])
-        for snapshot in rt.settings.index_dir.glob("ivf-*.faiss"):
+        # A replica writes its own part; the next one of that shard boots from it (bytes of its
+        # lists only), and a part is written again only once the shard moved on.
+        assert booted[0].write_part() and not booted[0].write_part()
+        part = ShardReplica(rt.settings.db_url, shard_map, 0, rt.embedder.dim, 0, where)
+        replicas.append(part)
+        assert part.booted == f"part@{booted[0].position}" and part.lists.tolist() == booted[0].lists.tolist()
+        assert np.array_equal(part.index.list_sizes(), booted[0].index.list_sizes())
+        [written] = rt.settings.index_dir.glob("shard-*.faiss")
+        whole_bytes = max(f.stat().st_size for f in rt.settings.index_dir.glob("ivf-*.faiss"))
+        assert written.stat().st_size < whole_bytes
+        rt.ingestor.ingest(Upload(topic_doc("git", 960, 2).encode(), "after-the-part.md"))
+        booted[0].follow()
+        assert booted[0].write_part() and [f.name for f in rt.settings.index_dir.glob("shard-*.faiss")] == [
+            written.name.replace(f"@{part.position}", f"@{booted[0].position}")
+        ]  # the older part removed
+        for snapshot in rt.settings.index_dir.glob("*.faiss"):
             snapshot.write_bytes(b"not an index")  # unreadable: SQL builds the replica
         replicas.append(ShardReplica(rt.settings.db_url, shard_map, 1, rt.embedder.dim, 0, where))
+        booted[1].follow()
         assert replicas[-1].booted == "sql" and replicas[-1].index.ntotal == booted[1].index.ntotal
     finally:
         for r in replicas:

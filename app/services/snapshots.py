@@ -11,6 +11,7 @@ unreadable snapshot means a rebuild from SQL, never a wrong answer.
 
 from __future__ import annotations
 
+import builtins
 import logging
 import uuid
 from pathlib import Path
@@ -68,8 +69,22 @@ class SnapshotStore:
         data: bytes = self._fs.cat_file(location)
         return data
 
+    def locations(self) -> builtins.list[str]:
+        """Every file here (snapshots of the whole index and shard parts, app.shard_parts)."""
+        return [f"{self._root}/{n}" for n in self._names()]
+
+    def remove(self, location: str) -> None:
+        """Delete a file; one already gone (another process removed it first) is no error."""
+        try:
+            self._fs.rm_file(location)
+        except OSError as exc:
+            log.debug("snapshot %s already gone: %s", location, exc)
+
     def write(self, clustering: str, position: int, data: bytes | memoryview) -> None:
-        name = snapshot_name(clustering, position)
+        self.write_named(snapshot_name(clustering, position), data)
+
+    def write_named(self, name: str, data: bytes | memoryview) -> None:
+        """Write `data` as `name`, never exposing half a file."""
         if self._local:
             write_atomic(Path(self._root) / name, data)
             return
@@ -84,7 +99,4 @@ class SnapshotStore:
         for name in self._names():
             where = f"{self._root}/{name}"
             if name.startswith("ivf-") and name.endswith(SUFFIX) and where not in keep:
-                try:
-                    self._fs.rm_file(where)
-                except OSError as exc:  # another writer removed it first
-                    log.debug("snapshot %s already gone: %s", where, exc)
+                self.remove(where)
