@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -61,6 +62,43 @@ def truth(settings: Settings, embedder: Embedder, routed_store: RoutedStore) -> 
         settings.database_url = url
     with TestClient(create_app(settings, runtime=Runtime(settings, embedder=embedder), start_in_background=False)) as c:
         yield c
+
+
+class Asker:
+    """A client asking `bodies` in turn on a thread while the block runs: each answer's (status,
+    route)."""
+
+    def __init__(self, client: TestClient, bodies: list[dict[str, Any]]) -> None:
+        self.client, self.bodies = client, bodies
+        self.answers: list[tuple[int, dict[str, Any]]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._ask)
+
+    def _ask(self) -> None:
+        for body in itertools.cycle(self.bodies):
+            if self._stop.is_set():
+                return
+            r = self.client.post("/ask", json=body)
+            self.answers.append((r.status_code, r.json()["route"] if r.status_code == 200 else {}))
+
+    def __enter__(self) -> Asker:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def more(self, count: int, within: float = 60.0) -> None:
+        """Wait for `count` more answers (the client still asking, within `within` seconds)."""
+        target, deadline = len(self.answers) + count, time.monotonic() + within
+        while len(self.answers) < target:
+            assert self._thread.is_alive() and time.monotonic() < deadline
+            time.sleep(0.02)
+
+    def assert_whole(self) -> None:
+        """Every answer a 200, none partial."""
+        assert self.answers and all(code == 200 and not route["partial"] for code, route in self.answers), self.answers
 
 
 def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_path: Path) -> None:
@@ -139,34 +177,13 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
 
         # Under load, one replica of the two-replica git shard is killed: no question fails and
         # none is partial (a search its replica dies with is asked again on the other one).
-        git = [q for q in _questions() if "commit" in q or "branch" in q]
-        answers: list[tuple[int, bool]] = []
-        stop = threading.Event()
-
-        def load() -> None:
-            for q in itertools.cycle(git):
-                if stop.is_set():
-                    return
-                r = client.post("/ask", json={"query": q, "mode": "fallback"})
-                answers.append((r.status_code, r.status_code == 200 and r.json()["route"]["partial"]))
-
-        asking = threading.Thread(target=load)
-        asking.start()
-        try:
-            deadline = time.monotonic() + 30
-            while len(answers) < 20:
-                assert time.monotonic() < deadline and asking.is_alive()
-                time.sleep(0.05)
+        git = [{"query": q, "mode": "fallback"} for q in _questions() if "commit" in q or "branch" in q]
+        with Asker(client, git) as asker:
+            asker.more(20, within=30)
             first = next(a for a in ray.util.list_named_actors(all_namespaces=True) if "shard-git" in a["name"])
             ray.kill(ray.get_actor(first["name"], namespace=first["namespace"]))
-            killed_at = len(answers)
-            while len(answers) < killed_at + 40:
-                assert time.monotonic() < deadline + 60 and asking.is_alive()
-                time.sleep(0.05)
-        finally:
-            stop.set()
-            asking.join(30)
-        assert all(code == 200 for code, _ in answers) and not any(partial for _, partial in answers), answers
+            asker.more(40, within=60)
+        asker.assert_whole()
 
         # A shard that cannot answer in time is left out: partial, never an error (a timeout of
         # 0.1 ms, which no shard meets), and the answer is not cached.
@@ -228,14 +245,8 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
         before_move = [client.post("/ask", json=body).json() for body in asked_fallback]
         experts = {p.name: p.id for p in rt.state().experts.values()}
         moving = int(lists[0][0])
-        answers.clear()
-        stop.clear()
-        asking = threading.Thread(target=load)
-        asking.start()
-        try:
-            while len(answers) < 5:
-                assert asking.is_alive()
-                time.sleep(0.05)
+        with Asker(client, git) as asker:
+            asker.more(5)
             moved = client.post(
                 "/admin/api/clusters/assign",
                 json={"cluster_ids": [moving], "expert_id": experts["sqlite"]},
@@ -245,14 +256,8 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
             at_once = [client.post("/ask", json=body).json() for body in asked_fallback]  # before the poll
             if moved.json()["realign_job"] is not None:
                 assert wait_job(client, moved.json()["realign_job"], AUTH)["status"] == "done"
-            settled = len(answers)
-            while len(answers) < settled + 10:
-                assert asking.is_alive()
-                time.sleep(0.05)
-        finally:
-            stop.set()
-            asking.join(30)
-        assert all(code == 200 for code, _ in answers) and not any(partial for _, partial in answers), answers
+            asker.more(10)
+        asker.assert_whole()
         after_move = [client.post("/ask", json=body).json() for body in asked_fallback]
         for b, a in itertools.chain(zip(before_move, at_once, strict=True), zip(before_move, after_move, strict=True)):
             assert [(c["chunk_id"], c["score"]) for c in a["citations"]] == [
@@ -273,33 +278,16 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
         second_router = rt.routers.train(activate=False, force=True)["version"]
         with rt.sessions() as s:
             rollout = {read_version(s): first_router}  # catalogue version -> its active router
-        routes: list[tuple[int, dict[str, object]]] = []
-
-        def ask_routed() -> None:
-            for q in itertools.cycle(questions):
-                if stop.is_set():
-                    return
-                r = client.post("/ask", json={"query": q})
-                routes.append((r.status_code, r.json()["route"] if r.status_code == 200 else {}))
-
-        stop.clear()
-        asking = threading.Thread(target=ask_routed)
-        asking.start()
-        try:
+        with Asker(client, [{"query": q} for q in questions]) as asker:
             for i in range(6):
-                while len(routes) < 3 * (i + 1):
-                    assert asking.is_alive()
-                    time.sleep(0.02)
+                asker.more(3)
                 active = second_router if i % 2 == 0 else first_router
                 rt.routers.activate(active)
                 with rt.sessions() as s:
                     rollout[read_version(s)] = active
-        finally:
-            stop.set()
-            asking.join(30)
-        assert all(code == 200 and not route["partial"] for code, route in routes), routes
+        asker.assert_whole()
         seen_routers = set()
-        for _, route in routes:
+        for _, route in asker.answers:
             v = int(route["catalogue_version"])  # type: ignore[call-overload]
             assert route["router_version"] == rollout[max(k for k in rollout if k <= v)], (route, rollout)
             seen_routers.add(route["router_version"])
@@ -323,26 +311,13 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
         assert not deployed(new_map) and not follower.check()  # not running yet: the old map serves
         assert rt.state().shard_map == shard_map.version
         before_map = [client.post("/ask", json=body).json() for body in asked_fallback]
-        answers.clear()
-        stop.clear()
-        asking = threading.Thread(target=load)
-        asking.start()
-        try:
+        with Asker(client, git) as asker:
             deploy(new_map, rt.settings.db_url, rt.embedder.dim, str(rt.settings.index_dir))
             assert follower.check() and rt.state().shard_map == new_map.version
-            switched = len(answers)
-            while len(answers) < switched + 10:
-                assert asking.is_alive()
-                time.sleep(0.05)
+            asker.more(10)
             assert retire(keep=new_map) == [f"moerag-shards-{shard_map.version}"]
-            retired = len(answers)
-            while len(answers) < retired + 10:
-                assert asking.is_alive()
-                time.sleep(0.05)
-        finally:
-            stop.set()
-            asking.join(30)
-        assert all(code == 200 for code, _ in answers) and not any(partial for _, partial in answers), answers
+            asker.more(10)
+        asker.assert_whole()
         on_new_map = [client.post("/ask", json=body).json() for body in asked_fallback]
         for b, a in zip(before_map, on_new_map, strict=True):
             assert a["route"]["shard_map"] == new_map.version
