@@ -22,10 +22,18 @@ from engine.embedder import Embedder
 from engine.generators import GENERIC_SYSTEM_PROMPT, Generator, Passage
 from engine.lexical import Fusion, LexicalIndex, LexicalQuery, convex_fusion, reciprocal_rank_fusion
 from engine.question_encoder import done_future
-from engine.route_check import best_outside, lexical_best_outside, no_expert_fits, overruled
+from engine.route_check import (
+    Outside,
+    best_outside,
+    lexical_best_outside,
+    no_expert_fits,
+    outside_lists,
+    outside_of,
+    overruled,
+)
 from engine.router import Router
 from engine.serving import ExpertProfile, ServingState
-from index import SearchIndex
+from index import Ask, SearchIndex
 from index.shards import shard_failures
 
 __all__ = ["AskPipeline", "AskRequest", "ChunkRecord", "ChunkStore", "ExpertProfile", "Prepared", "Route"]
@@ -216,13 +224,18 @@ class AskPipeline:
             scope = [c for c in route.expert.clusters if 0 <= c < index.nlist]
             clusters = scope
             matrix = state.matrix
+            outside: Outside | Literal[False] | None = False  # the check's probe, once searched
             if matrix is not None:  # GPU deployments: the expert-sorted copy and the scoped kernel
                 scores, ids = matrix.search(q, [route.expert.id], n)  # [1, N]
                 route.vectors_scanned += matrix.sizes([route.expert.id])
             else:  # FAISS: only the expert's inverted lists (the nearest ones, when capped)
                 if cfg.expert_nprobe:
                     clusters = index.nearest_lists(q[0], scope, cfg.expert_nprobe).tolist()
-                scores, ids = index.search(q, n, clusters)  # [1, N]
+                # The route's check probe goes with the scoped search (over shards: one round trip).
+                probed = outside_lists(q, index, scope, cfg.expert_verify_lists) if req.mode != "expert" else []
+                asks: list[Ask] = [(n, clusters), (1, probed)] if probed else [(n, clusters)]
+                (scores, ids), *probe = index.search_each(q, asks)  # [1, N]; [1, 1]
+                outside = outside_of(probe[0][0], probed, index) if probe else None
                 route.vectors_scanned += index.scan_size(clusters)[1]
             route.clusters_scanned += len(clusters)
             dense = [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True) if i >= 0]
@@ -231,7 +244,7 @@ class AskPipeline:
             if checked and best < cfg.expert_min_score:
                 route.path, route.reason = "fallback", "weak_expert_results"
                 route.detail = f"best scoped score {best:.2f} < {cfg.expert_min_score:.2f}: searched everything"
-            elif checked and (verdict := self._check_route(q, terms, index, scope, best, route)):
+            elif checked and (verdict := self._check_route(q, terms, index, scope, best, route, outside)):
                 route.path, route.reason, route.detail = "fallback", *verdict
             elif cfg.expert_hybrid:  # BM25 over the expert's chunks, fused as on the fallback
                 citations = self._fuse(dense, terms, k, n, index, scope)
@@ -336,11 +349,13 @@ class AskPipeline:
         scope: list[int],
         best: float,
         route: Route,
+        outside: Outside | Literal[False] | None = False,
     ) -> tuple[str, str] | None:
-        """The route's check (engine.route_check): (reason, detail) when the evidence outside the
-        expert overrules it, else None; what its probe scanned is added to the route's counts."""
+        """The route's check (engine.route_check): (reason, detail) when the evidence outside the expert
+        overrules it, else None; its probe's result is `outside` (False: searched here), its scan counted."""
         cfg = self.config
-        outside = best_outside(q, index, scope, cfg.expert_verify_lists)
+        if outside is False:
+            outside = best_outside(q, index, scope, cfg.expert_verify_lists)
         if outside is None:
             return None
         route.vectors_scanned += outside.vectors

@@ -26,18 +26,25 @@ class Outside:
     vectors: int
 
 
-def best_outside(q: np.ndarray, index: SearchIndex, scope: list[int], lists: int) -> Outside | None:
-    """q [1, D]: the best chunk in its `lists` nearest lists outside `scope` (None: off or nothing there)."""
+def outside_lists(q: np.ndarray, index: SearchIndex, scope: list[int], lists: int) -> list[int]:
+    """q [1, D]: the check's probe, its `lists` nearest lists outside `scope` ([]: off or none)."""
     probe = index.probe_budget(lists)
     if probe <= 0:
-        return None
+        return []
     rest = np.ones(index.nlist, dtype=bool)  # [C]: the lists outside the expert
     rest[scope] = False
-    nearest = index.nearest_lists(q[0], np.flatnonzero(rest), probe).tolist()
-    if not nearest:
-        return None
-    scores, _ = index.search(q, 1, nearest)  # [1, 1]
-    return Outside(float(scores[0, 0]), len(nearest), index.scan_size(nearest)[1])
+    return [int(c) for c in index.nearest_lists(q[0], np.flatnonzero(rest), probe)]
+
+
+def outside_of(scores: np.ndarray, probed: list[int], index: SearchIndex) -> Outside | None:
+    """The probe's result (scores [1, 1] over the lists `probed`) as the check reads it."""
+    return Outside(float(scores[0, 0]), len(probed), index.scan_size(probed)[1]) if probed else None
+
+
+def best_outside(q: np.ndarray, index: SearchIndex, scope: list[int], lists: int) -> Outside | None:
+    """q [1, D]: the best chunk in its `lists` nearest lists outside `scope` (None: off or nothing there)."""
+    nearest = outside_lists(q, index, scope, lists)
+    return outside_of(index.search(q, 1, nearest)[0], nearest, index) if nearest else None
 
 
 def lexical_best_outside(terms: LexicalQuery | None, index: SearchIndex, scope: list[int]) -> bool:

@@ -26,7 +26,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from index.store import ClusteredIndex, SearchIndex, nearest_of
+from index.store import Ask, ClusteredIndex, SearchIndex, nearest_of
 
 log = logging.getLogger(__name__)
 Floats = npt.NDArray[np.float32]
@@ -204,36 +204,49 @@ class ShardedIndex:
     def search(self, q: Floats, k: int, clusters: Iterable[int] | None = None) -> tuple[Floats, Ints]:
         """As `ClusteredIndex.search`: q [Q, D] -> (scores [Q, k], ids [Q, k]); only the shards
         holding the lists are asked, all at once, and their top-k merged."""
+        return self.search_each(q, [(k, clusters)])[0]
+
+    def search_each(self, q: Floats, asks: Sequence[Ask]) -> list[tuple[Floats, Ints]]:
+        """Several searches of q [Q, D], each (k, lists): every shard call of every search is sent
+        before any answer is awaited (a confident question's scoped search and its route check's
+        probe travel together: one round trip, not two). Results in order."""
         q = np.ascontiguousarray(q, dtype=np.float32)
         if q.ndim != 2 or q.shape[1] != self.dim:
             raise ValueError(f"queries must be [Q, {self.dim}], got {q.shape}")
-        if k <= 0:
+        if any(k <= 0 for k, _ in asks):
             raise ValueError("k must be positive")
-        lists = np.arange(self.nlist, dtype=np.int64) if clusters is None else self._valid_lists(clusters)
-        if lists.size == 0:
-            return np.full((len(q), k), -np.inf, dtype=np.float32), np.full((len(q), k), -1, dtype=np.int64)
-        mine = {int(s): lists[self.shard_of_list[lists] == s] for s in np.unique(self.shard_of_list[lists])}
-        answers = self._gather(q, k, mine, None)
-        # One cut: a chunk moving between two shards is in the one it leaves until that shard's
-        # version passes the move, and in the one it enters from then on. Shards follow on their
-        # own, so a shard whose content may be older than another's newest is asked again at that
-        # version: no moving chunk is then missed (one found twice is merged once).
-        stamped = {s: a[2:] for s, a in answers.items() if len(a) == 4}
-        if len(stamped) > 1:
-            target = max(hi for _, hi in stamped.values())
-            behind = {s: mine[s] for s, (lo, _) in stamped.items() if lo < target}
-            if behind:
-                self.reasked += len(behind)
-                for s in behind:
-                    del answers[s]
-                answers |= self._gather(q, k, behind, target)
-        if not answers:
-            return np.full((len(q), k), -np.inf, dtype=np.float32), np.full((len(q), k), -1, dtype=np.int64)
-        return merge_topk([(a[0], a[1]) for a in answers.values()], k)
+        every = np.arange(self.nlist, dtype=np.int64)
+        wanted = [every if clusters is None else self._valid_lists(clusters) for _, clusters in asks]
+        mine = [{int(s): lists[self.shard_of_list[lists] == s] for s in np.unique(self.shard_of_list[lists])}
+                for lists in wanted]  # fmt: skip
+        sent = [self._send(q, k, m, None) for (k, _), m in zip(asks, mine, strict=True)]
+        out = []
+        for (k, _), m, pending in zip(asks, mine, sent, strict=True):
+            answers = self._collect(pending)
+            # One cut: a chunk moving between two shards is in the one it leaves until that shard's
+            # version passes the move, and in the one it enters from then on. Shards follow on their
+            # own, so a shard whose content may be older than another's newest is asked again at
+            # that version: no moving chunk is then missed (one found twice is merged once).
+            stamped = {s: a[2:] for s, a in answers.items() if len(a) == 4}
+            if len(stamped) > 1:
+                target = max(hi for _, hi in stamped.values())
+                behind = {s: m[s] for s, (lo, _) in stamped.items() if lo < target}
+                if behind:
+                    self.reasked += len(behind)
+                    for s in behind:
+                        del answers[s]
+                    answers |= self._collect(self._send(q, k, behind, target))
+            if not answers:
+                out.append((np.full((len(q), k), -np.inf, dtype=np.float32), np.full((len(q), k), -1, dtype=np.int64)))
+            else:
+                out.append(merge_topk([(a[0], a[1]) for a in answers.values()], k))
+        return out
 
-    def _gather(self, q: Floats, k: int, lists_of: Mapping[int, Ints], at_least: int | None) -> dict[int, Answer]:
-        """Each shard of `lists_of` searched over its lists, all at once: {shard: answer}; a shard
-        that fails or times out is left out (and named: `shard_failures`)."""
+    def _send(
+        self, q: Floats, k: int, lists_of: Mapping[int, Ints], at_least: int | None
+    ) -> list[tuple[int, PendingSearch]]:
+        """Each shard of `lists_of` asked over its lists; a shard that cannot even be asked is
+        left out (and named: `shard_failures`)."""
         pending: list[tuple[int, PendingSearch]] = []
         for s, its_lists in lists_of.items():
             self.calls[s] += 1
@@ -241,6 +254,10 @@ class ShardedIndex:
                 pending.append((s, self.searches[s](q, k, its_lists, at_least)))
             except Exception:  # not even sent (no replica to take it)
                 self._failed(s)
+        return pending
+
+    def _collect(self, pending: list[tuple[int, PendingSearch]]) -> dict[int, Answer]:
+        """{shard: its answer}; a shard that fails or times out is left out (and named)."""
         answers: dict[int, Answer] = {}
         for s, p in pending:
             try:

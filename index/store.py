@@ -42,6 +42,9 @@ def _sq8(quantizer: Any, d: int, c: int) -> Any:
     return ivf
 
 
+Ask = tuple[int, Iterable[int] | None]  # (k, the lists to scan; None: every list)
+
+
 class SearchIndex(Protocol):
     """What the question path reads of an index: `ClusteredIndex`, or `index.shards.ShardedIndex`
     whose vectors live in shards. Shapes as in `ClusteredIndex`."""
@@ -60,6 +63,7 @@ class SearchIndex(Protocol):
     def nearest_lists(self, q: Floats, clusters: Iterable[int], nprobe: int) -> Ints: ...
     def clusters_of(self, ids: Ints) -> Ints: ...
     def search(self, q: Floats, k: int, clusters: Iterable[int] | None = None) -> tuple[Floats, Ints]: ...
+    def search_each(self, q: Floats, asks: Sequence[Ask]) -> list[tuple[Floats, Ints]]: ...
     def search_nearest(self, q: Floats, k: int, nprobe: int) -> tuple[Floats, Ints, int]: ...
 
 
@@ -247,6 +251,11 @@ class ClusteredIndex:
         with self._lock.read():
             scores, ids = self._ivf.search(q, k)
         return scores, ids
+
+    def search_each(self, q: Floats, asks: Sequence[Ask]) -> list[tuple[Floats, Ints]]:
+        """Several searches of the same q [Q, D], each (k, lists) as `search` takes them: their
+        results in order. Here one after the other; over shards (index.shards) sent at once."""
+        return [self.search(q, k, lists) for k, lists in asks]
 
     def search_rows(self, q: Floats, k: int, lists: Sequence[Iterable[int]]) -> tuple[Floats, Ints]:
         """Each row of q [Q, D] over its own lists (`lists[i]` for row i) in one scan: (scores

@@ -93,6 +93,43 @@ def test_shards_answering_at_different_versions_are_brought_to_one_cut() -> None
     assert plain.search(q, 3)[1][0].tolist() == [-1, -1, -1] and plain.reasked == 0  # no versions: as answered
 
 
+def test_several_searches_over_shards_travel_together() -> None:
+    """`search_each` (a confident question's scoped search and its route check's probe) sends
+    every shard call before awaiting any answer: one round trip; results as `search` gives them."""
+    rng = np.random.default_rng(5)
+    centroids = rng.normal(size=(6, 8)).astype(np.float32)
+    x = rng.normal(size=(200, 8)).astype(np.float32)
+    whole = ClusteredIndex.create(centroids, "v")
+    whole.add(x, np.arange(200), whole.assign(x))
+    lists = [np.array([0, 1, 2]), np.array([3, 4, 5])]
+    events: list[str] = []
+
+    def shard(part: ClusteredIndex, name: str) -> Any:
+        search = local_search(part)
+
+        class Recorded:
+            def __init__(self, pending: Any) -> None:
+                self.pending = pending
+
+            def result(self) -> Any:
+                events.append(f"await {name}")
+                return self.pending.result()
+
+        def send(q: Any, k: int, its_lists: Any, at_least: int | None = None) -> Any:
+            events.append(f"send {name}")
+            return Recorded(search(q, k, its_lists, at_least))
+
+        return send
+
+    sharded = ShardedIndex(whole, lists, [shard(carve(whole, ls), f"s{i}") for i, ls in enumerate(lists)])
+    q = x[:1]
+    got = sharded.search_each(q, [(10, [0, 1]), (1, [4, 5])])  # the expert's lists on s0, the probe's on s1
+    assert events == ["send s0", "send s1", "await s0", "await s1"]
+    for (k, scope), (scores, ids) in zip([(10, [0, 1]), (1, [4, 5])], got, strict=True):
+        expect = whole.search(q, k, scope)
+        assert np.array_equal(ids, expect[1]) and np.allclose(scores[ids >= 0], expect[0][expect[1] >= 0])
+
+
 def _questions() -> list[str]:
     sentences = [s.strip().rstrip(".") for text in TOPICS.values() for s in text.split(". ") if s.strip()]
     forms = ["{}", "how {}?", "why {}?", "what does it mean that {}?", "explain: {}", "is it true that {}?",
