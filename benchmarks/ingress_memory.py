@@ -1,7 +1,8 @@
 """What the serving process (the ingress of expert shards) still holds for every chunk when the
-vectors live on shards: the BM25 index (bm25s, as pickled to and from its build child), the
-id -> list map `ShardedIndex` keeps, and the centroids; per chunk on the evaluation store, then
-projected linearly to 50M and 1B chunks.
+vectors live on shards: its own replica of the index (the configured codec: it places and fits
+new documents, and follows the log), the BM25 index (bm25s, as pickled to and from its build
+child), the id -> list map `ShardedIndex` keeps, and the centroids; per chunk on the evaluation
+store, then projected linearly to 50M and 1B chunks.
 
     python benchmarks/ingress_memory.py --data-dir D    # results: benchmarks/results/ingress-memory.json
 """
@@ -39,6 +40,7 @@ def main() -> None:
         ids, lists = index.assignments()
         chunks = len(ids)
         held = {
+            f"replica_{index.codec}_bytes": len(index.to_bytes()),
             "bm25_bytes": len(pickle.dumps(lexical, protocol=pickle.HIGHEST_PROTOCOL)),
             "id_to_list_bytes": int(ids.nbytes + lists.nbytes),
         }
