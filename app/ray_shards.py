@@ -2,10 +2,8 @@
 replica holding only the FAISS lists of its experts, following the index log for them.
 
 `ShardReplica` is the deployment's class and runs without Ray too (tests, one machine): it
-boots from the newest index snapshot (`MOERAG_SNAPSHOT_URL`, or the data directory's index
-folder on one machine), keeping only its lists, and replays the index log after it; without a
-usable snapshot (none, older than the compacted log, unreadable, or a count that disagrees with
-SQL) it builds its part from SQL (the clustering's centroids, the chunks in its lists). It answers
+boots from its part or the newest index snapshot (app.shard_parts), keeping only its lists, and
+replays the index log after it; without a usable one it builds its part from SQL. It answers
 `search(q, k, lists)` and applies the index log after its position, only for its lists
 (`follow`; a new clustering is read again). `deploy` starts or joins a Ray cluster and runs one
 Serve application with a deployment a shard (`shard-<name>`, its replicas from the map);
@@ -103,7 +101,9 @@ class ShardReplica:
             index, position, clustering, lists = self.index, self.position, self.clustering, self.lists
         if not self.snapshots or position <= self.part_written:
             return False
-        shard_parts.write(self.snapshots, index, clustering, lists, position)  # content at or after position
+        with self.sessions() as s:  # every shard's lists now: parts of other lists are stale
+            live = self.shard_map.lists_of_shards(profiles(s), index.nlist)
+        shard_parts.write(self.snapshots, index, clustering, lists, position, live)  # content at or after position
         self.part_written = position
         return True
 
@@ -290,6 +290,7 @@ class RayShards:
         app = shard_map.app_name
         self.handles = [serve.get_deployment_handle(f"shard-{s.name}", app_name=app) for s in shard_map.shards]
         self.sent = [0] * len(shard_map.shards)  # searches this process sent each shard (the console's load)
+        self.reasked = [0] * len(shard_map.shards)  # of them, asked again for one cut (index.shards)
 
     def index_over(
         self, index: ClusteredIndex, experts: Mapping[int, ExpertProfile], position: int = 0
@@ -306,6 +307,7 @@ class RayShards:
             q: npt.NDArray[np.float32], k: int, lists: npt.NDArray[np.int64], at_least: int | None = None
         ) -> Any:
             self.sent[shard] += 1  # a count for operators: a lost increment under races is harmless
+            self.reasked[shard] += at_least is not None
             return search(q, k, lists, at_least)
 
         return counted
@@ -315,11 +317,12 @@ class RayShards:
 
     def overview(self) -> list[dict[str, Any]]:
         """Each shard in map order, for the console: `shard_stats` (a shard none of whose replicas
-        answers within 2 s is `reachable: false`), its experts and the searches this process sent it."""
+        answers within 2 s is `reachable: false`), its experts and the searches this process sent it
+        (`reasked`: of them, asked again to bring the answer to one cut)."""
         rows = shard_stats(self.shard_map, self.handles, timeout_seconds=2.0)
         for n, (shard, row) in enumerate(zip(self.shard_map.shards, rows, strict=True)):
             row["experts"] = list(shard.experts) + (["(unmapped lists)"] if shard.default else [])
-            row["searches"] = self.sent[n]
+            row["searches"], row["reasked"] = self.sent[n], self.reasked[n]
         return rows
 
 

@@ -6,14 +6,16 @@ store's experts) and the catalogue version it holds: `shard-<clustering>-<lists 
 beside the whole-index snapshots in the snapshot store (`MOERAG_SNAPSHOT_URL`, or the data
 directory's index folder). A replica writes its part every PART_SECONDS when it moved on (replicas
 of one shard write the same name; a write is atomic), and removes its older parts and every part
-of another clustering. Booting, a replica takes its part if one holds its lists, else the whole
-newest snapshot cut to its lists, else (app.ray_shards) SQL.
+of another clustering or of lists no shard of its map holds now. Booting, a replica takes its
+part if one holds its lists, else the whole newest snapshot cut to its lists, else (app.ray_shards)
+SQL.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -68,13 +70,23 @@ def newest(
     return None
 
 
-def write(where: str, index: ClusteredIndex, clustering: str, lists: npt.NDArray[np.int64], position: int) -> None:
-    """Write this part at `position`; remove its older parts and any part of another clustering."""
+def write(
+    where: str,
+    index: ClusteredIndex,
+    clustering: str,
+    lists: npt.NDArray[np.int64],
+    position: int,
+    live: Sequence[npt.NDArray[np.int64]] = (),
+) -> None:
+    """Write this part at `position`; remove its older parts, and every part of another clustering
+    or of lists no shard holds now (`live`: each shard's lists; a mapping or map change left them)."""
     store = store_at(where)
     prefix = part_prefix(clustering, lists)
     store.write_named(f"{prefix}{position}{SUFFIX}", index.serialized())
+    keep = {prefix} | {part_prefix(clustering, ls) for ls in live}
     for location in store.locations():
         name = location.rsplit("/", 1)[-1]
-        older = name.startswith(prefix) and name != f"{prefix}{position}{SUFFIX}"
-        if older or (name.startswith("shard-") and not name.startswith(f"shard-{clustering}-")):
+        if not name.startswith("shard-") or name == f"{prefix}{position}{SUFFIX}":
+            continue
+        if name.startswith(prefix) or not any(name.startswith(p) for p in keep):
             store.remove(location)

@@ -164,6 +164,7 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
         assert [(r["shard"], r["vectors"], r["reachable"]) for r in page["shards"]] == [
             (name, s["vectors"], True) for name, s in zip(["git", "sqlite", "rest"], stats, strict=True)
         ]
+        assert all(r["reasked"] >= 0 for r in page["shards"])  # answers asked again for one cut
         assert page["shards"][2]["experts"] == ["debian", "(unmapped lists)"] and sum(
             r["searches"] for r in page["shards"]
         )
