@@ -13,10 +13,11 @@ each question the first turn once:
   right route is its own domain, and its FAQ answer should stay in the top 10 (section 5's rule).
 
 Each second turn is made standalone three ways: as asked (no rewrite), by the rule
-(`engine.followup.standalone`), and, with `--llm`, by the model as a served conversation asks
-it (`make_standalone`: the reply checked, the rule when refused). Each is then routed and retrieved
-by the pipeline as served (k=10). An expert's domain is the one holding most of its chunks.
-The dev questions are only asked here: nothing is trained or tuned on them.
+(`engine.followup.standalone`), and, with `--llm`, by the model through `make_standalone` as a
+served conversation asks it (the reply checked, the rule when refused), except that the first
+turn's answer is not in the history it sees (the turns are routed and retrieved, not answered).
+Each is then routed and retrieved by the pipeline as served (k=10). An expert's domain is the
+one holding most of its chunks. The dev questions are only asked here: nothing is trained or tuned on them.
 """
 
 from __future__ import annotations

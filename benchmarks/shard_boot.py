@@ -43,6 +43,8 @@ def main() -> None:
 
     rt = Runtime(Settings(data_dir=args.data_dir))
     rt.start(run_jobs=False)
+    whole_only = Path(tempfile.mkdtemp(prefix="shard-boot-"))  # the whole snapshot and no part
+    with_parts = Path(tempfile.mkdtemp(prefix="shard-boot-"))
     try:
         rt.indexes.checkpoint()
         state = rt.state()
@@ -50,9 +52,7 @@ def main() -> None:
         shard_map = spread({p.name: int(sizes[list(p.clusters)].sum()) for p in state.experts.values()}, args.shards, 1)
         db, dim = rt.settings.db_url, rt.embedder.dim
         snapshot = next(iter(sorted(rt.settings.index_dir.glob("ivf-*.faiss"))))
-        whole_only = Path(tempfile.mkdtemp(prefix="shard-boot-"))  # the whole snapshot and no part
         shutil.copy(snapshot, whole_only / snapshot.name)
-        with_parts = Path(tempfile.mkdtemp(prefix="shard-boot-"))
         shutil.copy(snapshot, with_parts / snapshot.name)
         part_bytes: dict[str, int] = {}
         for n in range(len(shard_map.shards)):  # each shard's part written once, by a replica
@@ -91,6 +91,8 @@ def main() -> None:
         }
     finally:
         rt.close()
+        for folder in (whole_only, with_parts):  # two copies of the snapshot
+            shutil.rmtree(folder, ignore_errors=True)
     print(json.dumps(result, indent=2))
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")

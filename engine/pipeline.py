@@ -224,6 +224,7 @@ class AskPipeline:
             scope = [c for c in route.expert.clusters if 0 <= c < index.nlist]
             clusters = scope
             matrix = state.matrix
+            checked = req.mode != "expert"  # a forced expert is searched as asked
             outside: Outside | Literal[False] | None = False  # the check's probe, once searched
             if matrix is not None:  # GPU deployments: the expert-sorted copy and the scoped kernel
                 scores, ids = matrix.search(q, [route.expert.id], n)  # [1, N]
@@ -232,7 +233,7 @@ class AskPipeline:
                 if cfg.expert_nprobe:
                     clusters = index.nearest_lists(q[0], scope, cfg.expert_nprobe).tolist()
                 # The route's check probe goes with the scoped search (over shards: one round trip).
-                probed = outside_lists(q, index, scope, cfg.expert_verify_lists) if req.mode != "expert" else []
+                probed = outside_lists(q, index, scope, cfg.expert_verify_lists) if checked else []
                 asks: list[Ask] = [(n, clusters), (1, probed)] if probed else [(n, clusters)]
                 (scores, ids), *probe = index.search_each(q, asks)  # [1, N]; [1, 1]
                 outside = outside_of(probe[0][0], probed, index) if probe else None
@@ -240,7 +241,6 @@ class AskPipeline:
             route.clusters_scanned += len(clusters)
             dense = [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True) if i >= 0]
             best = dense[0][1] if dense else float("-inf")
-            checked = req.mode != "expert"  # a forced expert is searched as asked
             if checked and best < cfg.expert_min_score:
                 route.path, route.reason = "fallback", "weak_expert_results"
                 route.detail = f"best scoped score {best:.2f} < {cfg.expert_min_score:.2f}: searched everything"

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, delete, func, select
+from sqlalchemy import CursorResult, delete, func, literal, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.models import ConversationTurn
@@ -32,12 +32,13 @@ def begin(
 ) -> Turn:
     """The next turn of `conversation_id` (a new id starts a conversation): `question` made
     standalone from the earlier turns (by the model `complete` when given, else by the rule)."""
-    with sessions() as s:
+    with sessions() as s:  # the rule reads the last turn's standalone question; a model also sees answers
+        answer = ConversationTurn.answer if complete is not None else literal(None)
         rows = s.execute(
-            select(ConversationTurn.standalone, ConversationTurn.answer)
+            select(ConversationTurn.standalone, answer)
             .where(ConversationTurn.conversation_id == conversation_id)
             .order_by(ConversationTurn.id.desc())
-            .limit(HISTORY_TURNS)
+            .limit(HISTORY_TURNS if complete is not None else 1)
         ).all()
     history = [(asked, answer) for asked, answer in reversed(rows)]
     text, by = make_standalone(question, history, limit, complete)
