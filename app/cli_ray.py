@@ -2,11 +2,13 @@
 
 `up` joins the Ray cluster at `--address`, or the local one, or starts a local one (`ray start
 --head`, Ray's own command), and deploys one Serve deployment per shard of the map, as one Serve
-application per map version. `moerag serve` with MOERAG_SHARD_MAP (and MOERAG_RAY_ADDRESS) then
+application per map version; a map with `embedder:` also runs the model there, once for the
+cluster (app.ray_embedder). `moerag serve` with MOERAG_SHARD_MAP (and MOERAG_RAY_ADDRESS) then
 searches through them; a changed map file, once `up` runs it, is what the servers switch to
 (app.shard_map_follow), and `up` deletes the other maps' shards `--retire-after` seconds later.
 `status` prints each shard: its replicas, the lists and vectors it holds and the catalogue
-version it has reached. `down` deletes every map's shards (and stops the local cluster).
+version it has reached. `down` deletes every map's shards and the embedder (and stops the local
+cluster).
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def _ray_command(*args: str) -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> None:
-    from app import ray_shards, shard_map
+    from app import ray_client, ray_shards, shard_map
     from app.db import make_engine
 
     ray_shards.require()
@@ -75,7 +77,22 @@ def cmd_up(args: argparse.Namespace) -> None:
     # Replicas boot from the snapshots (MOERAG_SNAPSHOT_URL; on one machine the data dir's index folder).
     snapshots = settings.snapshot_url or str(settings.index_dir)
     handles = ray_shards.deploy(shards, settings.db_url, dim, snapshots, settings.index_codec)
-    print(json.dumps({"shard_map": shards.version, "shards": ray_shards.shard_stats(shards, handles)}, indent=2))
+    print(json.dumps({"shard_map": shards.version, "shards": ray_client.shard_stats(shards, handles)}, indent=2))
+    if shards.embedder is not None:  # the model on Ray too: one application whatever the map's version
+        from app import ray_embedder
+
+        spec = shards.embedder
+        if not ray_embedder.running(spec.replicas):
+            model = str(settings.model_path) if settings.model_path else None
+            handle = ray_embedder.deploy(
+                spec.replicas,
+                spec.max_batch,
+                model,
+                settings.embed_dtype,
+                settings.embed_batch_size,
+                settings.question_runtime,
+            )
+            print(json.dumps({"embedder": handle.info.remote().result()}, indent=2))
     from ray import serve
 
     from app.shard_map_follow import retire
@@ -89,10 +106,15 @@ def cmd_up(args: argparse.Namespace) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> None:
-    from app import ray_shards, shard_map
+    from app import ray_client, shard_map
 
-    shards = ray_shards.RayShards(shard_map.load(args.config), args.address)
-    print(json.dumps({"shard_map": shards.shard_map.version, "shards": shards.stats()}, indent=2))
+    shards = ray_client.RayShards(shard_map.load(args.config), args.address)
+    out: dict[str, Any] = {"shard_map": shards.shard_map.version, "shards": shards.stats()}
+    if shards.shard_map.embedder is not None:
+        from app import ray_embedder
+
+        out["embedder"] = ray_embedder.status()
+    print(json.dumps(out, indent=2))
 
 
 def cmd_down(args: argparse.Namespace) -> None:
@@ -105,6 +127,11 @@ def cmd_down(args: argparse.Namespace) -> None:
     ray.init(address=args.address or "auto", log_to_driver=False)
     serve.start(proxy_location="Disabled")
     deleted = retire()
+    from app import ray_embedder
+
+    if ray_embedder.APP in serve.status().applications:
+        serve.delete(ray_embedder.APP)
+        deleted.append(ray_embedder.APP)
     ray.shutdown()
     if args.address is None:
         _ray_command("stop")

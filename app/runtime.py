@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from typing import cast
 
 import numpy as np
 import torch
@@ -201,9 +202,12 @@ class Runtime:
             self.admin_token = load_or_create_token(
                 s.admin_token.get_secret_value() if s.admin_token else None, s.token_file
             )
-            emb = self._embedder or Embedder(
-                s.model_path, dtype=s.embed_dtype, batch_size=s.embed_batch_size, cache_dir=s.resolved_cache_dir
-            )
+            shards = None
+            if s.shard_map is not None:  # searches go to the expert shards on Ray Serve (`moerag ray up`)
+                from app import shard_map
+
+                shards = shard_map.load(s.shard_map)
+            emb = self._embedder or load_embedder(s, shards is not None and shards.embedder is not None)
             if run_jobs:  # serving: uploads embed behind the questions being answered
                 emb.lower_document_priority(s.background_niceness)
             if s.trace_questions and run_jobs:  # serving: the model call without the GIL (one-shots skip it)
@@ -239,11 +243,11 @@ class Runtime:
             states = ServingStates(
                 self.sessions, indexes, lambda: routers.load_active(), kernel_matrix=self.kernel_search
             )
-            if s.shard_map is not None:  # searches go to the expert shards on Ray Serve (`moerag ray up`)
-                from app import ray_shards, shard_map
+            if s.shard_map is not None and shards is not None:
+                from app import ray_client
                 from app.shard_map_follow import ShardMapFollower
 
-                tier = ray_shards.RayShards(shard_map.load(s.shard_map), s.ray_address, s.shard_timeout_seconds)
+                tier = ray_client.RayShards(shards, s.ray_address, s.shard_timeout_seconds)
                 states.shards = tier
                 follow = ShardMapFollower(
                     s.shard_map, states, tier.shard_map.version, s.ray_address, tier.timeout_seconds
@@ -369,3 +373,13 @@ class Runtime:
                 "clusters": s.scalar(select(func.count(Cluster.id))) or 0,
                 "index_vectors": self.indexes.index.ntotal,
             }
+
+
+def load_embedder(s: Settings, on_ray: bool) -> Embedder:
+    """The model, loaded here, or (`on_ray`: the shard map has an `embedder:`) the embedder
+    deployment `moerag ray up` runs, behind the same interface (app.ray_embedder)."""
+    if on_ray:
+        from app.ray_embedder import RemoteEmbedder
+
+        return cast(Embedder, RemoteEmbedder.connect(s.ray_address))  # Embedder's serving interface
+    return Embedder(s.model_path, dtype=s.embed_dtype, batch_size=s.embed_batch_size, cache_dir=s.resolved_cache_dir)

@@ -7,6 +7,9 @@
       - name: rest
         experts: [sqlite]
         default: true       # also holds every list no named expert owns
+    embedder:               # optional: the model runs on Ray too (app.ray_embedder), not in each server
+      replicas: 1
+      max_batch: 16         # the most questions a replica embeds in one call
 
 Every list belongs to exactly one shard: its expert's, or the default shard's when no expert
 owns it or its expert is not named. A map is checked when read (a clear error names what is
@@ -41,9 +44,16 @@ class Shard:
 
 
 @dataclass(frozen=True)
+class EmbedderSpec:
+    replicas: int = 1
+    max_batch: int = 16
+
+
+@dataclass(frozen=True)
 class ShardMap:
     shards: tuple[Shard, ...]
     version: str  # the file's content hash: what responses and `ray status` name
+    embedder: EmbedderSpec | None = None  # the model on Ray Serve (app.ray_embedder); None: in each server
 
     @property
     def app_name(self) -> str:
@@ -101,7 +111,19 @@ def parse(data: Any, version: str = "") -> ShardMap:
         raise InvalidSetting(f"exactly one shard has 'default: true' (it holds unowned lists); found {defaults}")
     if not version:  # a map not read from a file: named by its content
         version = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
-    return ShardMap(tuple(shards), version)
+    return ShardMap(tuple(shards), version, _embedder(data.get("embedder")))
+
+
+def _embedder(raw: Any) -> EmbedderSpec | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) - {"replicas", "max_batch"}:
+        raise InvalidSetting("'embedder' is a mapping of 'replicas' (1-64) and 'max_batch' (1-256)")
+    spec = EmbedderSpec(raw.get("replicas", 1), raw.get("max_batch", 16))
+    for name, value, top in (("replicas", spec.replicas, 64), ("max_batch", spec.max_batch, 256)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= top:
+            raise InvalidSetting(f"embedder: {name!r} is a whole number from 1 to {top}")
+    return spec
 
 
 def load(path: Path) -> ShardMap:

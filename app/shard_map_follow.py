@@ -15,7 +15,7 @@ import logging
 import threading
 from pathlib import Path
 
-from app import ray_shards, shard_map
+from app import ray_client, ray_shards, shard_map
 from app.services.serving import ServingStates
 from app.shard_map import APP, ShardMap
 from engine.errors import InvalidSetting
@@ -62,7 +62,7 @@ class ShardMapFollower:
                 log.info("shard map %s changed to %s: waiting for `moerag ray up` to run it", self.path, new.version)
                 self._waiting = new.version
             return False
-        self.states.reshard(ray_shards.RayShards(new, self.address, self.timeout_seconds))
+        self.states.reshard(ray_client.RayShards(new, self.address, self.timeout_seconds))
         log.info("serving over shard map %s (was %s)", new.version, self.version)
         self.version, self._waiting = new.version, None
         return True

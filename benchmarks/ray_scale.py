@@ -41,7 +41,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.ray_shards import deploy, searches
+from app.ray_client import searches
+from app.ray_shards import deploy
 from app.runtime import Runtime
 from app.settings import Settings
 from app.shard_map import ShardMap, parse

@@ -1,7 +1,8 @@
 """Expert shards on a real local Ray cluster (the `ray` extra; skipped without it), PostgreSQL
 the truth when the run has one (MOERAG_TEST_PG_URL, as CI does), else SQLite: three shard
 deployments from a shard map, the hottest with two replicas, answer the ask flow exactly as the
-single process does; a document just uploaded is found at once; killing one replica of the
+single process does; the model run as an embedder deployment gives the same vectors and answers,
+several callers' questions in one model call; a document just uploaded is found at once; killing one replica of the
 two-replica shard under load fails no question; a shard that does not answer in time leaves the
 answer partial, and one whose only replica is killed is replaced by Serve without a failed question;
 four concurrent writers' chunks are on their shards within a bound, each shard holding exactly SQL's
@@ -105,7 +106,8 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
     client = truth
     from ray import serve
 
-    from app.ray_shards import RayShards, deploy, searches
+    from app.ray_client import RayShards, searches
+    from app.ray_shards import deploy
     from app.shard_map import parse
 
     rt = client.app.state.runtime  # type: ignore[attr-defined]
@@ -174,6 +176,7 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
         served.searches[0](rt.embedder.encode(["git rebase"]), 3, lists[0], rt.catalogue.version).result()
         again = client.get("/admin/api/shards", headers=AUTH).json()["shards"]
         assert [r["reasked"] for r in again] == [r["reasked"] + (n == 0) for n, r in enumerate(page["shards"])]
+        _embedder_on_ray(client, questions, after)
         # Read your writes: a document just uploaded is found at once (a shard behind the state's
         # index position follows the log before it searches).
         text = "# Zanzibar quokka ledger\n\nThe zanzibar quokka ledger reconciles every quokka entry nightly."
@@ -359,3 +362,52 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+def _embedder_on_ray(client: TestClient, questions: list[str], expected: list[dict[str, Any]]) -> None:
+    """A map's `embedder:`: the model runs as a Serve deployment (app.ray_embedder) and the server
+        embeds through it: the same vectors and token counts as the model in process, questions from
+        concurrent callers batched into one model call, and the served answers unchanged (in bfloat16,
+    whose sums on other threads differ by ~1e-3, the same route and first citation)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ray import serve
+
+    from app import ray_embedder
+    from app.runtime import load_embedder
+    from engine.question_encoder import QuestionEncoder
+
+    rt = client.app.state.runtime  # type: ignore[attr-defined]
+    s = rt.settings
+    model = ray_embedder.deploy(1, 16, None, s.embed_dtype, s.embed_batch_size, s.question_runtime)
+    try:
+        assert ray_embedder.running(1) and not ray_embedder.running(2)
+        assert ray_embedder.status()["replicas"] == {"RUNNING": 1}  # what `moerag ray status` adds
+        remote = load_embedder(s, on_ray=True)  # what a server whose map has `embedder:` holds
+        assert isinstance(remote, ray_embedder.RemoteEmbedder)
+        assert (remote.dim, remote.name, remote.max_tokens) == (
+            rt.embedder.dim,
+            rt.embedder.name,
+            rt.embedder.max_tokens,
+        )
+        # Within what the model's own compiled-versus-eager check allows for its dtype (a replica's
+        # matrix products run on other threads than the server's: bfloat16 sums differ in order).
+        atol = 1e-2 if remote.dtype_name == "bfloat16" else 1e-5
+        assert np.allclose(remote.encode_questions(questions), rt.embedder.encode_questions(questions), atol=atol)
+        assert np.allclose(remote.encode(questions[:4]), rt.embedder.encode(questions[:4]), atol=atol)
+        assert remote.count_tokens(questions) == rt.embedder.count_tokens(questions)
+        pipeline, own, answers = rt.pipeline, rt.pipeline.submit_question, rt.services.answers
+        pipeline.submit_question = QuestionEncoder(remote.encode_questions, max_batch=16, workers=4).submit
+        cached, answers.size = answers.size, 0  # every question embedded again, not answered from the cache
+        try:
+            with ThreadPoolExecutor(4) as pool:
+                got = list(pool.map(lambda q: client.post("/ask", json={"query": q}).json(), questions))
+        finally:
+            pipeline.submit_question, answers.size = own, cached
+        for a, b in zip(got, expected, strict=True):  # bfloat16: 1.1e-3 apart at most here; the same answers
+            ids, want = [c["chunk_id"] for c in a["citations"]], [c["chunk_id"] for c in b["citations"]]
+            assert a["route"]["path"] == b["route"]["path"] and (ids == want if atol < 1e-3 else ids[0] == want[0])
+        batches = model.recent_batches.remote().result()
+        assert sum(batches) >= 2 * len(questions) and max(batches) > 1  # callers' questions share calls
+    finally:
+        serve.delete(ray_embedder.APP)  # its memory back for the rest of the module

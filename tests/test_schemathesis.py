@@ -54,7 +54,14 @@ def test_the_api_keeps_its_contract_under_fuzzing(tmp_path: Path, with_token: bo
         if with_token:
             cmd += ["--header", f"Authorization: Bearer {TOKEN}"]
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=SECONDS + 240, cwd=tmp_path)
-        assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
-        assert "Internal Server Error" not in (tmp_path / "server.log").read_text()
+        server_log = (tmp_path / "server.log").read_text(errors="replace")
+        assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:] + _tracebacks(server_log)
+        assert "Internal Server Error" not in server_log, _tracebacks(server_log)
     finally:
         server.stop()
+
+
+def _tracebacks(server_log: str) -> str:
+    """The server's tracebacks (the cause of a 5xx), the last ones if many."""
+    found = server_log.split("Traceback (most recent call last):")[1:]
+    return "\n--- server tracebacks ---\n" + "\n".join(t[-3000:] for t in found[-3:]) if found else ""

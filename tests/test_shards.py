@@ -191,7 +191,9 @@ def test_the_shard_map_is_checked_when_read_and_when_applied(tmp_path: Any) -> N
 
     example = load(Path(__file__).resolve().parent.parent / "docs" / "shards.example.yaml")
     assert [s.name for s in example.shards] == ["code", "data", "rest"] and example.default == 2
-    assert example.shards[0].replicas == 2 and len(example.version) == 12
+    assert example.shards[0].replicas == 2 and len(example.version) == 12 and example.embedder is None
+    with_model = parse({"shards": [{"name": "a", "default": True}], "embedder": {"replicas": 2}})
+    assert with_model.embedder is not None and (with_model.embedder.replicas, with_model.embedder.max_batch) == (2, 16)
     bad = {
         "non-empty list": {"shards": []},
         "named twice": {"shards": [{"name": "a", "default": True}, {"name": "a"}]},
@@ -200,6 +202,8 @@ def test_the_shard_map_is_checked_when_read_and_when_applied(tmp_path: Any) -> N
         },
         "exactly one shard": {"shards": [{"name": "a"}]},
         "replicas": {"shards": [{"name": "a", "replicas": 0, "default": True}]},
+        "'max_batch' is a whole number": {"shards": [{"name": "a", "default": True}], "embedder": {"max_batch": 0}},
+        "a mapping of 'replicas'": {"shards": [{"name": "a", "default": True}], "embedder": {"gpus": 1}},
     }
     for words, data in bad.items():
         with pytest.raises(InvalidSetting, match=words):

@@ -42,7 +42,7 @@ _PROFILE_PARTS = frozenset({"clusters", "experts", "index"})
 
 
 class ShardTier(Protocol):
-    """Where the index's vectors live when they are spread over expert shards (app.ray_shards.RayShards)."""
+    """Where the index's vectors live when they are spread over expert shards (app.ray_client.RayShards)."""
 
     def index_over(self, index: ClusteredIndex, experts: Mapping[int, ExpertProfile], position: int) -> ShardedIndex:
         """The state's index: `index`'s lists over the shards, searched at catalogue version `position` or later."""
@@ -70,7 +70,7 @@ class ServingStates:
         self._serial = 0
         self._lock = threading.Lock()
         self.build_ms = {"last": 0.0, "max": 0.0}  # building a state after a catalogue change (/readyz)
-        # Expert shards (app.ray_shards.RayShards): the state's index is then the replica's lists
+        # Expert shards (app.ray_client.RayShards): the state's index is then the replica's lists
         # spread over the shards, as the shard map says for the state's experts.
         self.shards: ShardTier | None = None
 

@@ -1,0 +1,137 @@
+"""The serving side of the Ray tier (app.ray_shards deploys it): handles to a shard map's
+deployments, the sharded view of an index a serving state holds (`RayShards.index_over`), each
+shard's figures for `moerag ray status` and the console, and the bounded wait on a shard's answer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from app.ray_shards import Stamped, require
+from app.shard_map import ShardMap
+from engine.serving import ExpertProfile
+from index import ClusteredIndex
+from index.shards import ShardedIndex, ShardSearch
+
+log = logging.getLogger(__name__)
+
+
+class RayShards:
+    """The serving side: the shard map's deployments, and the sharded view of an index that the
+    serving state holds instead of the index (app.services.serving)."""
+
+    def __init__(self, shard_map: ShardMap, address: str = "auto", timeout_seconds: float = 5.0) -> None:
+        serve = require()
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=address, log_to_driver=False)
+        self.shard_map, self.timeout_seconds = shard_map, timeout_seconds
+        app = shard_map.app_name
+        self.handles = [serve.get_deployment_handle(f"shard-{s.name}", app_name=app) for s in shard_map.shards]
+        self.sent = [0] * len(shard_map.shards)  # searches this process sent each shard (the console's load)
+        self.reasked = [0] * len(shard_map.shards)  # of them, asked again for one cut (index.shards)
+
+    def index_over(
+        self, index: ClusteredIndex, experts: Mapping[int, ExpertProfile], position: int = 0
+    ) -> ShardedIndex:
+        """`index`'s lists spread over the shards as the map says for `experts` (its vectors unread),
+        each shard searched at catalogue version `position` or later (the state's)."""
+        lists = self.shard_map.lists_of_shards(experts, index.nlist)
+        names = [s.name for s in self.shard_map.shards]
+        found = [self._counted(n, f) for n, f in enumerate(searches(self.handles, self.timeout_seconds, position))]
+        return ShardedIndex(index, lists, found, shard_map=self.shard_map.version, names=names)
+
+    def _counted(self, shard: int, search: ShardSearch) -> ShardSearch:
+        def counted(
+            q: npt.NDArray[np.float32], k: int, lists: npt.NDArray[np.int64], at_least: int | None = None
+        ) -> Any:
+            self.sent[shard] += 1  # a count for operators: a lost increment under races is harmless
+            self.reasked[shard] += at_least is not None
+            return search(q, k, lists, at_least)
+
+        return counted
+
+    def stats(self) -> list[dict[str, Any]]:
+        return shard_stats(self.shard_map, self.handles)
+
+    def overview(self) -> list[dict[str, Any]]:
+        """Each shard in map order, for the console: `shard_stats` (a shard none of whose replicas
+        answers within 2 s is `reachable: false`), its experts and the searches this process sent it
+        (`reasked`: of them, asked again to bring the answer to one cut)."""
+        rows = shard_stats(self.shard_map, self.handles, timeout_seconds=2.0)
+        for n, (shard, row) in enumerate(zip(self.shard_map.shards, rows, strict=True)):
+            row["experts"] = list(shard.experts) + (["(unmapped lists)"] if shard.default else [])
+            row["searches"], row["reasked"] = self.sent[n], self.reasked[n]
+        return rows
+
+
+def shard_stats(
+    shard_map: ShardMap, handles: Sequence[Any], timeout_seconds: float | None = None
+) -> list[dict[str, Any]]:
+    """Each shard's name, replicas, what one of its replicas holds (lists, vectors, position), and
+    the round trip of that call (`round_trip_ms`: the hop to the shard, no search in it). With a
+    timeout, a shard that does not answer in time is `reachable: false` (its figures None) instead
+    of an error."""
+    out = []
+    for s, h in zip(shard_map.shards, handles, strict=True):
+        row: dict[str, Any] = {"shard": s.name, "replicas": s.replicas}
+        start = time.perf_counter()
+        try:
+            row |= h.stats.remote().result(timeout_s=timeout_seconds)
+        except Exception:  # down, restarting, or too slow
+            if timeout_seconds is None:
+                raise
+            row |= {"reachable": False, "lists": None, "vectors": None, "position": None, "round_trip_ms": None}
+        else:
+            row |= {"reachable": True, "round_trip_ms": round((time.perf_counter() - start) * 1000, 2)}
+        out.append(row)
+    return out
+
+
+def searches(handles: Sequence[Any], timeout_seconds: float | None = None, position: int = 0) -> list[ShardSearch]:
+    """Each shard's search through its Serve handle (any replica; Serve balances them) at catalogue
+    version `position` or later (unless the search names a later one), its answer awaited at most
+    `timeout_seconds` (then the shard is left out of the answer: index.shards). A replica that dies
+    with the search in flight is asked again once, within the same time: Serve sends the retry to
+    another replica."""
+
+    def through(handle: Any) -> ShardSearch:
+        def search(q: Any, k: int, lists: Any, at_least: int | None = None) -> _Within:
+            at = position if at_least is None else max(position, at_least)
+            return _Within(lambda: handle.search.remote(q, k, lists, at), timeout_seconds)
+
+        return search
+
+    return [through(h) for h in handles]
+
+
+class _Within:
+    """A shard's answer (a Serve DeploymentResponse) awaited for a bounded time, asked again once
+    if the replica answering it died."""
+
+    def __init__(self, ask: Callable[[], Any], timeout_seconds: float | None) -> None:
+        self.ask, self.timeout_seconds = ask, timeout_seconds
+        self.deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
+        self.response = ask()
+
+    def result(self) -> Stamped:
+        from ray.exceptions import RayActorError  # the replica died, or cannot be reached
+
+        try:
+            return self._await()
+        except RayActorError as exc:
+            log.warning("a shard replica died answering a search; asking another: %s", exc)
+            self.response = self.ask()
+            return self._await()
+
+    def _await(self) -> Stamped:
+        left = None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
+        out: Stamped = self.response.result(timeout_s=left)
+        return out
