@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from app.ray_shards import Stamped, require
+from app.ray_shards import Stamped, join, require
 from app.shard_map import ShardMap
 from engine.serving import ExpertProfile
 from index import ClusteredIndex
@@ -28,10 +28,7 @@ class RayShards:
 
     def __init__(self, shard_map: ShardMap, address: str = "auto", timeout_seconds: float = 5.0) -> None:
         serve = require()
-        import ray
-
-        if not ray.is_initialized():
-            ray.init(address=address, log_to_driver=False)
+        join(address)
         self.shard_map, self.timeout_seconds = shard_map, timeout_seconds
         app = shard_map.app_name
         self.handles = [serve.get_deployment_handle(f"shard-{s.name}", app_name=app) for s in shard_map.shards]

@@ -23,6 +23,7 @@ import asyncio
 import itertools
 import logging
 import os
+import threading
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
@@ -31,7 +32,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from app.ray_shards import require
+from app.ray_shards import join, require
+from engine.errors import NotConfigured
 
 log = logging.getLogger(__name__)
 APP = "moerag-embedder"  # its Serve application: one for the cluster, whatever the shard map's version
@@ -141,26 +143,33 @@ class RemoteEmbedder:
 
     has_wide_questions = False  # no idle cores to widen onto: the model runs elsewhere
 
-    def __init__(self, handle: Any, timeout_seconds: float = 60.0) -> None:
+    def __init__(self, handle: Any, model_path: str | Path | None = None, timeout_seconds: float = 60.0) -> None:
+        """`model_path`: this machine's copy of the model the replicas run (its tokenizer is read);
+        None: the packaged one."""
         from transformers import AutoTokenizer
 
+        from engine.embedder import packaged_model_path
+
         self.handle, self.timeout_seconds = handle, timeout_seconds
-        info = self._call(lambda: handle.info.remote())
+        try:
+            info = self._call(lambda: handle.info.remote())
+        except Exception as exc:  # not deployed, or not answering
+            raise NotConfigured(
+                f"the embedder deployment does not answer ({type(exc).__name__}): the shard map has an "
+                "`embedder:` section, so run `moerag ray up --config MAP` first"
+            ) from None
         self.dim, self.name, self.max_tokens = int(info["dim"]), str(info["name"]), int(info["max_tokens"])
-        self.max_batch = int(info["max_batch"])
-        self.dtype_name, self.path = str(info["dtype"]), Path(info["path"])
+        self.max_batch, self.dtype_name = int(info["max_batch"]), str(info["dtype"])
         self.question_runtime = f"the embedder deployment ({info['question_model']})"
+        self.path = Path(model_path) if model_path else packaged_model_path()
         self._counter = AutoTokenizer.from_pretrained(str(self.path), local_files_only=True)
+        self._count_lock = threading.Lock()  # a fast tokenizer keeps call settings as state
 
     @classmethod
-    def connect(cls, address: str = "auto") -> RemoteEmbedder:
+    def connect(cls, address: str = "auto", model_path: str | Path | None = None) -> RemoteEmbedder:
         """The embedder application's handle in the Ray cluster at `address` (`ray up` started it)."""
-        serve = require()
-        import ray
-
-        if not ray.is_initialized():
-            ray.init(address=address, log_to_driver=False)
-        return cls(serve.get_deployment_handle(DEPLOYMENT, app_name=APP))
+        join(address)
+        return cls(require().get_deployment_handle(DEPLOYMENT, app_name=APP), model_path)
 
     def _call(self, ask: Callable[[], Any]) -> Any:
         return self._await(ask(), ask)
@@ -178,7 +187,8 @@ class RemoteEmbedder:
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         if not texts:
             return []
-        enc = self._counter(list(texts), add_special_tokens=False, truncation=False, verbose=False)
+        with self._count_lock:
+            enc = self._counter(list(texts), add_special_tokens=False, truncation=False, verbose=False)
         return [len(ids) for ids in enc["input_ids"]]
 
     def encode(self, texts: Sequence[str], *, background: bool = False) -> Vectors:

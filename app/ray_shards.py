@@ -54,6 +54,21 @@ def require() -> Any:
     return serve
 
 
+def join(address: str) -> None:
+    """Connect this process to the Ray cluster at `address` (once), or NotConfigured saying how to
+    start one."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    try:
+        ray.init(address=address, log_to_driver=False)
+    except ConnectionError as exc:
+        raise NotConfigured(
+            f"no Ray cluster at {address!r} ({exc}): start one with `moerag ray up --config MAP`"
+        ) from None
+
+
 class ShardReplica:
     """One replica of one shard: the vectors of `lists` only, in an index with every centroid."""
 

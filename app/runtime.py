@@ -381,5 +381,5 @@ def load_embedder(s: Settings, on_ray: bool) -> Embedder:
     if on_ray:
         from app.ray_embedder import RemoteEmbedder
 
-        return cast(Embedder, RemoteEmbedder.connect(s.ray_address))  # Embedder's serving interface
+        return cast(Embedder, RemoteEmbedder.connect(s.ray_address, s.model_path))  # Embedder's serving interface
     return Embedder(s.model_path, dtype=s.embed_dtype, batch_size=s.embed_batch_size, cache_dir=s.resolved_cache_dir)

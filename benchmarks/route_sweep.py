@@ -33,6 +33,10 @@ def main() -> None:
     ap.add_argument("--data-dir", type=Path, required=True, help="a store routing.py built (router trained)")
     ap.add_argument("--grid", required=True, help="JSON: PipelineConfig field -> list of values")
     ap.add_argument("--questions", type=Path, help="default: ../shared/eval/faq-dev.jsonl")
+    ap.add_argument(
+        "--codec", choices=["flat", "sq8"], default="flat", help="MOERAG_INDEX_CODEC (sq8 rebuilds the copy)"
+    )
+    ap.add_argument("--name", help="also write the rows to benchmarks/results/<name>.json")
     args = ap.parse_args()
 
     from app.runtime import Runtime
@@ -45,12 +49,13 @@ def main() -> None:
         sys.exit(f"not PipelineConfig fields: {sorted(unknown)}")
     questions = load_questions(args.questions)
     # The question cache keeps each question's embedding across combinations; answers are not cached.
-    rt = Runtime(Settings(data_dir=args.data_dir, question_cache=1024, answer_cache=0))
+    rt = Runtime(Settings(data_dir=args.data_dir, question_cache=1024, answer_cache=0, index_codec=args.codec))
     rt.start()
     try:
         setup_experts(rt)  # one expert per domain, named for it
         served_config = rt.pipeline.config
         baseline: list[int | None] | None = None  # the first combination's ranks
+        rows: list[dict[str, object]] = []
         for values in itertools.product(*grid.values()):
             combo = dict(zip(grid, values, strict=True))
             rt.pipeline.config = PipelineConfig(**{**asdict(served_config), **combo})
@@ -73,7 +78,14 @@ def main() -> None:
                 },
             }
             print(json.dumps(row), flush=True)
+            rows.append(row)
         rt.pipeline.config = served_config
+        if args.name:
+            out = {"command": "python benchmarks/route_sweep.py " + " ".join(sys.argv[1:]), "codec": args.codec,
+                   "questions": len(questions), "rows": rows}  # fmt: skip
+            (Path(__file__).resolve().parent / "results" / f"{args.name}.json").write_text(
+                json.dumps(out, indent=2) + "\n"
+            )
     finally:
         rt.close()
 

@@ -397,3 +397,47 @@ def test_a_shard_that_does_not_answer_makes_the_answer_partial_never_an_error(
     whole = client.post("/ask", json={"query": "SQLite write-ahead log checkpoint", "mode": "fallback"}).json()
     assert whole["route"]["partial"] is False and whole["route"]["missing_shards"] == []
     assert any(c["source"].startswith("sqlite") for c in whole["citations"])
+
+
+def test_a_remote_embedder_sends_a_batch_in_calls_the_replica_can_take_and_says_when_none_answers(
+    embedder: Any,
+) -> None:
+    """`RemoteEmbedder` (app.ray_embedder) over a stand-in handle: questions go in calls of at most
+    the replica's `max_batch`, all sent before any is awaited, back in order; token counts come
+    from the tokenizer here; a deployment that does not answer is a clear NotConfigured."""
+    pytest.importorskip("ray")
+    from app.ray_embedder import RemoteEmbedder
+    from engine.errors import NotConfigured
+
+    class Call:
+        def __init__(self, fn: Any) -> None:
+            self.fn = fn
+
+        def remote(self, *args: Any) -> Any:
+            return type("Response", (), {"result": lambda _self, timeout_s=None: self.fn(*args)})()
+
+    sent: list[int] = []
+
+    def questions(texts: list[str]) -> Any:
+        sent.append(len(texts))
+        return embedder.encode_questions(texts)
+
+    info = {"dim": embedder.dim, "name": embedder.name, "max_tokens": embedder.max_tokens, "max_batch": 4,
+            "dtype": embedder.dtype_name, "question_model": "eager"}  # fmt: skip
+    handle = type("Handle", (), {"info": Call(lambda: info), "questions": Call(questions),
+                                 "documents": Call(embedder.encode)})()  # fmt: skip
+    remote = RemoteEmbedder(handle)
+    texts = [f"how do I use feature {n}?" for n in range(10)]
+    assert np.allclose(remote.encode_questions(texts), embedder.encode_questions(texts), atol=1e-6) and sent == [
+        4,
+        4,
+        2,
+    ]
+    assert remote.count_tokens(texts) == embedder.count_tokens(texts)
+    assert remote.encode([]).shape == (0, embedder.dim) and remote.encode(texts[:2]).shape == (2, embedder.dim)
+
+    def down() -> Any:
+        raise TimeoutError("no replica")
+
+    with pytest.raises(NotConfigured, match="ray up"):
+        RemoteEmbedder(type("Handle", (), {"info": Call(down)})())
