@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from app.ray_shards import Stamped, join, require
+from app.ray_shards import Stamped, join, replica_states, require
 from app.shard_map import ShardMap
 from engine.serving import ExpertProfile
 from index import ClusteredIndex
@@ -72,13 +72,19 @@ class RayShards:
 def shard_stats(
     shard_map: ShardMap, handles: Sequence[Any], timeout_seconds: float | None = None
 ) -> list[dict[str, Any]]:
-    """Each shard's name, replicas, what one of its replicas holds (lists, vectors, position), and
+    """Each shard's name, replicas (the map's; `running_replicas`: Serve's count now; `autoscaling`:
+    the bounds, when the map sets them), what one of its replicas holds (lists, vectors, position), and
     the round trip of that call (`round_trip_ms`: the hop to the shard, no search in it). With a
     timeout, a shard that does not answer in time is `reachable: false` (its figures None) instead
     of an error."""
     out = []
+    states = replica_states(shard_map.app_name) or {}
     for s, h in zip(shard_map.shards, handles, strict=True):
         row: dict[str, Any] = {"shard": s.name, "replicas": s.replicas}
+        running = states.get(f"shard-{s.name}", {}).get("RUNNING")
+        row["running_replicas"] = running  # None: Serve could not say
+        if s.autoscaling is not None:
+            row["autoscaling"] = [s.autoscaling.min_replicas, s.autoscaling.max_replicas]
         start = time.perf_counter()
         try:
             row |= h.stats.remote().result(timeout_s=timeout_seconds)

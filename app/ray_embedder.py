@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from app.ray_shards import join, require
+from app.ray_shards import join, replica_states, require
 from engine.errors import NotConfigured
 
 log = logging.getLogger(__name__)
@@ -107,11 +107,8 @@ def deploy(replicas: int, max_batch: int, model_path: str | None, dtype: str, ba
 
 def _replicas() -> dict[str, int] | None:
     """{replica state: how many} of the embedder deployment; None when its application is not running."""
-    app = require().status().applications.get(APP)
-    if app is None or getattr(app.status, "value", app.status) != "RUNNING":
-        return None
-    counts = getattr(app.deployments.get(DEPLOYMENT), "replica_states", {}) or {}
-    return {getattr(state, "value", str(state)): n for state, n in counts.items()}
+    states = replica_states(APP)
+    return None if states is None else states.get(DEPLOYMENT, {})
 
 
 def running(replicas: int) -> bool:

@@ -14,6 +14,7 @@ Ray places the replicas, health-checks and restarts them; nothing here is cluste
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
@@ -67,6 +68,21 @@ def join(address: str) -> None:
         raise NotConfigured(
             f"no Ray cluster at {address!r} ({exc}): start one with `moerag ray up --config MAP`"
         ) from None
+
+
+def replica_states(app_name: str) -> dict[str, dict[str, int]] | None:
+    """{deployment: {replica state: how many}} of a running Serve application; None when it is
+    not running (or Serve cannot say)."""
+    try:
+        app = require().status().applications.get(app_name)
+    except Exception:  # Serve's controller away for a moment: figures are not worth a failure
+        return None
+    if app is None or getattr(app.status, "value", app.status) != "RUNNING":
+        return None
+    return {
+        name: {getattr(state, "value", str(state)): n for state, n in (d.replica_states or {}).items()}
+        for name, d in app.deployments.items()
+    }
 
 
 class ShardReplica:
@@ -246,12 +262,16 @@ def deploy(shard_map: ShardMap, db_url: str, dim: int, snapshots: str | None = N
     replica = _batched(serve)
     deployments = []
     for n, shard in enumerate(shard_map.shards):
+        scaling = shard.autoscaling
+        replicas: dict[str, Any] = {"num_replicas": shard.replicas}
+        if scaling is not None:  # Serve scales between the bounds, starting at the map's replicas
+            replicas = {"autoscaling_config": dataclasses.asdict(scaling) | {"initial_replicas": shard.replicas}}
         deployment = serve.deployment(
             replica,
             name=f"shard-{shard.name}",
-            num_replicas=shard.replicas,
             ray_actor_options=_LIGHT,
             max_ongoing_requests=BATCH * 2,  # room for a batch in flight and the next one forming
+            **replicas,
         )
         deployments.append(deployment.bind(db_url, shard_map, n, dim, snapshots=snapshots, codec=codec))
     serve.start(proxy_location="Disabled")  # handles only: no HTTP proxy to start (it timed out on busy cores)

@@ -4,6 +4,10 @@
       - name: code          # a shard: a name, the experts it holds, its replicas
         experts: [git, python]
         replicas: 2
+        autoscaling:        # optional: Serve scales its replicas within these bounds
+          min_replicas: 1
+          max_replicas: 4
+          target_ongoing_requests: 8
       - name: rest
         experts: [sqlite]
         default: true       # also holds every list no named expert owns
@@ -36,11 +40,22 @@ APP = "moerag-shards"  # + "-<map version>": the Serve application holding a map
 
 
 @dataclass(frozen=True)
+class Autoscaling:
+    """Serve's autoscaling of a shard's replicas: between the bounds, aiming at this many searches
+    in flight a replica (a replica answers up to 32 at once in one scan)."""
+
+    min_replicas: int
+    max_replicas: int
+    target_ongoing_requests: float = 8.0
+
+
+@dataclass(frozen=True)
 class Shard:
     name: str
     experts: tuple[str, ...]
-    replicas: int = 1
+    replicas: int = 1  # with autoscaling: how many it starts with
     default: bool = False
+    autoscaling: Autoscaling | None = None
 
 
 @dataclass(frozen=True)
@@ -105,13 +120,33 @@ def parse(data: Any, version: str = "") -> ShardMap:
         replicas = raw.get("replicas", 1)
         if not isinstance(replicas, int) or isinstance(replicas, bool) or not 1 <= replicas <= 64:
             raise InvalidSetting(f"shard {name!r}: 'replicas' is a whole number from 1 to 64")
-        shards.append(Shard(name, tuple(experts), replicas, bool(raw.get("default", False))))
+        scaling = _autoscaling(name, raw.get("autoscaling"), replicas)
+        shards.append(Shard(name, tuple(experts), replicas, bool(raw.get("default", False)), scaling))
     defaults = [s.name for s in shards if s.default]
     if len(defaults) != 1:
         raise InvalidSetting(f"exactly one shard has 'default: true' (it holds unowned lists); found {defaults}")
     if not version:  # a map not read from a file: named by its content
         version = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
     return ShardMap(tuple(shards), version, _embedder(data.get("embedder")))
+
+
+def _autoscaling(shard: str, raw: Any, replicas: int) -> Autoscaling | None:
+    if raw is None:
+        return None
+    fields = {"min_replicas", "max_replicas", "target_ongoing_requests"}
+    if not isinstance(raw, dict) or set(raw) - fields or not {"min_replicas", "max_replicas"} <= set(raw):
+        raise InvalidSetting(
+            f"shard {shard!r}: 'autoscaling' is a mapping of min_replicas, max_replicas (and target_ongoing_requests)"
+        )
+    low, high, target = raw["min_replicas"], raw["max_replicas"], raw.get("target_ongoing_requests", 8.0)
+    whole = all(isinstance(v, int) and not isinstance(v, bool) for v in (low, high))
+    if not whole or not 1 <= low <= high <= 64:  # never none: a shard at zero replicas answers nothing
+        raise InvalidSetting(f"shard {shard!r}: autoscaling needs 1 <= min_replicas <= max_replicas <= 64")
+    if not low <= replicas <= high:
+        raise InvalidSetting(f"shard {shard!r}: 'replicas' ({replicas}, the start) lies outside the autoscaling bounds")
+    if isinstance(target, bool) or not isinstance(target, int | float) or not 0 < target <= 1024:
+        raise InvalidSetting(f"shard {shard!r}: target_ongoing_requests is a number above 0 (at most 1024)")
+    return Autoscaling(low, high, float(target))
 
 
 def _embedder(raw: Any) -> EmbedderSpec | None:

@@ -118,7 +118,13 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
             "shards": [
                 {"name": "git", "experts": ["git"], "replicas": 2},
                 {"name": "sqlite", "experts": ["sqlite"]},
-                {"name": "rest", "experts": ["debian"], "default": True},
+                # Autoscaled (a target no test load reaches: it stays at one replica).
+                {
+                    "name": "rest",
+                    "experts": ["debian"],
+                    "default": True,
+                    "autoscaling": {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 1000},
+                },
             ]
         }
     )
@@ -160,6 +166,7 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
         status = RayShards(shard_map).stats()  # what `moerag ray status` prints
         assert [s["vectors"] for s in status] == [s["vectors"] for s in stats]
         assert all(s["round_trip_ms"] > 0 for s in status)
+        assert [s["running_replicas"] for s in status] == [2, 1, 1] and status[2]["autoscaling"] == [1, 2]
         # The console's shard page: each shard's experts, vectors, and the searches sent to it.
         page = client.get("/admin/api/shards", headers=AUTH).json()
         assert page["shard_map"] == shard_map.version

@@ -194,6 +194,8 @@ def test_the_shard_map_is_checked_when_read_and_when_applied(tmp_path: Any) -> N
     assert example.shards[0].replicas == 2 and len(example.version) == 12 and example.embedder is None
     with_model = parse({"shards": [{"name": "a", "default": True}], "embedder": {"replicas": 2}})
     assert with_model.embedder is not None and (with_model.embedder.replicas, with_model.embedder.max_batch) == (2, 16)
+    scaled = parse({"shards": [{"name": "a", "default": True, "autoscaling": {"min_replicas": 1, "max_replicas": 3}}]})
+    assert scaled.shards[0].autoscaling is not None and scaled.shards[0].autoscaling.target_ongoing_requests == 8.0
     bad = {
         "non-empty list": {"shards": []},
         "named twice": {"shards": [{"name": "a", "default": True}, {"name": "a"}]},
@@ -204,6 +206,15 @@ def test_the_shard_map_is_checked_when_read_and_when_applied(tmp_path: Any) -> N
         "replicas": {"shards": [{"name": "a", "replicas": 0, "default": True}]},
         "'max_batch' is a whole number": {"shards": [{"name": "a", "default": True}], "embedder": {"max_batch": 0}},
         "a mapping of 'replicas'": {"shards": [{"name": "a", "default": True}], "embedder": {"gpus": 1}},
+        "min_replicas <= max_replicas": {
+            "shards": [{"name": "a", "default": True, "autoscaling": {"min_replicas": 3, "max_replicas": 2}}]
+        },
+        "outside the autoscaling bounds": {
+            "shards": [
+                {"name": "a", "default": True, "replicas": 5, "autoscaling": {"min_replicas": 1, "max_replicas": 2}}
+            ]
+        },
+        "a mapping of min_replicas": {"shards": [{"name": "a", "default": True, "autoscaling": {"max_replicas": 2}}]},
     }
     for words, data in bad.items():
         with pytest.raises(InvalidSetting, match=words):

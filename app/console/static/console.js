@@ -111,7 +111,9 @@ const pages = {
     $("sh-map").textContent = sh.shard_map ? `Shard map ${sh.shard_map}: each shard holds only its experts' lists (Ray Serve).`
       : "This server searches its own full replica of the index: no shard map is set (MOERAG_SHARD_MAP, see the README's Scaling out).";
     const num = (v) => v == null ? "—" : v.toLocaleString();
-    $("sh-rows").innerHTML = sh.shards.map((r) => `<tr><td>${esc(r.shard)}</td><td>${esc(r.experts.join(", "))}</td><td>${r.replicas}</td>
+    // running now (Serve's count) of the map's; an autoscaled shard shows its bounds
+    const replicas = (r) => `${num(r.running_replicas)} of ${r.autoscaling ? r.autoscaling.join("–") : r.replicas}`;
+    $("sh-rows").innerHTML = sh.shards.map((r) => `<tr><td>${esc(r.shard)}</td><td>${esc(r.experts.join(", "))}</td><td>${replicas(r)}</td>
       <td>${num(r.lists)}</td><td>${num(r.vectors)}</td><td>${num(r.position)}</td><td>${num(r.searches)}</td><td>${num(r.reasked)}</td>
       <td>${r.reachable ? "answering" : '<span class="danger">not answering</span>'}</td></tr>`).join("") ||
       `<tr><td colspan="8" class="muted">no shards</td></tr>`;
