@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# GPU-only checks in one short run (< 5 minutes on a GPU machine): the Triton kernels compiled
-# for CUDA against their torch twins, then the kernel benchmark.
+# GPU-only checks in one short run (a few minutes on a GPU machine): the Triton kernels compiled for
+# CUDA against their torch twins, then the kernel table (benchmarks/kernels_gpu.py). Needs only
+# torch, Triton, numpy and pytest (no FAISS, FastAPI or SQLAlchemy). Results go to $OUT when set
+# (the device tool's folder), else benchmarks/results.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 HF_HUB_OFFLINE=1
-PY=${PYTHON:-.venv/bin/python}
-$PY -m pytest -q tests/kernels/test_gpu.py
-mkdir -p benchmarks/results
-$PY benchmarks/kernels.py --gpu --sizes 10000 100000 1000000 --repeat 10 --json benchmarks/results/kernels-gpu.json
+if [ -z "${PYTHON:-}" ]; then PYTHON=python3; [ -x .venv/bin/python ] && PYTHON=.venv/bin/python; fi
+OUTDIR=${OUT:-benchmarks/results}
+mkdir -p "$OUTDIR"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$OUTDIR/gpu.txt" || true
+# --noconftest: the suite's conftest starts the app (FastAPI, SQLAlchemy), which this check does not need.
+"$PYTHON" -m pytest -q --noconftest -o addopts= -p no:cacheprovider tests/kernels/test_gpu.py 2>&1 | tee "$OUTDIR/test-gpu.txt"
+"$PYTHON" benchmarks/kernels_gpu.py --json "$OUTDIR/kernels-gpu.json" 2>&1 | tee "$OUTDIR/kernels-gpu.log"

@@ -17,9 +17,18 @@ def test_gate_on_gpu(q: int, e: int, k: int) -> None:
     assert torch.equal(i1, i2) and torch.allclose(w1, w2, atol=1e-6)
 
 
-@pytest.mark.parametrize(("sizes", "q", "r"), [([0, 100, 5000, 1], 4, 10), ([20000] * 8, 64, 10)])
-def test_scoped_search_on_gpu(sizes: list[int], q: int, r: int) -> None:
-    x = torch.nn.functional.normalize(torch.randn(sum(sizes), 384, device="cuda"), dim=1)
+@pytest.mark.parametrize(
+    ("sizes", "q", "r", "dtype"),
+    [([0, 100, 5000, 1], 4, 10, torch.float32), ([20000] * 8, 64, 10, torch.float32),
+     ([20000] * 8, 1024, 50, torch.float32), ([300, 70000], 1, 50, torch.float16),
+     ([5000] * 8, 200, 10, torch.bfloat16)],
+)  # fmt: skip
+def test_scoped_search_on_gpu(sizes: list[int], q: int, r: int, dtype: torch.dtype) -> None:
+    """The split kernel (one query a tile, and tiles through `tl.dot`) and the serial one: the twin's
+    rows on the same stored values."""
+    from kernels.scoped_search import scoped_search_triton_serial
+
+    x = torch.nn.functional.normalize(torch.randn(sum(sizes), 384, device="cuda"), dim=1).to(dtype)
     offsets = torch.tensor([0, *torch.tensor(sizes).cumsum(0).tolist()], device="cuda")
     queries = torch.randn(q, 384, device="cuda")
     experts = torch.randint(0, len(sizes), (q, 2), device="cuda")
@@ -27,6 +36,9 @@ def test_scoped_search_on_gpu(sizes: list[int], q: int, r: int) -> None:
     s1, i1 = scoped_search_torch(x, queries, offsets, experts, r)
     s2, i2 = scoped_search_triton(x, queries, offsets, experts, r)
     assert torch.equal(i1, i2) and torch.allclose(s1, s2, atol=1e-4)
+    if q <= 64:
+        s3, i3 = scoped_search_triton_serial(x, queries, offsets, experts, r)
+        assert torch.equal(i1, i3) and torch.allclose(s1, s3, atol=1e-4)
 
 
 def test_the_served_gate_and_expert_path_route_on_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from kernels import backend
-from kernels.scoped_search import scoped_search, scoped_search_torch, scoped_search_triton
+from kernels.scoped_search import scoped_search, scoped_search_torch, scoped_search_triton, scoped_search_triton_serial
+from kernels.scoped_split import align, decode
 
 
 def layout(sizes: list[int], d: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,9 +31,12 @@ def test_ties_keep_the_lower_row() -> None:
     x = torch.tensor([[1.0, 0.0]] * 6)
     offsets = torch.tensor([0, 3, 6])
     q = torch.tensor([[1.0, 0.0]])
-    for fn in (scoped_search_torch, scoped_search_triton):
+    for fn in (scoped_search_torch, scoped_search_triton, scoped_search_triton_serial):
         _, i = fn(x, q, offsets, torch.tensor([[1, 0]]), 4)
         assert i.tolist() == [[0, 1, 2, 3]], fn.__name__
+    wide = torch.tensor([[1.0, 0.0]] * 300)  # equal scores across the split kernel's 128-row splits
+    _, i = scoped_search_triton(wide, q, torch.tensor([0, 300]), torch.tensor([[0]]), 5)
+    assert i.tolist() == [[0, 1, 2, 3, 4]]
 
 
 @pytest.mark.parametrize(
@@ -50,9 +54,10 @@ def test_triton_matches_torch(sizes: list[int], q: int, r: int) -> None:
         k = 1 + qi % len(chosen)
         experts[qi, :k] = chosen[:k]  # the rest stays -1 padding
     s1, i1 = scoped_search_torch(x, queries, offsets, experts, r)
-    s2, i2 = scoped_search_triton(x, queries, offsets, experts, r)
-    assert torch.equal(i1, i2)
-    assert torch.allclose(s1, s2, atol=1e-5)
+    for kernel in (scoped_search_triton, scoped_search_triton_serial):
+        s2, i2 = kernel(x, queries, offsets, experts, r)
+        assert torch.equal(i1, i2), kernel.__name__
+        assert torch.allclose(s1, s2, atol=1e-5)
     # Every result belongs to one of the query's experts, and the results are the true best.
     owner = torch.repeat_interleave(torch.arange(n_e), torch.tensor(sizes))
     for qi in range(q):
@@ -81,3 +86,33 @@ def test_dispatcher_follows_the_backend(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(backend, "_chosen", "torch")
     b = scoped_search(x, q, offsets, experts, 3)
     assert torch.equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_the_split_kernel_reads_queries_of_one_expert_together(dtype: torch.dtype) -> None:
+    """Six queries on two experts (tiles of 16 through `tl.dot`), segments longer than a split, the
+    served depth of 50, a store in half precision: the twin's rows on the same stored values."""
+    x, offsets = layout([300, 0, 170], d=24, seed=5)
+    x = x.to(dtype)
+    g = torch.Generator().manual_seed(3)
+    queries = torch.randn(6, 24, generator=g)
+    experts = torch.tensor([[0, 2], [2, -1], [0, -1], [2, 0], [0, 2], [-1, -1]])
+    s1, i1 = scoped_search_torch(x, queries, offsets, experts, 50)
+    s2, i2 = scoped_search_triton(x, queries, offsets, experts, 50)
+    assert torch.equal(i1, i2) and torch.allclose(s1, s2, atol=1e-5)
+    assert (i2[5] == -1).all() and torch.isinf(s2[5]).all()  # a query that searches nothing
+
+
+def test_alignment_groups_pairs_by_expert_and_keys_decode() -> None:
+    experts = torch.tensor([[2, 0], [2, -1], [0, 2]])  # pairs 0..5 = query * 2 + slot
+    tile_expert, tile_pairs = align(experts, 3, 2)
+    tiles = {(int(e), tuple(p)) for e, p in zip(tile_expert.tolist(), tile_pairs.tolist(), strict=True) if e >= 0}
+    assert tiles == {(0, (1, 4)), (2, (0, 2)), (2, (5, -1))} and len(tile_expert) == 3 + 3
+    scores = torch.tensor([0.5, -0.25, 0.0, -1.0])
+    bits = scores.view(torch.int32)
+    ordered = torch.where(bits >= 0, bits, bits ^ 0x7FFFFFFF).to(torch.int64)
+    rows = torch.tensor([7, 3, 0, 2**31])
+    keys = (ordered << 32) | (0xFFFFFFFF - rows)
+    assert torch.equal(keys.argsort(descending=True), torch.tensor([0, 2, 1, 3]))  # the scores' order
+    s, r = decode(torch.cat([keys, torch.tensor([-(2**63)])]))
+    assert torch.equal(s[:4], scores) and r.tolist() == [7, 3, 0, 2**31, -1] and s[4] == float("-inf")
