@@ -180,6 +180,13 @@ class Runtime:
         mode = self.settings.scoped_search
         return mode == "kernel" or (mode == "auto" and self.kernel_backend == "triton")
 
+    @property
+    def scoped_kernel(self) -> str:
+        """What answers the expert path's scoped searches on a GPU, in words (/readyz)."""
+        from kernels.scoped_search import kernel_in_use
+
+        return kernel_in_use()
+
     # ---- life cycle ----------------------------------------------------------------------------------
 
     def start(self, *, run_jobs: bool = True) -> None:

@@ -11,12 +11,16 @@ oracle.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import triton
 import triton.language as tl
 
 from kernels import backend
 from kernels.scoped_split import scoped_search_split
+
+log = logging.getLogger(__name__)
 
 
 @triton.jit
@@ -105,9 +109,30 @@ def scoped_search_triton(
     x: torch.Tensor, queries: torch.Tensor, offsets: torch.Tensor, experts: torch.Tensor, r: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The Triton kernel: `kernels.scoped_split` (segments split over many programs, queries of one
-    expert read its rows together, a merge pass)."""
+    expert read its rows together, a merge pass). Should it fail to build or run on this GPU (a
+    Triton version it was never compiled with), the error is logged once and the serial kernel
+    answers from then on: slower, never wrong."""
+    global _split_failed
     _check(x, queries, offsets, experts, r)
-    return scoped_search_split(x, queries, offsets, experts, r)
+    if _split_failed is None:
+        try:
+            return scoped_search_split(x, queries, offsets, experts, r)
+        except ValueError:
+            raise
+        except Exception as exc:  # a compile or launch failure of this Triton on this GPU
+            _split_failed = f"{type(exc).__name__}: {exc}"[:500]
+            log.exception("the split scoped-search kernel failed here; the serial kernel answers from now on")
+    return scoped_search_triton_serial(x, queries, offsets, experts, r)
+
+
+_split_failed: str | None = None  # why the split kernel is not used in this process (None: it is)
+
+
+def kernel_in_use() -> str:
+    """What answers scoped searches on the GPU in this process, in words (for /readyz)."""
+    if backend.current() != "triton":
+        return "torch twin"
+    return "split" if _split_failed is None else f"serial (the split kernel failed: {_split_failed})"
 
 
 def scoped_search_triton_serial(

@@ -22,7 +22,7 @@ def test_health_and_readiness(client: TestClient) -> None:
     assert r.status_code == 200
     body = r.json()
     assert body["model"]["dim"] == 384 and body["database"] == "sqlite" and body["index"]["clusters"] == 1
-    assert body["kernels"] == "torch"  # no GPU here: the torch twins serve
+    assert body["kernels"] == "torch" and body["scoped_kernel"] == "torch twin"  # no GPU here: the twins serve
 
 
 def test_writes_need_the_admin_token(client: TestClient) -> None:

@@ -43,6 +43,7 @@ def readyz(request: Request) -> JSONResponse:
             "model": {"name": rt.embedder.name, "dim": rt.embedder.dim, "dtype": rt.embedder.dtype_name},
             "database": rt.engine.dialect.name,
             "kernels": rt.kernel_backend,
+            "scoped_kernel": rt.scoped_kernel,  # the split kernel, or why the serial one answers
             "index": {
                 "version": idx.version,
                 "clusters": idx.nlist,

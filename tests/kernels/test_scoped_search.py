@@ -116,3 +116,20 @@ def test_alignment_groups_pairs_by_expert_and_keys_decode() -> None:
     assert torch.equal(keys.argsort(descending=True), torch.tensor([0, 2, 1, 3]))  # the scores' order
     s, r = decode(torch.cat([keys, torch.tensor([-(2**63)])]))
     assert torch.equal(s[:4], scores) and r.tolist() == [7, 3, 0, 2**31, -1] and s[4] == float("-inf")
+
+
+def test_a_split_kernel_that_fails_on_a_gpu_leaves_the_serial_kernel_answering(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    module = importlib.import_module("kernels.scoped_search")  # the module (the package exports its function)
+
+    def broken(*_: object) -> None:
+        raise RuntimeError("PassManager::run failed")  # as a Triton build failure reads
+
+    monkeypatch.setattr(module, "scoped_search_split", broken)
+    monkeypatch.setattr(module, "_split_failed", None)
+    x, offsets = layout([4, 5], 8, 2)
+    q, experts = torch.randn(2, 8), torch.tensor([[0, 1], [1, -1]])
+    _, rows = scoped_search_triton(x, q, offsets, experts, 3)
+    assert torch.equal(rows, scoped_search_torch(x, q, offsets, experts, 3)[1])
+    assert module._split_failed is not None and "PassManager" in module._split_failed
