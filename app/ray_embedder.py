@@ -49,11 +49,12 @@ class EmbedderReplica:
     ) -> None:
         import torch
 
-        from engine.embedder import Embedder
+        from engine.embedder import Embedder, choose_device
 
         # Ray gives an actor of under one CPU one thread; documents use the machine's cores.
         torch.set_num_threads(os.cpu_count() or 1)
-        self.embedder = Embedder(model_path, dtype=dtype, batch_size=batch_size)
+        device = choose_device("auto")  # the replica's machine's GPU when it has one
+        self.embedder = Embedder(model_path, dtype=dtype, batch_size=batch_size, device=device)
         self.question_model = self.embedder.compile_questions(question_runtime)
         self.max_batch = max_batch  # the most questions in one model call (a caller's call holds at most this)
         self.batches: list[int] = []  # sizes of the last question batches (status, tests)

@@ -43,7 +43,7 @@ from app.services.routing import RouterManager, train_job
 from app.services.serving import ServingStates
 from app.settings import Settings
 from engine.chunking import ChunkingConfig
-from engine.embedder import Embedder
+from engine.embedder import Embedder, choose_device
 from engine.pipeline import AskPipeline, PipelineConfig
 from engine.question_encoder import QuestionEncoder
 from engine.serving import ServingState
@@ -389,4 +389,7 @@ def load_embedder(s: Settings, on_ray: bool) -> Embedder:
         from app.ray_embedder import RemoteEmbedder
 
         return cast(Embedder, RemoteEmbedder.connect(s.ray_address, s.model_path))  # Embedder's serving interface
-    return Embedder(s.model_path, dtype=s.embed_dtype, batch_size=s.embed_batch_size, cache_dir=s.resolved_cache_dir)
+    device = choose_device(s.embed_device)  # a GPU when there is one (MOERAG_EMBED_DEVICE)
+    return Embedder(
+        s.model_path, dtype=s.embed_dtype, batch_size=s.embed_batch_size, device=device, cache_dir=s.resolved_cache_dir
+    )

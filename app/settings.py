@@ -41,6 +41,11 @@ class Settings(BaseSettings):
     model_path: Path | None = Field(None, description="Local sentence-transformers model directory.")
     embed_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     embed_batch_size: int = Field(32, ge=1, le=1024)
+    embed_device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto",
+        description="Where the embedding model runs: auto = the GPU when torch sees one (float16/bfloat16, "
+        "batches of at least 256), else the CPU.",
+    )
     admin_token: SecretStr | None = Field(None, description="Bearer token for writes; generated if unset.")
     read_token: SecretStr | None = Field(
         None, description="When set, every read (documents, chunks, search, ask, jobs, stats, metrics) needs it too."

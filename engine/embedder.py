@@ -22,7 +22,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch
 
-from engine.errors import NotConfigured
+from engine.errors import InvalidSetting, NotConfigured
 from engine.onnx_questions import OPSET, OnnxQuestions, QuestionTokens, export, has_onnxruntime
 from engine.turns import LowPriority, Turns
 
@@ -49,6 +49,20 @@ def _cpu_flags() -> set[str]:
     except OSError:
         pass
     return set()
+
+
+GPU_BATCH = 256  # the least batch a GPU embeds documents in (MOERAG_EMBED_DEVICE)
+
+
+def choose_device(requested: str) -> str:
+    """auto: cuda when torch sees a GPU, else cpu; cuda without one is a clear error."""
+    if requested not in ("auto", "cpu", "cuda"):
+        raise InvalidSetting(f"unknown embedding device {requested!r}; use auto, cpu or cuda")
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise InvalidSetting("MOERAG_EMBED_DEVICE=cuda, but torch sees no CUDA GPU here; use auto or cpu")
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return requested
 
 
 def choose_dtype(requested: str, device: str) -> torch.dtype:
@@ -108,7 +122,7 @@ class Embedder:
         self.torch_dtype = choose_dtype(dtype, device)
         if self.torch_dtype != torch.float32:
             self.model.to(self.torch_dtype)
-        self.batch_size = batch_size
+        self.batch_size = batch_size if device == "cpu" else max(batch_size, GPU_BATCH)
         self.dim = int(self.model.get_embedding_dimension() or 0)
         # Token budget for one text: the model's window less its [CLS] and [SEP].
         self.max_tokens = int(self.model.max_seq_length or 256) - 2
@@ -330,7 +344,8 @@ class Embedder:
     def _example(self) -> tuple[torch.Tensor, torch.Tensor]:
         """A padded pair (so the attention mask stays in the graph): input ids and mask [2, L]."""
         example = self._input_module().preprocess(["a", "a somewhat longer example text"])
-        return example["input_ids"], example["attention_mask"]
+        device = self.model.device  # traced where the model runs (a GPU too)
+        return example["input_ids"].to(device), example["attention_mask"].to(device)
 
     def _adopt(self, candidate: Any, name: str) -> str:
         """Serve questions from `candidate` (ids, mask -> hidden states) if it matches eager on texts of 1

