@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 export TRITON_INTERPRET=0 HF_HUB_OFFLINE=1
 if [ -z "${PYTHON:-}" ]; then PYTHON=python3; [ -x .venv/bin/python ] && PYTHON=.venv/bin/python; fi
 OUTDIR=${OUT:-benchmarks/results}
+# The model where its package is not installed: `python benchmarks/gpu_carry.py` here, carry .gpu-carry.
+if [ -z "${MOERAG_MODEL_PATH:-}" ] && [ -d .gpu-carry/model ]; then export MOERAG_MODEL_PATH=$PWD/.gpu-carry/model; fi
 mkdir -p "$OUTDIR"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader > "$OUTDIR/gpu.txt" || true
 # --noconftest: the suite's conftest starts the app (FastAPI, SQLAlchemy), which this check does not need.

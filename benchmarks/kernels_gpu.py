@@ -120,11 +120,13 @@ def gate_rows() -> list[dict[str, Any]]:
 
 
 def embedding_row() -> dict[str, Any]:
+    import os
+
     from engine.embedder import packaged_model_path
 
     try:
-        path = packaged_model_path()
-    except Exception as exc:  # the model package is not installed on this machine
+        path = os.environ.get("MOERAG_MODEL_PATH") or packaged_model_path()  # gpu_check.sh: the carried copy
+    except ImportError as exc:  # the model package is not installed on this machine
         return {"op": "embed", "skipped": repr(exc)}
     from sentence_transformers import SentenceTransformer
 

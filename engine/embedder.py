@@ -120,7 +120,7 @@ class Embedder:
         self.model = SentenceTransformer(str(path), device=device, local_files_only=True)
         self.model.eval()  # once: `encode` re-walks every module to set it on each call
         self.torch_dtype = choose_dtype(dtype, device)
-        if self.torch_dtype != torch.float32:
+        if next(self.model.parameters()).dtype != self.torch_dtype:  # weights stored in another dtype too
             self.model.to(self.torch_dtype)
         self.batch_size = batch_size if device == "cpu" else max(batch_size, GPU_BATCH)
         self.dim = int(self.model.get_embedding_dimension() or 0)
