@@ -182,10 +182,14 @@ class Runtime:
 
     @property
     def scoped_kernel(self) -> str:
-        """What answers the expert path's scoped searches on a GPU, in words (/readyz)."""
+        """What answers the expert path's scoped searches on a GPU, in words (/readyz): the Triton
+        kernel in use, and what the serving state's matrix measured faster (engine.expert_matrix)."""
         from kernels.scoped_search import kernel_in_use
 
-        return kernel_in_use()
+        matrix = self.state().matrix
+        if matrix is None or matrix.kernel == "by the backend":
+            return kernel_in_use()
+        return f"{matrix.kernel}; the Triton kernel: {kernel_in_use()}"
 
     # ---- life cycle ----------------------------------------------------------------------------------
 

@@ -3,15 +3,25 @@
 On a CUDA machine the expert path scans this GPU-resident copy with the Triton kernel instead of
 FAISS (which stays the CPU path). Rows are grouped by expert (CSR offsets), so one expert's
 chunks are one contiguous segment.
+
+`auto` never keeps a slower path: under the Triton backend a matrix times the kernel against its
+torch twin when it is built (one question on its largest expert, at the served depth, best of a
+few runs) and searches with the faster; `kernel` says which and why (/readyz `scoped_kernel`).
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
-from kernels import scoped_search
+from kernels import backend, scoped_search
+from kernels.scoped_search import scoped_search_torch, scoped_search_triton
+
+Scoped = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
 class ExpertMatrix:
@@ -34,6 +44,35 @@ class ExpertMatrix:
         counts = np.bincount(pos[keep], minlength=len(self.expert_ids))  # [E]
         self.offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)).to(device)  # [E+1]
         self.device = device
+        self._scoped: Scoped = scoped_search
+        self.kernel = "by the backend"  # which implementation searches, and why (`choose`)
+        if backend.use_triton(self.x) and self.x.shape[0]:
+            self.choose()
+
+    def choose(self, depth: int = 50, runs: int = 5) -> str:
+        """Time the Triton kernel against its twin on one question over the largest expert and
+        search with the faster from now on; -> what was chosen, with both times."""
+        sizes = self.offsets[1:] - self.offsets[:-1]  # [E]
+        e = int(torch.argmax(sizes))
+        start = int(self.offsets[e])
+        q = self.x[start : start + 1].float()  # [1, D] a stored row as the question
+        sel = torch.tensor([[e]], dtype=torch.int64, device=self.device)  # [1, 1]
+        timed = {}
+        for name, fn in (("triton", scoped_search_triton), ("torch", scoped_search_torch)):
+            best = float("inf")
+            for n in range(runs + 1):  # the first run builds the kernel: not counted
+                t = time.perf_counter()
+                fn(self.x, q, self.offsets, sel, depth)
+                if self.device.startswith("cuda"):
+                    torch.cuda.synchronize()
+                if n:
+                    best = min(best, time.perf_counter() - t)
+            timed[name] = best * 1000
+        chosen = min(timed, key=lambda n: timed[n])
+        self._scoped = scoped_search_triton if chosen == "triton" else scoped_search_torch
+        others = ", ".join(f"{n} {ms:.3f} ms" for n, ms in timed.items())
+        self.kernel = f"{chosen}: measured faster ({others}; one question, {int(sizes[e])} rows, top {depth})"
+        return self.kernel
 
     def sizes(self, expert_ids: list[int]) -> int:
         bounds = self.offsets.tolist()
@@ -54,6 +93,6 @@ class ExpertMatrix:
         queries = torch.tensor(
             np.asarray(q, dtype=np.float32), device=self.device
         )  # [Q, D], a copy (q may be read-only)
-        scores, rows = scoped_search(self.x, queries, self.offsets, sel, k)  # [Q, K], [Q, K]
+        scores, rows = self._scoped(self.x, queries, self.offsets, sel, k)  # [Q, K], [Q, K]
         ids = torch.where(rows >= 0, self.ids[rows.clamp_min(0)], -1)  # [Q, K]
         return scores.cpu().numpy(), ids.cpu().numpy()

@@ -24,3 +24,21 @@ def test_expert_matrix_with_no_owned_chunks() -> None:
     m = ExpertMatrix(np.arange(3, dtype=np.int64), x, np.full(3, -1, dtype=np.int64), [1])
     scores, got = m.search(x[:1], [1], 2)
     assert (got == -1).all() and np.isinf(scores).all()
+
+
+def test_under_the_triton_backend_a_matrix_searches_with_what_it_measured_faster(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Issue 37 #2: `auto` never keeps a slower path. Here (Triton's interpreter on a CPU) the twin
+    is far faster, so the matrix searches with it and says why; the answers are the twin's either way."""
+    from kernels import backend
+
+    monkeypatch.setattr(backend, "_chosen", "triton")
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((300, 8)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    experts = np.array([1] * 200 + [2] * 100, dtype=np.int64)
+    m = ExpertMatrix(np.arange(300, dtype=np.int64), x, experts, [1, 2])
+    assert m.kernel.startswith("torch: measured faster") and "200 rows" in m.kernel and "triton" in m.kernel
+    _, got = m.search(x[:1], [1], 5)
+    assert got[0].tolist() == np.argsort(-(x[:200] @ x[0]), kind="stable")[:5].tolist()
+    monkeypatch.setattr(backend, "_chosen", "torch")
+    assert ExpertMatrix(np.arange(300, dtype=np.int64), x, experts, [1, 2]).kernel == "by the backend"
