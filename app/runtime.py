@@ -252,7 +252,11 @@ class Runtime:
             content_fit = ContentFit(self.sessions, indexes, lambda: self.catalogue.version)
             content_fit.backfill()
             states = ServingStates(
-                self.sessions, indexes, lambda: routers.load_active(), kernel_matrix=self.kernel_search
+                self.sessions,
+                indexes,
+                lambda: routers.load_active(),
+                kernel_matrix=self.kernel_search,
+                matrix_dtype=s.matrix_dtype,
             )
             if s.shard_map is not None and shards is not None:
                 from app import ray_client

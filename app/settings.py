@@ -249,6 +249,11 @@ class Settings(BaseSettings):
     scoped_search: Literal["auto", "faiss", "kernel"] = Field(
         "auto", description="Expert-path search: auto = the scoped kernel on CUDA, FAISS otherwise."
     )
+    matrix_dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
+        "auto",
+        description="How the scoped kernel's copy of the chunk vectors is stored (scores accumulate in float32): "
+        "auto = float16 on a GPU, float32 on the CPU.",
+    )
     log_level: str = "INFO"
     access_log: bool = Field(True, description="uvicorn's line per request (questions are also logged in SQL).")
 

@@ -32,15 +32,17 @@ class ExpertMatrix:
         experts: npt.NDArray[np.int64],
         expert_ids: list[int],
         device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
     ) -> None:
-        """ids [N], vectors [N, D], experts [N] (an expert id, or -1 for none); expert_ids: the known experts."""
+        """ids [N], vectors [N, D], experts [N] (an expert id, or -1 for none); expert_ids: the known
+        experts; dtype: how the vectors are stored (float16/bfloat16 halve the bytes a search reads)."""
         self.expert_ids = list(expert_ids)
         position = {e: i for i, e in enumerate(self.expert_ids)}
         pos = np.array([position.get(int(e), -1) for e in experts], dtype=np.int64)  # [N]
         keep = pos >= 0
         order = np.argsort(pos[keep], kind="stable")
         self.ids = torch.from_numpy(ids[keep][order]).to(device)  # [M] chunk id of each row
-        self.x = torch.from_numpy(np.ascontiguousarray(vectors[keep][order])).to(device)  # [M, D]
+        self.x = torch.from_numpy(np.ascontiguousarray(vectors[keep][order])).to(device, dtype)  # [M, D]
         counts = np.bincount(pos[keep], minlength=len(self.expert_ids))  # [E]
         self.offsets = torch.from_numpy(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)).to(device)  # [E+1]
         self.device = device

@@ -63,9 +63,11 @@ class ServingStates:
         load_router: Callable[[], Router | None],
         *,
         kernel_matrix: bool = False,
+        matrix_dtype: str = "auto",
     ) -> None:
         self.sessions, self.indexes, self.load_router = sessions, indexes, load_router
         self.kernel_matrix = kernel_matrix  # the scoped kernel serves the expert path: keep its matrix
+        self.matrix_dtype = matrix_dtype  # how it stores the vectors (MOERAG_MATRIX_DTYPE)
         self._state: ServingState | None = None
         self._serial = 0
         self._lock = threading.Lock()
@@ -162,4 +164,6 @@ class ServingStates:
         owners = np.fromiter((owner.get(r[1]) or -1 for r in rows), dtype=np.int64, count=len(rows))
         x = stack((r[2] for r in rows), dim)
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        return ExpertMatrix(ids, x, owners, sorted(experts), device=device)
+        # auto: float16 on a GPU, half the bytes a search reads, the same top 10 on dev (matrix-dtype.json)
+        dtype = self.matrix_dtype if self.matrix_dtype != "auto" else "float16" if device == "cuda" else "float32"
+        return ExpertMatrix(ids, x, owners, sorted(experts), device=device, dtype=getattr(torch, dtype))
