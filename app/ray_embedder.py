@@ -49,7 +49,8 @@ class EmbedderReplica:
     ) -> None:
         import torch
 
-        from engine.embedder import Embedder, choose_device
+        from engine.device_choice import choose_device
+        from engine.embedder import Embedder
 
         # Ray gives an actor of under one CPU one thread; documents use the machine's cores.
         torch.set_num_threads(os.cpu_count() or 1)

@@ -43,7 +43,8 @@ from app.services.routing import RouterManager, train_job
 from app.services.serving import ServingStates
 from app.settings import Settings
 from engine.chunking import ChunkingConfig
-from engine.embedder import Embedder, choose_device
+from engine.device_choice import choose_device
+from engine.embedder import Embedder
 from engine.pipeline import AskPipeline, PipelineConfig
 from engine.question_encoder import QuestionEncoder
 from engine.serving import ServingState
@@ -182,8 +183,7 @@ class Runtime:
 
     @property
     def scoped_kernel(self) -> str:
-        """What answers the expert path's scoped searches on a GPU, in words (/readyz): the Triton
-        kernel in use, and what the serving state's matrix measured faster (engine.expert_matrix)."""
+        """/readyz: the Triton kernel in use, and what the state's matrix measured faster (engine.expert_matrix)."""
         from kernels.scoped_search import kernel_in_use
 
         matrix = self.state().matrix
@@ -252,12 +252,9 @@ class Runtime:
             content_fit = ContentFit(self.sessions, indexes, lambda: self.catalogue.version)
             content_fit.backfill()
             states = ServingStates(
-                self.sessions,
-                indexes,
-                lambda: routers.load_active(),
-                kernel_matrix=self.kernel_search,
-                matrix_dtype=s.matrix_dtype,
+                self.sessions, indexes, lambda: routers.load_active(), kernel_matrix=self.kernel_search
             )
+            states.matrix_dtype = s.matrix_dtype  # how the kernel's copy stores the vectors (MOERAG_MATRIX_DTYPE)
             if s.shard_map is not None and shards is not None:
                 from app import ray_client
                 from app.shard_map_follow import ShardMapFollower

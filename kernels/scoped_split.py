@@ -11,7 +11,7 @@ read as float32 and scores accumulate in float32.
 1. **Align** (torch, no host sync): the (query, slot) pairs are grouped by expert into tiles of
    BLOCK_Q pairs, as vLLM's fused MoE aligns tokens to experts; at most ceil(P / BLOCK_Q) + E
    tiles, unused ones marked -1.
-2. **Split top-R** (Triton): grid (tile, split). A program reads BLOCK_N rows of its tile's
+2. **Split top-R** (Triton): grid (split, tile). A program reads BLOCK_N rows of its tile's
    expert once for all BLOCK_Q queries (`tl.dot` of [BLOCK_Q, BLOCK_D] by [BLOCK_D, BLOCK_N]
    over D, full float32 precision; one query: a multiply-and-sum), turns each score and row into
    one int64 key (the score's order-preserving bits above, the row's complement below: the
@@ -60,8 +60,8 @@ def _split_topr_kernel(  # type: ignore[no-untyped-def]  # Triton types come fro
     BLOCK_D: tl.constexpr,
     R: tl.constexpr,
 ):
-    ti = tl.program_id(0)
-    pi = tl.program_id(1)
+    pi = tl.program_id(0)  # the split: axis 0, the one a CUDA grid lets exceed 65,535
+    ti = tl.program_id(1)
     expert = tl.load(tile_expert_ptr + ti)
     if expert < 0:  # a tile the alignment did not need
         return
@@ -158,7 +158,7 @@ def scoped_search_split(
     out = torch.full((q * s * splits * r,), EMPTY, dtype=torch.int64, device=x.device)  # [Q*S*SPLITS*R]
     if q and s and longest:
         tile_expert, tile_pairs = align(experts, n_experts, block_q)
-        _split_topr_kernel[(tile_expert.shape[0], splits)](
+        _split_topr_kernel[(splits, tile_expert.shape[0])](
             x, queries, offsets, tile_expert, tile_pairs, out, x.shape[1], s, splits, x.stride(0), queries.stride(0),
             BLOCK_Q=block_q, BLOCK_N=block_n, R=r,
         )  # fmt: skip

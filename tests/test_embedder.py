@@ -2,7 +2,8 @@ import numpy as np
 import pytest
 import torch
 
-from engine.embedder import Embedder, choose_device, choose_dtype
+from engine.device_choice import choose_device, choose_dtype
+from engine.embedder import Embedder
 from engine.errors import InvalidSetting
 
 
