@@ -255,7 +255,7 @@ class Runtime:
                 self.sessions, indexes, lambda: routers.load_active(), kernel_matrix=self.kernel_search
             )
             states.matrix_dtype = s.matrix_dtype  # how the kernel's copy stores the vectors (MOERAG_MATRIX_DTYPE)
-            if s.shard_map is not None and shards is not None:
+            if s.shard_map is not None and shards is not None:  # the map read above (s.shard_map for the follower)
                 from app import ray_client
                 from app.shard_map_follow import ShardMapFollower
 
