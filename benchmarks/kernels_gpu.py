@@ -15,7 +15,8 @@ expert q mod 8), top R. Per row, milliseconds a call (`triton.testing.do_bench`,
 - `same_ids_as_twin` (float32 stores) and `top10_vs_fp32_exact` (half-precision stores: agreement
   of the top 10 with an exact float32 search).
 
-Then the gate kernel against its twin, and the embedding model's passages a second in float16.
+Then the gate kernel against its twin, and moerag's embedder: passages a second on the GPU, one question's
+time on the GPU and on the CPU.
 """
 
 from __future__ import annotations
@@ -120,29 +121,42 @@ def gate_rows() -> list[dict[str, Any]]:
 
 
 def embedding_row() -> dict[str, Any]:
+    """moerag's embedder as it serves (engine.embedder.Embedder): passages a second on this device
+    (float16/bfloat16, batches of 256 on a GPU), and one question's time here and on the CPU, each
+    with its compiled question model (whether questions belong on the GPU too)."""
     import os
+    import statistics
 
-    from engine.embedder import packaged_model_path
+    from engine.embedder import Embedder, packaged_model_path
 
     try:
         path = os.environ.get("MOERAG_MODEL_PATH") or packaged_model_path()  # gpu_check.sh: the carried copy
     except ImportError as exc:  # the model package is not installed on this machine
         return {"op": "embed", "skipped": repr(exc)}
-    from sentence_transformers import SentenceTransformer
-
-    model = SentenceTransformer(str(path), device=DEVICE)
-    if DEVICE == "cuda":
-        model = model.half()
+    sync = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
+    model = Embedder(path, device=DEVICE)
     passages = [("moerag answers questions over a team's own documents with an expert per topic. " * 12)] * (
         2048 if DEVICE == "cuda" else 64
     )
-    sync = torch.cuda.synchronize if DEVICE == "cuda" else (lambda: None)
-    model.encode(passages[:256], batch_size=256)
+    model.encode(passages[:256])
     sync()
     t = time.perf_counter()
-    model.encode(passages, batch_size=256)
+    model.encode(passages)
     sync()
-    return {"op": "embed", "dtype": "fp16", "passages_per_s": round(len(passages) / (time.perf_counter() - t), 1)}
+    out: dict[str, Any] = {"op": "embed", "dtype": model.dtype_name, "batch": model.batch_size,
+                           "passages_per_s": round(len(passages) / (time.perf_counter() - t), 1)}  # fmt: skip
+    questions = [f"How do I undo commit number {n} but keep my changes?" for n in range(40)]
+    for where, embedder in ((DEVICE, model), ("cpu", Embedder(path, device="cpu"))):
+        out[f"question_model_{where}"] = embedder.compile_questions("auto")
+        ms_each = []
+        for q in questions:
+            t = time.perf_counter()
+            embedder.encode_questions([q])
+            sync()
+            ms_each.append((time.perf_counter() - t) * 1000)
+        out[f"one_question_ms_p50_{where}"] = round(statistics.median(ms_each[5:]), 2)
+    print(json.dumps(out), flush=True)
+    return out
 
 
 def main() -> None:
