@@ -82,7 +82,7 @@ def cmd_up(args: argparse.Namespace) -> None:
         from app import ray_embedder
 
         spec = shards.embedder
-        if not ray_embedder.running(spec.replicas):
+        if not ray_embedder.running(spec.replicas, spec.max_batch):
             model = str(settings.model_path) if settings.model_path else None
             handle = ray_embedder.deploy(
                 spec.replicas,

@@ -90,7 +90,9 @@ def deploy(replicas: int, max_batch: int, model_path: str | None, dtype: str, ba
             max_batch_size=max_batch,
             batch_wait_timeout_s=0.0,
             batch_size_fn=lambda asked: sum(len(texts) for texts in asked),  # questions, not calls
-            max_concurrent_batches=os.cpu_count() or 1,  # the compiled model runs off the GIL: a core each
+            # The compiled model runs off the GIL: a batch a core (of the machine running `ray up`;
+            # Serve fixes this when the class is made, not where a replica lands).
+            max_concurrent_batches=os.cpu_count() or 1,
         )
         async def questions(self, asked: list[list[str]]) -> list[Vectors]:
             return await asyncio.to_thread(self.questions_many, asked)
@@ -113,10 +115,14 @@ def _replicas() -> dict[str, int] | None:
     return None if states is None else states.get(DEPLOYMENT, {})
 
 
-def running(replicas: int) -> bool:
-    """Whether the embedder application runs with this many replicas (then `ray up` leaves it)."""
+def running(replicas: int, max_batch: int) -> bool:
+    """Whether the embedder application runs as asked, this many replicas calling the model on at
+    most `max_batch` questions (then `ray up` leaves it; otherwise it deploys it again)."""
     counts = _replicas()
-    return counts is not None and counts.get("RUNNING", 0) == replicas
+    if counts is None or counts.get("RUNNING", 0) != replicas:
+        return False
+    info = require().get_deployment_handle(DEPLOYMENT, app_name=APP).info.remote().result(timeout_s=10)
+    return bool(info["max_batch"] == max_batch)
 
 
 def status() -> dict[str, Any]:

@@ -28,20 +28,19 @@ def ask(data_dir: Path, dtype: str, questions: list[dict[str, str]]) -> list[tup
     """(route path, cited chunk ids, hit) per question."""
     from app.runtime import Runtime
     from app.settings import Settings
-    from benchmarks.evalcorpus import is_hit
-    from engine.pipeline import AskRequest
+    from benchmarks.retrieval_metrics import first_hits
+    from benchmarks.routing import served
 
     settings = Settings(data_dir=data_dir, scoped_search="kernel", matrix_dtype=dtype, question_cache=0, answer_cache=0)
     rt = Runtime(settings)
     rt.start(run_jobs=False)
     try:
         assert rt.state().matrix is not None and str(rt.state().matrix.x.dtype) == f"torch.{dtype}"
-        out = []
-        for q in questions:
-            p = rt.pipeline.prepare(AskRequest(q["question"], top_k=10, mode="auto"))
-            hit = any(is_hit(c.chunk.text, c.chunk.source, q) for c in p.citations)
-            out.append((p.route.path, [c.chunk.id for c in p.citations], hit))
-        return out
+        ranked, preps = served(rt, questions)  # mode auto, k=10, as served
+        hits = first_hits(ranked, questions)
+        return [
+            (p.route.path, [c.chunk.id for c in p.citations], h is not None) for p, h in zip(preps, hits, strict=True)
+        ]
     finally:
         rt.close()
 

@@ -33,9 +33,12 @@ class ExpertMatrix:
         expert_ids: list[int],
         device: str = "cpu",
         dtype: torch.dtype = torch.float32,
+        previous: ExpertMatrix | None = None,
     ) -> None:
         """ids [N], vectors [N, D], experts [N] (an expert id, or -1 for none); expert_ids: the known
-        experts; dtype: how the vectors are stored (float16/bfloat16 halve the bytes a search reads)."""
+        experts; dtype: how the vectors are stored (float16/bfloat16 halve the bytes a search reads);
+        previous: the matrix this one replaces, whose measured choice holds while the largest expert
+        stays within 2x of the size it was measured at (a state per change does not time again)."""
         self.expert_ids = list(expert_ids)
         position = {e: i for i, e in enumerate(self.expert_ids)}
         pos = np.array([position.get(int(e), -1) for e in experts], dtype=np.int64)  # [N]
@@ -48,8 +51,17 @@ class ExpertMatrix:
         self.device = device
         self._scoped: Scoped = scoped_search
         self.kernel = "by the backend"  # which implementation searches, and why (`choose`)
+        self.measured_rows = 0  # the largest expert's rows when the choice was measured
         if backend.use_triton(self.x) and self.x.shape[0]:
-            self.choose()
+            largest = int((self.offsets[1:] - self.offsets[:-1]).max())
+            if previous is not None and previous.measured_rows and 0.5 <= largest / previous.measured_rows <= 2:
+                self._scoped, self.kernel, self.measured_rows = (
+                    previous._scoped,
+                    previous.kernel,
+                    previous.measured_rows,
+                )
+            else:
+                self.choose()
 
     def choose(self, depth: int = 50, runs: int = 5) -> str:
         """Time the Triton kernel against its twin on one question over the largest expert and
@@ -72,6 +84,7 @@ class ExpertMatrix:
             timed[name] = best * 1000
         chosen = min(timed, key=lambda n: timed[n])
         self._scoped = scoped_search_triton if chosen == "triton" else scoped_search_torch
+        self.measured_rows = int(sizes[e])
         others = ", ".join(f"{n} {ms:.3f} ms" for n, ms in timed.items())
         self.kernel = f"{chosen}: measured faster ({others}; one question, {int(sizes[e])} rows, top {depth})"
         return self.kernel

@@ -63,11 +63,10 @@ class ServingStates:
         load_router: Callable[[], Router | None],
         *,
         kernel_matrix: bool = False,
-        matrix_dtype: str = "auto",
     ) -> None:
         self.sessions, self.indexes, self.load_router = sessions, indexes, load_router
         self.kernel_matrix = kernel_matrix  # the scoped kernel serves the expert path: keep its matrix
-        self.matrix_dtype = matrix_dtype  # how it stores the vectors (MOERAG_MATRIX_DTYPE)
+        self.matrix_dtype = "auto"  # how it stores the vectors (MOERAG_MATRIX_DTYPE; the runtime sets it)
         self._state: ServingState | None = None
         self._serial = 0
         self._lock = threading.Lock()
@@ -103,7 +102,7 @@ class ServingStates:
             router = self.load_router() if "router" in parts else old.router
             matrix = old.matrix
             if self.kernel_matrix and parts & _MATRIX_PARTS:
-                matrix = self._matrix(experts)
+                matrix = self._matrix(experts, old.matrix)
             self._publish(version, experts, router, old.lexical, old.lexical_version, matrix)
             took = (time.perf_counter() - t0) * 1000
             self.build_ms = {"last": round(took, 3), "max": round(max(took, self.build_ms["max"]), 3)}
@@ -154,8 +153,9 @@ class ServingStates:
         self._state = state  # the one reference swap: a question sees the old state or this one, whole
         return state
 
-    def _matrix(self, experts: Mapping[int, ExpertProfile]) -> ExpertMatrix:
-        """The expert-sorted embeddings for the scoped kernel, read from SQL."""
+    def _matrix(self, experts: Mapping[int, ExpertProfile], previous: ExpertMatrix | None = None) -> ExpertMatrix:
+        """The expert-sorted embeddings for the scoped kernel, read from SQL (keeping `previous`'s
+        measured kernel choice while its size holds)."""
         dim = self.indexes.dim
         with self.sessions() as s:
             owner = cluster_owners(s)
@@ -166,4 +166,6 @@ class ServingStates:
         device = "cuda" if torch.cuda.is_available() else "cpu"
         # auto: float16 on a GPU, half the bytes a search reads, the same top 10 on dev (matrix-dtype.json)
         dtype = self.matrix_dtype if self.matrix_dtype != "auto" else "float16" if device == "cuda" else "float32"
-        return ExpertMatrix(ids, x, owners, sorted(experts), device=device, dtype=getattr(torch, dtype))
+        return ExpertMatrix(
+            ids, x, owners, sorted(experts), device=device, dtype=getattr(torch, dtype), previous=previous
+        )

@@ -40,5 +40,15 @@ def test_under_the_triton_backend_a_matrix_searches_with_what_it_measured_faster
     assert m.kernel.startswith("torch: measured faster") and "200 rows" in m.kernel and "triton" in m.kernel
     _, got = m.search(x[:1], [1], 5)
     assert got[0].tolist() == np.argsort(-(x[:200] @ x[0]), kind="stable")[:5].tolist()
+    # The next state's matrix keeps the choice while the largest expert stays within 2x; past that it times again.
+    timed: list[int] = []
+    monkeypatch.setattr(ExpertMatrix, "choose", lambda self, *a: timed.append(1) or "")
+    same = ExpertMatrix(np.arange(300, dtype=np.int64), x, experts, [1, 2], previous=m)
+    assert same.kernel == m.kernel and same.measured_rows == 200 and not timed
+    small = np.array([1] * 90 + [2] * 210, dtype=np.int64)  # largest 210: kept
+    assert ExpertMatrix(np.arange(300, dtype=np.int64), x, small, [1, 2], previous=m).kernel == m.kernel and not timed
+    grown = np.ones(450, dtype=np.int64)  # largest 450 rows, past twice the 200 measured: timed again
+    ExpertMatrix(np.arange(450, dtype=np.int64), np.vstack([x, x[:150]]), grown, [1, 2], previous=m)
+    assert timed == [1]
     monkeypatch.setattr(backend, "_chosen", "torch")
     assert ExpertMatrix(np.arange(300, dtype=np.int64), x, experts, [1, 2]).kernel == "by the backend"
