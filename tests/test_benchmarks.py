@@ -389,3 +389,15 @@ def test_followup_conversations_pair_each_question_with_a_follow_up_and_a_switch
     assert [(c["first"], c["second"], c["domain"]) for c in switch] == [
         ("q0", "q2", "sqlite"), ("q1", "q2", "sqlite"), ("q2", "q0", "git")
     ]  # fmt: skip
+
+
+def test_the_gpu_pipeline_check_forgives_only_the_order_of_tied_chunks() -> None:
+    from benchmarks.gpu_pipeline import same_answer
+
+    want = {"path": "expert", "expert": 2, "ids": [5, 7, 9, 11], "scores": [0.9, 0.8, 0.8, 0.7]}
+    assert same_answer(want, want | {"ids": [5, 9, 7, 11]})  # a tie in another order
+    assert same_answer(want, want | {"ids": [5, 7, 9, 12]})  # the last place's tie: another chunk of that score
+    assert not same_answer(want, want | {"ids": [7, 5, 9, 11]})  # no tie between 5 and 7
+    assert not same_answer(want, want | {"ids": [5, 7, 10, 11]})  # another chunk inside the list
+    assert not same_answer(want, want | {"scores": [0.9, 0.8, 0.8, 0.69]})
+    assert not same_answer(want, want | {"path": "fallback"})
