@@ -6,9 +6,10 @@ application per map version; a map with `embedder:` also runs the model there, o
 cluster (app.ray_embedder). `moerag serve` with MOERAG_SHARD_MAP (and MOERAG_RAY_ADDRESS) then
 searches through them; a changed map file, once `up` runs it, is what the servers switch to
 (app.shard_map_follow), and `up` deletes the other maps' shards `--retire-after` seconds later.
-`status` prints each shard: its replicas, the lists and vectors it holds and the catalogue
-version it has reached. `down` deletes every map's shards and the embedder (and stops the local
-cluster).
+A map with `ingress:` runs moerag's app itself there too, behind Serve's HTTP proxy
+(app.ray_ingress). `status` prints each shard: its replicas, the lists and vectors it holds and
+the catalogue version it has reached. `down` deletes every map's shards, the ingress and the
+embedder (and stops the local cluster).
 """
 
 from __future__ import annotations
@@ -74,6 +75,10 @@ def cmd_up(args: argparse.Namespace) -> None:
             _ray_command("start", "--head", "--disable-usage-stats", "--include-dashboard=false")
     if not ray.is_initialized():
         ray.init(address=args.address or "auto", log_to_driver=False)
+    if shards.ingress is not None:  # Serve's HTTP proxy starts first or never (app.ray_ingress)
+        from app import ray_ingress
+
+        ray_ingress.start_http(shards.ingress)
     # Replicas boot from the snapshots (MOERAG_SNAPSHOT_URL; on one machine the data dir's index folder).
     snapshots = settings.snapshot_url or str(settings.index_dir)
     handles = ray_shards.deploy(shards, settings.db_url, dim, snapshots, settings.index_codec)
@@ -93,6 +98,16 @@ def cmd_up(args: argparse.Namespace) -> None:
                 settings.question_runtime,
             )
             print(json.dumps({"embedder": handle.info.remote().result()}, indent=2))
+    if shards.ingress is not None:  # the app itself, N servers on the map behind Serve's proxy
+        from app import ray_ingress
+        from app.auth import load_or_create_token
+
+        token = load_or_create_token(
+            settings.admin_token.get_secret_value() if settings.admin_token else None, settings.token_file
+        )
+        ray_ingress.deploy(shards.ingress, ray_ingress.ingress_env(settings, args.config, token))
+        where = f"http://{shards.ingress.host}:{shards.ingress.port}"
+        print(json.dumps({"ingress": where, **ray_ingress.status()}, indent=2))
     from ray import serve
 
     from app.shard_map_follow import retire
@@ -114,6 +129,10 @@ def cmd_status(args: argparse.Namespace) -> None:
         from app import ray_embedder
 
         out["embedder"] = ray_embedder.status()
+    if shards.shard_map.ingress is not None:
+        from app import ray_ingress
+
+        out["ingress"] = ray_ingress.status()
     print(json.dumps(out, indent=2))
 
 
@@ -127,11 +146,12 @@ def cmd_down(args: argparse.Namespace) -> None:
     ray.init(address=args.address or "auto", log_to_driver=False)
     serve.start(proxy_location="Disabled")
     deleted = retire()
-    from app import ray_embedder
+    from app import ray_embedder, ray_ingress
 
-    if ray_embedder.APP in serve.status().applications:
-        serve.delete(ray_embedder.APP)
-        deleted.append(ray_embedder.APP)
+    for app in (ray_ingress.APP, ray_embedder.APP):  # the servers first: they call the embedder
+        if app in serve.status().applications:
+            serve.delete(app)
+            deleted.append(app)
     ray.shutdown()
     if args.address is None:
         _ray_command("stop")

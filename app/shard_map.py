@@ -14,6 +14,10 @@
     embedder:               # optional: the model runs on Ray too (app.ray_embedder), not in each server
       replicas: 1
       max_batch: 16         # the most questions a replica embeds in one call
+    ingress:                # optional: the app itself runs on Ray, behind Serve's HTTP proxy (app.ray_ingress)
+      replicas: 2
+      host: 127.0.0.1
+      port: 8000
 
 Every list belongs to exactly one shard: its expert's, or the default shard's when no expert
 owns it or its expert is not named. A map is checked when read (a clear error names what is
@@ -65,10 +69,18 @@ class EmbedderSpec:
 
 
 @dataclass(frozen=True)
+class IngressSpec:
+    replicas: int = 1
+    host: str = "127.0.0.1"
+    port: int = 8000
+
+
+@dataclass(frozen=True)
 class ShardMap:
     shards: tuple[Shard, ...]
     version: str  # the file's content hash: what responses and `ray status` name
     embedder: EmbedderSpec | None = None  # the model on Ray Serve (app.ray_embedder); None: in each server
+    ingress: IngressSpec | None = None  # the app itself on Ray Serve (app.ray_ingress); None: `moerag serve`
 
     @property
     def app_name(self) -> str:
@@ -127,7 +139,7 @@ def parse(data: Any, version: str = "") -> ShardMap:
         raise InvalidSetting(f"exactly one shard has 'default: true' (it holds unowned lists); found {defaults}")
     if not version:  # a map not read from a file: named by its content
         version = hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:12]
-    return ShardMap(tuple(shards), version, _embedder(data.get("embedder")))
+    return ShardMap(tuple(shards), version, _embedder(data.get("embedder")), _ingress(data.get("ingress")))
 
 
 def _autoscaling(shard: str, raw: Any, replicas: int) -> Autoscaling | None:
@@ -158,6 +170,20 @@ def _embedder(raw: Any) -> EmbedderSpec | None:
     for name, value, top in (("replicas", spec.replicas, 64), ("max_batch", spec.max_batch, 256)):
         if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= top:
             raise InvalidSetting(f"embedder: {name!r} is a whole number from 1 to {top}")
+    return spec
+
+
+def _ingress(raw: Any) -> IngressSpec | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or set(raw) - {"replicas", "host", "port"}:
+        raise InvalidSetting("'ingress' is a mapping of 'replicas' (1-64), 'host' and 'port' (1-65535)")
+    spec = IngressSpec(raw.get("replicas", 1), raw.get("host", "127.0.0.1"), raw.get("port", 8000))
+    for name, value, top in (("replicas", spec.replicas, 64), ("port", spec.port, 65535)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= top:
+            raise InvalidSetting(f"ingress: {name!r} is a whole number from 1 to {top}")
+    if not isinstance(spec.host, str) or not spec.host.strip():
+        raise InvalidSetting("ingress: 'host' is the address Serve's HTTP proxy binds (127.0.0.1 by default)")
     return spec
 
 

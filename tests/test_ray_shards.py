@@ -17,6 +17,7 @@ import dataclasses
 import itertools
 import os
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -108,29 +109,34 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
 
     from app.ray_client import RayShards, searches
     from app.ray_shards import deploy
-    from app.shard_map import parse
+    from app.shard_map import IngressSpec, parse
 
     rt = client.app.state.runtime  # type: ignore[attr-defined]
     assert rt.engine.dialect.name == ("postgresql" if os.environ.get("MOERAG_TEST_PG_URL") else "sqlite")
     state = rt.state()
-    shard_map = parse(
-        {
-            "shards": [
-                {"name": "git", "experts": ["git"], "replicas": 2},
-                {"name": "sqlite", "experts": ["sqlite"]},
-                # Autoscaled (a target no test load reaches: it stays at one replica).
-                {
-                    "name": "rest",
-                    "experts": ["debian"],
-                    "default": True,
-                    "autoscaling": {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 1000},
-                },
-            ]
-        }
-    )
+    raw_map: dict[str, Any] = {
+        "shards": [
+            {"name": "git", "experts": ["git"], "replicas": 2},
+            {"name": "sqlite", "experts": ["sqlite"]},
+            # Autoscaled (a target no test load reaches: it stays at one replica).
+            {
+                "name": "rest",
+                "experts": ["debian"],
+                "default": True,
+                "autoscaling": {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 1000},
+            },
+        ]
+    }
+    shard_map = parse(raw_map)
     lists = shard_map.lists_of_shards(state.experts, state.index.nlist)
+    on_postgres = rt.engine.dialect.name == "postgresql"  # an ingress on Ray runs several servers: PostgreSQL
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    http_port = _free_port()
     try:
+        if on_postgres:  # Serve's HTTP proxy starts first or never (app.ray_ingress)
+            from app.ray_ingress import start_http
+
+            start_http(IngressSpec(port=http_port))
         handles = deploy(shard_map, rt.settings.db_url, rt.embedder.dim)
         stats = [h.stats.remote().result() for h in handles]
         assert sum(s["vectors"] for s in stats) == state.index.ntotal  # every vector on exactly one shard
@@ -184,6 +190,8 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
         again = client.get("/admin/api/shards", headers=AUTH).json()["shards"]
         assert [r["reasked"] for r in again] == [r["reasked"] + (n == 0) for n, r in enumerate(page["shards"])]
         _embedder_on_ray(client, questions, after)
+        if on_postgres:
+            _ingress_on_ray(client, raw_map, tmp_path, http_port, questions, after)
         # Read your writes: a document just uploaded is found at once (a shard behind the state's
         # index position follows the log before it searches).
         text = "# Zanzibar quokka ledger\n\nThe zanzibar quokka ledger reconciles every quokka entry nightly."
@@ -420,3 +428,63 @@ def _embedder_on_ray(client: TestClient, questions: list[str], expected: list[di
         assert sum(batches) - sum(before) >= len(questions)  # every /ask embedded its question there
     finally:
         serve.delete(ray_embedder.APP)  # its memory back for the rest of the module
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _ingress_on_ray(
+    client: TestClient,
+    raw_map: dict[str, Any],
+    tmp_path: Path,
+    port: int,
+    questions: list[str],
+    expected: list[dict[str, Any]],
+) -> None:
+    """A map's `ingress:`: moerag's app as a Serve deployment of two replicas behind Serve's HTTP
+    proxy (app.ray_ingress), each a server on the map built from the environment `ray up` gives
+    it (its own data dir here: the server in process holds this one): both replicas answer, with
+    the in-process server's routes and first citations (bfloat16 questions, as in the embedder's
+    check); a document uploaded through the proxy is found through it, whichever replica answers,
+    within 5 s, and by the server in process."""
+    import json
+
+    import httpx
+    from ray import serve
+
+    from app import ray_ingress
+    from app.shard_map import IngressSpec, load
+
+    rt = client.app.state.runtime  # type: ignore[attr-defined]
+    map_file = tmp_path / "ingress-shards.yaml"
+    map_file.write_text(json.dumps(raw_map, sort_keys=True))  # JSON is YAML: the same version as the map served
+    assert load(map_file).version == rt.state().shard_map
+    token = rt.settings.admin_token.get_secret_value()
+    own = Settings(data_dir=tmp_path / "ingress-data", database_url=rt.settings.database_url, admin_token=token)
+    ray_ingress.deploy(IngressSpec(replicas=2, port=port), ray_ingress.ingress_env(own, map_file, token))
+    try:
+        assert ray_ingress.status() == {"running": True, "replicas": {"RUNNING": 2}, "proxies": 1}
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            ready = [http.get("/readyz").json() for _ in range(20)]
+            assert {r["serving"]["shard_map"] for r in ready} == {rt.state().shard_map}
+            assert {r["database"] for r in ready} == {"postgresql"} and len({r["pid"] for r in ready}) == 2
+            for q, want in zip(questions, expected, strict=True):
+                got = http.post("/ask", json={"query": q}).json()
+                assert got["route"]["path"] == want["route"]["path"] and not got["route"]["partial"]
+                assert got["citations"][0]["chunk_id"] == want["citations"][0]["chunk_id"]
+            text = "# Okapi ferry timetable\n\nThe okapi ferry timetable lists every crossing of the okapi ferry."
+            files = {"file": ("okapi.md", text.encode(), "text/markdown")}
+            r = http.post("/documents", files=files, headers={"authorization": f"Bearer {token}"})
+            assert r.status_code == 201, r.text
+            body, doc = {"query": "okapi ferry timetable", "mode": "fallback"}, r.json()["id"]
+            deadline = time.monotonic() + 5
+            while http.post("/ask", json=body).json()["citations"][0]["document_id"] != doc:
+                assert time.monotonic() < deadline, "an ingress replica did not see the upload within 5 s"
+                time.sleep(0.05)
+            assert all(http.post("/ask", json=body).json()["citations"][0]["document_id"] == doc for _ in range(10))
+        assert client.post("/ask", json=body).json()["citations"][0]["document_id"] == doc
+    finally:
+        serve.delete(ray_ingress.APP)  # its memory back for the rest of the module

@@ -194,6 +194,8 @@ def test_the_shard_map_is_checked_when_read_and_when_applied(tmp_path: Any) -> N
     assert example.shards[0].replicas == 2 and len(example.version) == 12 and example.embedder is None
     with_model = parse({"shards": [{"name": "a", "default": True}], "embedder": {"replicas": 2}})
     assert with_model.embedder is not None and (with_model.embedder.replicas, with_model.embedder.max_batch) == (2, 16)
+    served = parse({"shards": [{"name": "a", "default": True}], "ingress": {"replicas": 3, "port": 8123}})
+    assert served.ingress is not None and (served.ingress.replicas, served.ingress.host) == (3, "127.0.0.1")
     scaled = parse({"shards": [{"name": "a", "default": True, "autoscaling": {"min_replicas": 1, "max_replicas": 3}}]})
     assert scaled.shards[0].autoscaling is not None and scaled.shards[0].autoscaling.target_ongoing_requests == 8.0
     bad = {
@@ -206,6 +208,9 @@ def test_the_shard_map_is_checked_when_read_and_when_applied(tmp_path: Any) -> N
         "replicas": {"shards": [{"name": "a", "replicas": 0, "default": True}]},
         "'max_batch' is a whole number": {"shards": [{"name": "a", "default": True}], "embedder": {"max_batch": 0}},
         "a mapping of 'replicas'": {"shards": [{"name": "a", "default": True}], "embedder": {"gpus": 1}},
+        "ingress: 'port' is a whole number": {"shards": [{"name": "a", "default": True}], "ingress": {"port": 0}},
+        "'ingress' is a mapping": {"shards": [{"name": "a", "default": True}], "ingress": {"workers": 2}},
+        "ingress: 'host'": {"shards": [{"name": "a", "default": True}], "ingress": {"host": " "}},
         "min_replicas <= max_replicas": {
             "shards": [{"name": "a", "default": True, "autoscaling": {"min_replicas": 3, "max_replicas": 2}}]
         },
@@ -452,3 +457,20 @@ def test_a_remote_embedder_sends_a_batch_in_calls_the_replica_can_take_and_says_
 
     with pytest.raises(NotConfigured, match="ray up"):
         RemoteEmbedder(type("Handle", (), {"info": Call(down)})())
+
+
+def test_an_ingress_on_ray_is_one_server_of_several_workers(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its replicas get the database, the shared data dir, the map and the token (and this
+    process's MOERAG_* settings); SQLite, which serves from one process, is refused with the fix."""
+    from app.ray_ingress import ingress_env
+    from app.settings import Settings
+    from engine.errors import NotConfigured
+
+    monkeypatch.setenv("MOERAG_ROUTE_THRESHOLD", "0.8")
+    with pytest.raises(NotConfigured, match="MOERAG_DATABASE_URL=postgresql"):
+        ingress_env(Settings(data_dir=tmp_path), tmp_path / "shards.yaml", "t")
+    url = "postgresql+psycopg://u:p@127.0.0.1/db"
+    env = ingress_env(Settings(data_dir=tmp_path, database_url=url), tmp_path / "shards.yaml", "t")
+    assert env["MOERAG_DATABASE_URL"] == url and env["MOERAG_ADMIN_TOKEN"] == "t"
+    assert env["MOERAG_SHARD_MAP"] == str(tmp_path / "shards.yaml") and env["MOERAG_ROUTE_THRESHOLD"] == "0.8"
+    assert env["MOERAG_DATA_DIR"] == str(tmp_path) and int(env["MOERAG_WORKER_OF"]) > 0
