@@ -1,0 +1,182 @@
+"""moerag's server as a Ray Serve deployment (app.ray_ingress) against `moerag serve`, both over the
+same expert shards on a local Ray cluster, in one run:
+
+    python benchmarks/ray_ingress.py --data-dir D --database-url postgresql+psycopg://...
+
+D is a store whose catalogue is in PostgreSQL at the URL (`moerag db copy-to`); the evaluation
+store's shard map is ray_scale.py's (python / postgresql + git + debian / sqlite + nodejs).
+`moerag ray up` deploys the shards and one ingress replica behind Serve's HTTP proxy; `moerag serve`
+runs beside it on the same map (its own data dir: the replicas share D). With both caches off,
+the FAQ dev questions are asked over HTTP:
+
+- one at a time, each question through both in turn: latency p50 / p99 (the proxy's hop and the
+  replica against uvicorn in process), and whether the answers agree (route, first citation);
+- `--clients` closed-loop clients for `--seconds`: questions a second through `moerag serve`, the
+  ingress with one replica, then with two (two cores saturate: say so).
+
+Results: benchmarks/results/ray-ingress.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.evalcorpus import load_questions
+
+RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parent.parent
+MAP = {
+    "shards": [
+        {"name": "python", "experts": ["python"]},
+        {"name": "rest", "experts": ["postgresql", "git", "debian"], "default": True},
+        {"name": "data", "experts": ["sqlite", "nodejs"]},
+    ]
+}
+
+
+def moerag(*args: str, env: dict[str, str]) -> None:
+    subprocess.run(
+        [str(Path(sys.executable).with_name("moerag")), *args], check=True, env=env, stdout=subprocess.DEVNULL
+    )
+
+
+def wait_ready(url: str, within: float = 300) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"{url} was not ready within {within:g} s")
+
+
+def ask(http: httpx.Client, q: str) -> tuple[float, tuple[str, int | None]]:
+    t = time.perf_counter()
+    r = http.post("/ask", json={"query": q})
+    ms = (time.perf_counter() - t) * 1000
+    r.raise_for_status()
+    body = r.json()
+    return ms, (body["route"]["path"], body["citations"][0]["chunk_id"] if body["citations"] else None)
+
+
+def closed_loop(url: str, questions: list[str], clients: int, seconds: float) -> float:
+    """Questions a second, `clients` threads each asking the next question once its last is back."""
+    done = [0] * clients
+    stop = time.monotonic() + seconds
+
+    def client(n: int) -> None:
+        with httpx.Client(base_url=url, timeout=60) as http:
+            i = n
+            while time.monotonic() < stop:
+                ask(http, questions[i % len(questions)])
+                done[n] += 1
+                i += clients
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
+    t = time.monotonic()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return round(sum(done) / (time.monotonic() - t), 1)
+
+
+def pct(ms: list[float]) -> dict[str, float]:
+    return {"p50_ms": round(float(np.percentile(ms, 50)), 2), "p99_ms": round(float(np.percentile(ms, 99)), 2)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data-dir", type=Path, required=True)
+    ap.add_argument("--database-url", required=True)
+    ap.add_argument("--port", type=int, default=8311, help="the ingress's; moerag serve takes the next")
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--seconds", type=float, default=20)
+    args = ap.parse_args()
+    questions = [q["question"] for q in load_questions()]
+    work = Path(tempfile.mkdtemp(prefix="moerag-ray-ingress-"))
+    raw = MAP | {"ingress": {"replicas": 1, "port": args.port}}
+    map_file = work / "shards.yaml"
+    map_file.write_text(json.dumps(raw))
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MOERAG_")} | {
+        "MOERAG_DATABASE_URL": args.database_url,
+        "MOERAG_ANSWER_CACHE": "0",
+        "MOERAG_QUESTION_CACHE": "0",
+        "HF_HUB_OFFLINE": "1",
+    }
+    ingress_url, serve_url = f"http://127.0.0.1:{args.port}", f"http://127.0.0.1:{args.port + 1}"
+    serve_data = work / "serve-data"
+    shutil.copytree(args.data_dir / "index", serve_data / "index")  # its replica boots from the same snapshot
+    result: dict[str, Any] = {"command": "python benchmarks/ray_ingress.py " + " ".join(sys.argv[1:]),
+                              "questions": len(questions), "cpus": os.cpu_count()}  # fmt: skip
+    server = None
+    try:
+        t = time.monotonic()
+        moerag("ray", "up", "--config", str(map_file), env=base | {"MOERAG_DATA_DIR": str(args.data_dir)})
+        wait_ready(ingress_url)
+        result["ray_up_s"] = round(time.monotonic() - t, 1)
+        env = base | {"MOERAG_DATA_DIR": str(serve_data), "MOERAG_SHARD_MAP": str(map_file)}
+        serve = [str(Path(sys.executable).with_name("moerag")), "serve", "--port", str(args.port + 1)]
+        server = subprocess.Popen(serve, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_ready(serve_url)
+        lat: dict[str, list[float]] = {"ingress": [], "serve": []}
+        agree = 0
+        with httpx.Client(base_url=ingress_url, timeout=60) as a, httpx.Client(base_url=serve_url, timeout=60) as b:
+            for q in questions[:20]:  # warm both
+                ask(a, q), ask(b, q)
+            for q in questions:
+                ms_a, ans_a = ask(a, q)
+                ms_b, ans_b = ask(b, q)
+                lat["ingress"].append(ms_a)
+                lat["serve"].append(ms_b)
+                agree += ans_a == ans_b
+        result["one_at_a_time"] = {"ingress_on_ray_1_replica": pct(lat["ingress"]), "moerag_serve": pct(lat["serve"])}
+        result["same_route_and_first_citation"] = agree
+        print(json.dumps(result), flush=True)
+        rates = {"moerag_serve": closed_loop(serve_url, questions, args.clients, args.seconds)}
+        rates["ingress_on_ray_1_replica"] = closed_loop(ingress_url, questions, args.clients, args.seconds)
+        import ray
+
+        from app import ray_ingress
+        from app.settings import Settings
+        from app.shard_map import IngressSpec
+
+        ray.init(address="auto", log_to_driver=False)
+        own = Settings(data_dir=args.data_dir, database_url=args.database_url)
+        token = (args.data_dir / "admin_token").read_text().strip()
+        os.environ.update({"MOERAG_ANSWER_CACHE": "0", "MOERAG_QUESTION_CACHE": "0"})
+        ray_ingress.deploy(IngressSpec(2, port=args.port), ray_ingress.ingress_env(own, map_file, token))
+        wait_ready(ingress_url)
+        rates["ingress_on_ray_2_replicas"] = closed_loop(ingress_url, questions, args.clients, args.seconds)
+        result[f"questions_a_second_{args.clients}_clients"] = rates
+        print(json.dumps(result), flush=True)
+    finally:
+        if server is not None:
+            server.send_signal(signal.SIGINT)
+            server.wait(60)
+        moerag("ray", "down", env=base | {"MOERAG_DATA_DIR": str(args.data_dir)})
+        shutil.rmtree(work, ignore_errors=True)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "ray-ingress.json").write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
