@@ -1,0 +1,113 @@
+"""BM25 split across shards, scored as one index would score it: postings per shard, statistics global.
+
+BM25's score of a chunk for a question depends on the whole store through three figures: the
+number of chunks, their mean length and each term's document frequency. A shard that scored its
+own chunks with its own figures would rank them on another scale than its neighbours, and a merge
+of their top-k would not be the whole store's. So the statistics are global (`TermStats`, built
+over every chunk, a vocabulary's worth of memory: no postings) and travel with the question as its
+term weights (`QueryWeights`); a shard keeps only its chunks' postings (`Postings`) and scores them
+with those weights. The arithmetic is bm25s's "lucene" BM25 step for step (k1 1.5, b 0.75; idf
+ln(1 + (N - df + 0.5) / (df + 0.5)) in float32; each term's contribution idf x tf / (tf + k1 (1 - b
++ b dl / avgdl)) stored as float32; a question's terms summed in float32 in its token order,
+repeats included), so shards merged give `LexicalIndex`'s scores (tests/test_postings.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.lexical import tokenize
+
+K1, B = 1.5, 0.75
+Ints = npt.NDArray[np.int64]
+Floats = npt.NDArray[np.float32]
+
+
+def chunk_tokens(text: str) -> list[str]:
+    """The tokens BM25 indexes for a chunk (`LexicalIndex`'s: a chunk with none counts one, "_")."""
+    return tokenize(text) or ["_"]
+
+
+@dataclass(frozen=True)
+class QueryWeights:
+    """What a shard needs to score a question as the whole store would: the question's known terms
+    in its token order (repeats included), each one's idf (float32) and the mean chunk length."""
+
+    terms: tuple[str, ...]
+    idf: tuple[float, ...]
+    avgdl: float
+
+
+@dataclass(frozen=True)
+class TermStats:
+    """BM25's global statistics over every chunk: how many, their total length, each term's
+    document frequency."""
+
+    n_docs: int
+    total_length: int
+    df: dict[str, int]
+
+    @classmethod
+    def of(cls, texts: Iterable[str]) -> TermStats:
+        df: Counter[str] = Counter()
+        n = total = 0
+        for text in texts:
+            tokens = chunk_tokens(text)
+            n, total = n + 1, total + len(tokens)
+            df.update(set(tokens))
+        return cls(n, total, dict(df))
+
+    def weights(self, question: str) -> QueryWeights | None:
+        """The question's term weights; None: no chunks, or no term any chunk has."""
+        terms = [t for t in tokenize(question) if t in self.df]
+        if not self.n_docs or not terms:
+            return None
+        n = self.n_docs
+        idf = [float(np.float32(math.log(1 + (n - self.df[t] + 0.5) / (self.df[t] + 0.5)))) for t in terms]
+        return QueryWeights(tuple(terms), tuple(idf), float(np.float64(self.total_length) / n))
+
+
+class Postings:
+    """One shard's BM25 postings (immutable; rebuilt when its chunks change): for each term, the
+    chunks holding it and how often, and each chunk's length."""
+
+    def __init__(self, ids: Sequence[int], texts: Sequence[str]) -> None:
+        self.ids = np.asarray(ids, dtype=np.int64)  # [N]
+        self.rows: dict[str, Ints] = {}  # term -> [n_t] rows holding it, ascending
+        self.tf: dict[str, Floats] = {}  # term -> [n_t] its count in each
+        lengths = np.zeros(len(self.ids), dtype=np.int64)  # [N]
+        rows: dict[str, list[int]] = {}
+        tf: dict[str, list[int]] = {}
+        for row, text in enumerate(texts):
+            tokens = chunk_tokens(text)
+            lengths[row] = len(tokens)
+            for term, count in Counter(tokens).items():
+                rows.setdefault(term, []).append(row)
+                tf.setdefault(term, []).append(count)
+        self.lengths = lengths
+        for term, r in rows.items():
+            self.rows[term] = np.asarray(r, dtype=np.int64)
+            self.tf[term] = np.asarray(tf[term], dtype=np.float32)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def scores(self, w: QueryWeights) -> Floats:
+        """[N] every chunk's BM25 score for the question (0 where it shares no term)."""
+        out = np.zeros(len(self.ids), dtype=np.float32)  # [N]
+        for term, idf in zip(w.terms, w.idf, strict=True):
+            rows = self.rows.get(term)
+            if rows is None:
+                continue
+            tf = self.tf[term]  # [n_t]
+            # bm25s's expression and types: the length part in float64, tf float32 promoted.
+            norm = K1 * ((1 - B) + B * self.lengths[rows] / np.float64(w.avgdl))  # [n_t]
+            contribution = (np.float32(idf) * (tf / (norm + tf))).astype(np.float32)  # [n_t]
+            out[rows] += contribution
+        return out
