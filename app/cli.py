@@ -178,7 +178,7 @@ def cmd_router_eval(args: argparse.Namespace) -> None:
             texts.append(r["question"])
         q = rt.embedder.encode(texts)  # [Q, D]
         bm25 = state.lexical
-        queries = [bm25.query(t) for t in texts] if bm25 is not None else None
+        queries = [bm25.terms(t) for t in texts] if bm25 is not None else None
         logits = router.served_logits(state.index, q, queries)  # [Q, E+1], BM25's vote included as served
         metrics = evaluate(logits, torch.tensor(labels), router.temperature, rt.settings.route_threshold)
         keep = ("accuracy", "ece_before", "ece_after", "coverage_at_threshold", "accuracy_at_threshold")

@@ -13,9 +13,11 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from app.ray_shards import Stamped, join, replica_states, require
+from app.ray_shards import join, replica_states, require
 from app.shard_map import ShardMap
+from engine.lexical import QueryWeights, TermStats
 from engine.serving import ExpertProfile
+from engine.sharded_lexical import LexicalShard, ShardedLexical
 from index import ClusteredIndex
 from index.shards import ShardedIndex, ShardSearch
 
@@ -44,6 +46,20 @@ class RayShards:
         names = [s.name for s in self.shard_map.shards]
         found = [self._counted(n, f) for n, f in enumerate(searches(self.handles, self.timeout_seconds, position))]
         return ShardedIndex(index, lists, found, shard_map=self.shard_map.version, names=names)
+
+    def lexical_over(self, stats: TermStats, index: ShardedIndex, position: int = 0) -> ShardedLexical:
+        """BM25 over the shards: each replica scores its chunks' postings with `stats`' term
+        weights (engine.sharded_lexical), at catalogue version `position` or later, within the
+        same bounded wait as a search."""
+
+        def through(handle: Any) -> LexicalShard:
+            def ask(w: QueryWeights, k: int, lists: Any, ids: Any) -> _Within:
+                return _Within(lambda: handle.lexical.remote(w, k, lists, ids, position), self.timeout_seconds)
+
+            return ask
+
+        names = [s.name for s in self.shard_map.shards]
+        return ShardedLexical(stats, [through(h) for h in self.handles], names, index.shard_of_list)
 
     def _counted(self, shard: int, search: ShardSearch) -> ShardSearch:
         def counted(
@@ -124,7 +140,7 @@ class _Within:
         self.deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
         self.response = ask()
 
-    def result(self) -> Stamped:
+    def result(self) -> Any:
         from ray.exceptions import RayActorError  # the replica died, or cannot be reached
 
         try:
@@ -134,7 +150,6 @@ class _Within:
             self.response = self.ask()
             return self._await()
 
-    def _await(self) -> Stamped:
+    def _await(self) -> Any:
         left = None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
-        out: Stamped = self.response.result(timeout_s=left)
-        return out
+        return self.response.result(timeout_s=left)

@@ -36,6 +36,9 @@ from app.services.experts import profiles
 from app.services.sql_index import index_from_sql
 from app.shard_map import ShardMap
 from engine.errors import NotConfigured
+from engine.lexical import QueryWeights
+from engine.postings import Postings
+from engine.sharded_lexical import LexicalAnswer, answer_from
 from index import ClusteredIndex
 
 log = logging.getLogger(__name__)
@@ -44,6 +47,7 @@ Stamped = tuple[npt.NDArray[np.float32], npt.NDArray[np.int64], int, int]  # sco
 # shard map's replicas on a small machine; memory, not CPU, is what a shard needs.
 _LIGHT = {"num_cpus": 0.1}
 BATCH = 32  # the most searches a replica answers in one FAISS scan
+POSTINGS_SHARE = 0.1  # the share of a replica's time its BM25 rebuilds may take (as the server's)
 
 
 def require() -> Any:
@@ -109,6 +113,8 @@ class ShardReplica:
         booted = self._from_snapshot(snapshots) if snapshots else None
         self.index, self.position, self.clustering = booted or self._build()
         self.snapshots, self.part_written = snapshots, self.position if self.booted.startswith("part@") else -1
+        self.postings, self.postings_position = self._read_postings()  # BM25 over its chunks (engine.postings)
+        self._postings_stale, self._postings_next = False, 0.0
         self._stop = threading.Event()
         if poll_seconds > 0:  # a replica follows the catalogue on its own
             threading.Thread(target=self._follow, args=(poll_seconds,), name="shard-follow", daemon=True).start()
@@ -118,11 +124,50 @@ class ShardReplica:
         while not self._stop.wait(poll_seconds):
             try:
                 self.follow()
+                self.refresh_postings()
                 if self.snapshots and time.monotonic() - last_part >= shard_parts.PART_SECONDS:
                     last_part = time.monotonic()
                     self.write_part()
             except Exception:  # the database away for a moment: keep following
                 log.exception("shard replica: following the index log failed; retrying")
+
+    def _read_postings(self) -> tuple[Postings, int]:
+        """Its chunks' BM25 postings, read from SQL (the texts BM25 indexes: heading and text), and
+        the catalogue version they were read at."""
+        with self.sessions() as s:
+            position = read_version(s)
+            rows = s.execute(
+                select(Chunk.id, Chunk.heading, Chunk.text)
+                .where(Chunk.cluster_id.in_(self.lists.tolist()))
+                .order_by(Chunk.id)
+            ).all()
+        return Postings([r[0] for r in rows], [f"{r[1]}\n{r[2]}" for r in rows]), position
+
+    def refresh_postings(self, *, force: bool = False) -> bool:
+        """Read its postings again when its chunks changed, spaced as the server's BM25 rebuilds are
+        (at most a tenth of the time; app.services.lexical); `force`: now."""
+        if not (self._postings_stale or force) or (not force and time.monotonic() < self._postings_next):
+            return False
+        self._postings_stale = False
+        t0 = time.monotonic()
+        postings, position = self._read_postings()
+        with self._lock:
+            self.postings, self.postings_position = postings, position
+        self._postings_next = t0 + (time.monotonic() - t0) / POSTINGS_SHARE
+        return True
+
+    def lexical(
+        self, w: QueryWeights, k: int, lists: npt.NDArray[np.int64] | None, ids: npt.NDArray[np.int64] | None,
+        at_least: int = 0,
+    ) -> LexicalAnswer:  # fmt: skip
+        """Its chunks' BM25 scored with the whole store's term weights (engine.sharded_lexical): its k
+        best (within `lists`), its best per list and the scores of `ids`, at catalogue version
+        `at_least` or later (for the lists its chunks are in)."""
+        if at_least > self.position:
+            self.follow()
+        with self._lock:
+            postings, index = self.postings, self.index
+        return answer_from(postings.scores(w), postings.ids, index.clusters_of, k, lists, ids)
 
     def write_part(self) -> bool:
         """Write this shard's part to the snapshot store if it moved on since the last one."""
@@ -233,6 +278,7 @@ class ShardReplica:
             carried = carries(s, self.clustering, self.position)
             carried = carried and np.array_equal(self._own_lists(s, self.index.nlist), self.lists)  # no expert moved
             changes = read_log(s, self.position, now, self.dim) if carried else None
+        self._postings_stale = True  # its chunks (or their lists) changed: BM25 reads them again, spaced
         with self._lock:
             if changes is None:
                 self.index, self.position, self.clustering = self._build()
@@ -251,6 +297,8 @@ class ShardReplica:
             "lists": len(self.lists),
             "position": self.position,
             "booted": self.booted,
+            "bm25_chunks": len(self.postings),
+            "bm25_position": self.postings_position,
         }
 
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
 import re
 import threading
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, Protocol
 
 import numpy as np
 
@@ -41,6 +44,57 @@ def tokenize(text: str) -> list[str]:
     return content_words(word_tokens(text))
 
 
+# BM25's parameters (bm25s's defaults, its "lucene" variant), shared with engine.postings.
+K1, B = 1.5, 0.75
+
+
+def chunk_tokens(text: str) -> list[str]:
+    """The tokens BM25 indexes for a chunk (`LexicalIndex`'s: a chunk with none counts one, "_")."""
+    return tokenize(text) or ["_"]
+
+
+@dataclass(frozen=True)
+class QueryWeights:
+    """What a shard needs to score a question as the whole store would: the question's known terms
+    in its token order (repeats included), each one's idf (float32) and the mean chunk length."""
+
+    terms: tuple[str, ...]
+    idf: tuple[float, ...]
+    avgdl: float
+
+
+@dataclass(frozen=True)
+class TermStats:
+    """BM25's global statistics over every chunk: how many, their total length, each term's
+    document frequency."""
+
+    n_docs: int
+    total_length: int
+    df: dict[str, int]
+
+    @classmethod
+    def of(cls, texts: Iterable[str]) -> TermStats:
+        return cls.of_tokens(chunk_tokens(t) for t in texts)
+
+    @classmethod
+    def of_tokens(cls, token_lists: Iterable[Sequence[str]]) -> TermStats:
+        df: Counter[str] = Counter()
+        n = total = 0
+        for tokens in token_lists:
+            n, total = n + 1, total + len(tokens)
+            df.update(set(tokens))
+        return cls(n, total, dict(df))
+
+    def weights(self, question: str) -> QueryWeights | None:
+        """The question's term weights; None: no chunks, or no term any chunk has."""
+        terms = [t for t in tokenize(question) if t in self.df]
+        if not self.n_docs or not terms:
+            return None
+        n = self.n_docs
+        idf = [float(np.float32(math.log(1 + (n - self.df[t] + 0.5) / (self.df[t] + 0.5)))) for t in terms]
+        return QueryWeights(tuple(terms), tuple(idf), float(np.float64(self.total_length) / n))
+
+
 class LexicalIndex:
     """Immutable once built; the app rebuilds it when chunks change and swaps it in."""
 
@@ -51,11 +105,14 @@ class LexicalIndex:
         self._keys = self.ids[self._order]
         self._lock = threading.Lock()  # bm25s's retrieve is not documented as thread-safe
         self._bm25: bm25s.BM25 | None = None
+        self.stats = TermStats(0, 0, {})  # the global statistics, for BM25 over shards (engine.postings)
         if len(texts):
             import bm25s  # here, not at module level: settings import `Fusion` and the CLI starts fast
 
-            self._bm25 = bm25s.BM25()
-            self._bm25.index([tokenize(t) or ["_"] for t in texts], show_progress=False)
+            tokens = [chunk_tokens(t) for t in texts]
+            self._bm25 = bm25s.BM25(k1=K1, b=B)
+            self._bm25.index(tokens, show_progress=False)
+            self.stats = TermStats.of_tokens(tokens)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -85,6 +142,11 @@ class LexicalIndex:
     def query(self, text: str) -> LexicalQuery:
         """One question against this index: its scores are computed once, for every search of it."""
         return LexicalQuery(self, text)
+
+    def terms(self, text: str, mask_of: Callable[[Sequence[int]], np.ndarray] | None = None) -> ScopedQuery:
+        """The question as the ask flow reads it (`Terms`): scopes given as lists, `mask_of` turning
+        them into this index's masks."""
+        return ScopedQuery(self.query(text), mask_of)
 
     def scores(self, text: str) -> np.ndarray | None:
         """[N] BM25 score of every chunk for `text`; None: no chunks or no query terms."""
@@ -132,6 +194,52 @@ class LexicalQuery:
         # Selecting among the chunks sharing a term only (median 8.3k of 46k on dev): 0.14 ms
         # against 0.43 ms for an argpartition over every chunk.
         return [(int(self.index.ids[rows[d]]), float(scores[rows[d]])) for d in top_k(scores[rows], k)]
+
+
+class BestChunks(Protocol):
+    """What the gate's vote and the route's check read of a question's BM25: its best chunks over
+    the whole store."""
+
+    def search(self, k: int) -> list[tuple[int, float]]: ...
+
+
+class Terms(Protocol):
+    """A question's BM25 as the ask flow reads it, in one process (`ScopedQuery`) or over expert
+    shards (engine.sharded_lexical): scopes are lists (clusters)."""
+
+    def prefetch(self) -> None: ...
+
+    def search(self, k: int, scope: Sequence[int] | None = None) -> list[tuple[int, float]]: ...
+
+    def best(self, scope: Sequence[int] | None = None) -> float: ...
+
+    def scores_of(self, ids: Sequence[int]) -> np.ndarray: ...
+
+
+class ScopedQuery:
+    """`LexicalQuery` read by lists: a scope's mask from `mask_of` (the ask flow caches them)."""
+
+    def __init__(self, query: LexicalQuery, mask_of: Callable[[Sequence[int]], np.ndarray] | None) -> None:
+        self.query, self.mask_of = query, mask_of
+
+    def prefetch(self) -> None:
+        _ = self.query.scores  # BM25 over every chunk now (while the model embeds the question)
+
+    def _mask(self, scope: Sequence[int] | None) -> np.ndarray | None:
+        if scope is None:
+            return None
+        if self.mask_of is None:
+            raise ValueError("a scoped BM25 search needs the lists' masks (mask_of)")
+        return self.mask_of(scope)
+
+    def search(self, k: int, scope: Sequence[int] | None = None) -> list[tuple[int, float]]:
+        return self.query.search(k, self._mask(scope))
+
+    def best(self, scope: Sequence[int] | None = None) -> float:
+        return self.query.best(self._mask(scope))
+
+    def scores_of(self, ids: Sequence[int]) -> np.ndarray:
+        return self.query.scores_of(ids)
 
 
 def top_k(scores: np.ndarray, k: int) -> np.ndarray:

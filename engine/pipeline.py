@@ -20,7 +20,7 @@ import numpy as np
 
 from engine.embedder import Embedder
 from engine.generators import GENERIC_SYSTEM_PROMPT, Generator, Passage
-from engine.lexical import Fusion, LexicalIndex, LexicalQuery, convex_fusion, reciprocal_rank_fusion
+from engine.lexical import Fusion, LexicalIndex, Terms, convex_fusion, reciprocal_rank_fusion
 from engine.question_encoder import done_future
 from engine.route_check import (
     Outside,
@@ -202,15 +202,15 @@ class AskPipeline:
 
         t = time.perf_counter()
         pending = self.submit_question(req.question, alone)  # [1, D] to come
-        lexical = state.lexical  # one BM25 index per question; its scores computed once
-        terms = lexical.query(req.question) if lexical is not None else None
+        lexical, index = state.lexical, state.index  # one BM25 index per question; its scores computed once
+        mask_of = partial(self._scope_mask, lexical, index) if isinstance(lexical, LexicalIndex) else None
+        terms = lexical.terms(req.question, mask_of) if lexical is not None else None
         if terms is not None and not (alone and self.wide_questions):  # the model on every core: BM25 waits
-            _ = terms.scores  # BM25 over every chunk while the model runs (on another core when idle)
+            terms.prefetch()  # BM25 over every chunk while the model runs (on another core when idle)
         q = pending.result()  # [1, D]
         timings["embed"] = (time.perf_counter() - t) * 1000  # the model, BM25's scores overlapped
 
         t = time.perf_counter()
-        index = state.index
         route = self._route(q, req, terms, state)
         route.catalogue_version, route.versions = state.version, state.versions
         q = self.retrieval_vector(q, state.router)  # [1, D]
@@ -278,7 +278,7 @@ class AskPipeline:
         self,
         q: np.ndarray,
         req: AskRequest,
-        terms: LexicalQuery | None = None,
+        terms: Terms | None = None,
         state: ServingState | None = None,
     ) -> Route:
         cfg = self.config
@@ -344,7 +344,7 @@ class AskPipeline:
     def _check_route(
         self,
         q: np.ndarray,
-        terms: LexicalQuery | None,
+        terms: Terms | None,
         index: SearchIndex,
         scope: list[int],
         best: float,
@@ -367,7 +367,7 @@ class AskPipeline:
     def _fuse(
         self,
         dense: list[tuple[int, float]],
-        terms: LexicalQuery | None,
+        terms: Terms | None,
         k: int,
         n: int,
         index: SearchIndex,
@@ -376,18 +376,17 @@ class AskPipeline:
         """Dense candidates (id, cosine) + BM25 (over `scope`'s lists only, when given), fused by
         weighted RRF or by scores (`PipelineConfig.fusion`)."""
         cfg = self.config
-        mask = self._scope_mask(terms.index, index, scope) if terms is not None and scope is not None else None
         if cfg.fusion == "convex":
-            scale = terms.best(mask) if terms is not None else 0.0  # the scope's best BM25 score
+            scale = terms.best(scope) if terms is not None else 0.0  # the scope's best BM25 score
             if terms is None or scale <= 0:
                 return self._citations(dense[:k])
             lexical = terms.scores_of([i for i, _ in dense]) / scale  # [n] in [0, 1]
             return self._citations(convex_fusion(dense, lexical, cfg.lexical_weight)[:k])
-        sparse = [i for i, _ in terms.search(n, mask)] if terms is not None else []
+        sparse = [i for i, _ in terms.search(n, scope)] if terms is not None else []
         fused = reciprocal_rank_fusion([[i for i, _ in dense], sparse], weights=[1.0, cfg.lexical_weight])[:k]
         return self._citations(fused)
 
-    def _scope_mask(self, lexical: LexicalIndex, index: SearchIndex, scope: list[int]) -> np.ndarray:
+    def _scope_mask(self, lexical: LexicalIndex, index: SearchIndex, scope: Sequence[int]) -> np.ndarray:
         """[N] bool over the BM25 index's chunks: those in `scope`'s lists (cached until either changes)."""
         masks = self._masks.setdefault(lexical, {})
         key = (index.version, index.writes, tuple(scope))

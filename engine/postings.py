@@ -14,63 +14,16 @@ repeats included), so shards merged give `LexicalIndex`'s scores (tests/test_pos
 
 from __future__ import annotations
 
-import math
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
 
-from engine.lexical import tokenize
+from engine.lexical import K1, B, QueryWeights, chunk_tokens
 
-K1, B = 1.5, 0.75
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float32]
-
-
-def chunk_tokens(text: str) -> list[str]:
-    """The tokens BM25 indexes for a chunk (`LexicalIndex`'s: a chunk with none counts one, "_")."""
-    return tokenize(text) or ["_"]
-
-
-@dataclass(frozen=True)
-class QueryWeights:
-    """What a shard needs to score a question as the whole store would: the question's known terms
-    in its token order (repeats included), each one's idf (float32) and the mean chunk length."""
-
-    terms: tuple[str, ...]
-    idf: tuple[float, ...]
-    avgdl: float
-
-
-@dataclass(frozen=True)
-class TermStats:
-    """BM25's global statistics over every chunk: how many, their total length, each term's
-    document frequency."""
-
-    n_docs: int
-    total_length: int
-    df: dict[str, int]
-
-    @classmethod
-    def of(cls, texts: Iterable[str]) -> TermStats:
-        df: Counter[str] = Counter()
-        n = total = 0
-        for text in texts:
-            tokens = chunk_tokens(text)
-            n, total = n + 1, total + len(tokens)
-            df.update(set(tokens))
-        return cls(n, total, dict(df))
-
-    def weights(self, question: str) -> QueryWeights | None:
-        """The question's term weights; None: no chunks, or no term any chunk has."""
-        terms = [t for t in tokenize(question) if t in self.df]
-        if not self.n_docs or not terms:
-            return None
-        n = self.n_docs
-        idf = [float(np.float32(math.log(1 + (n - self.df[t] + 0.5) / (self.df[t] + 0.5)))) for t in terms]
-        return QueryWeights(tuple(terms), tuple(idf), float(np.float64(self.total_length) / n))
 
 
 class Postings:

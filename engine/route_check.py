@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.lexical import LexicalQuery
+from engine.lexical import BestChunks
 from index import SearchIndex
 
 
@@ -47,7 +47,7 @@ def best_outside(q: np.ndarray, index: SearchIndex, scope: list[int], lists: int
     return outside_of(index.search(q, 1, nearest)[0], nearest, index) if nearest else None
 
 
-def lexical_best_outside(terms: LexicalQuery | None, index: SearchIndex, scope: list[int]) -> bool:
+def lexical_best_outside(terms: BestChunks | None, index: SearchIndex, scope: list[int]) -> bool:
     """Whether BM25's best chunk over the whole store lies outside `scope`'s lists (False: no BM25 hit)."""
     hits = terms.search(1) if terms is not None else []
     if not hits:

@@ -19,7 +19,7 @@ from scipy.special import erf
 from torch import nn
 
 from engine.adapter import adapt
-from engine.lexical import LexicalQuery
+from engine.lexical import BestChunks
 from index.store import SearchIndex
 from kernels import gate_topk
 
@@ -167,7 +167,7 @@ class FrozenMlp:
         return np.asarray(h @ self.w2.T + self.b2, dtype=np.float32)  # [Q, C]
 
 
-def bm25_hits(queries: Sequence[LexicalQuery | None], m: int) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+def bm25_hits(queries: Sequence[BestChunks | None], m: int) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
     """Each query's m best BM25 chunks as (scores, chunk ids) [Q, m], best first; id -1 in empty
     slots (fewer hits, or no query)."""
     scores = np.zeros((len(queries), m), dtype=np.float32)  # [Q, m]
@@ -254,7 +254,7 @@ class Router:
         shares, chunks, _ = self.net.lexical_params.tolist()
         return int(chunks) if shares and self.probe_size[0] else 0
 
-    def lexical_probe(self, index: SearchIndex, queries: Sequence[LexicalQuery]) -> Neighbours | None:
+    def lexical_probe(self, index: SearchIndex, queries: Sequence[BestChunks | None]) -> Neighbours | None:
         """The questions' BM25 best chunks over the whole store, for the vote: (scores, lists) [Q, M],
         list -1 in empty slots and for chunks not in the index yet; None: BM25 has no share."""
         if not self.lexical_chunks:
@@ -278,7 +278,7 @@ class Router:
         return torch.from_numpy(logits)
 
     def served_logits(
-        self, index: SearchIndex, q: npt.NDArray[np.float32], queries: Sequence[LexicalQuery] | None
+        self, index: SearchIndex, q: npt.NDArray[np.float32], queries: Sequence[BestChunks | None] | None
     ) -> torch.Tensor:
         """q [Q, D] and each question's BM25 query (None: no BM25 index) -> [Q, C] as `/ask`'s gate
         computes them: with its IVF probe's vote and BM25's share of it, for evaluating on labelled questions."""

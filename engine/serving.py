@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from engine.expert_matrix import ExpertMatrix
 from engine.lexical import LexicalIndex
 from engine.router import Router
+from engine.sharded_lexical import ShardedLexical
 from index import SearchIndex
 
 
@@ -51,7 +52,7 @@ class ServingState:
     router: Router | None
     index: SearchIndex
     index_position: int
-    lexical: LexicalIndex | None = None
+    lexical: LexicalIndex | ShardedLexical | None = None  # BM25: whole here, or its postings on the shards
     lexical_version: int = 0
     matrix: ExpertMatrix | None = None
     shard_map: str | None = None  # the shard map's version when the index is spread over shards

@@ -66,6 +66,14 @@ def shard_failures() -> Iterator[list[str]]:
         _FAILED.reset(token)
 
 
+def record_failure(shard: str, what: str) -> None:
+    """A shard failed or did not answer in time: logged, and named to `shard_failures` when it collects."""
+    log.warning("shard %s did not answer %s", shard, what, exc_info=True)
+    failed = _FAILED.get()
+    if failed is not None:
+        failed.append(shard)
+
+
 def shard_of_lists(owners: Sequence[int | None], shard_of_expert: Mapping[int, int], default: int = 0) -> Ints:
     """[C] the shard holding each list: its expert's shard; `default` for a list no expert owns
     (or whose expert the map does not name)."""
@@ -267,10 +275,7 @@ class ShardedIndex:
         return answers
 
     def _failed(self, shard: int) -> None:
-        log.warning("shard %s did not answer a search", self.names[shard], exc_info=True)
-        failed = _FAILED.get()
-        if failed is not None:
-            failed.append(self.names[shard])
+        record_failure(self.names[shard], "a search")
 
     def search_nearest(self, q: Floats, k: int, nprobe: int) -> tuple[Floats, Ints, int]:
         """As `ClusteredIndex.search_nearest`: each row searches its own `nprobe` nearest lists."""

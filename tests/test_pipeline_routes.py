@@ -146,6 +146,8 @@ def test_the_gates_vote_probes_the_index_and_can_settle_a_route() -> None:
 
 def test_fusion_rescores_the_dense_candidates_on_the_scopes_bm25_scale() -> None:
     """Convex fusion: cosine + weight x BM25 / the best BM25 *in the searched scope*; RRF by ranks."""
+    from functools import partial
+
     from engine.lexical import LexicalIndex
     from engine.pipeline import ChunkRecord
     from index import ClusteredIndex
@@ -160,8 +162,9 @@ def test_fusion_rescores_the_dense_candidates_on_the_scopes_bm25_scale() -> None
     p = pipeline(None, EXPERTS)
     p.store = Store()
     dense = [(1, 0.80), (2, 0.70), (3, 0.69)]
-    terms = bm25.query("pinning priority")
-    assert terms.scores is not None and terms.scores[3] > terms.scores[2]  # the best BM25 chunk lies outside
+    raw = bm25.query("pinning priority")
+    assert raw.scores is not None and raw.scores[3] > raw.scores[2]  # the best BM25 chunk lies outside
+    terms = bm25.terms("pinning priority", partial(p._scope_mask, bm25, index))
     p.config.lexical_weight = 0.05
     fused = p._fuse(dense, terms, 3, 3, index, [0, 1])
     # chunk 3 holds the scope's best BM25 score: +0.05 lifts it past 2 (0.74), not past the clear winner 1

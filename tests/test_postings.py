@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from engine.lexical import LexicalIndex
-from engine.postings import Postings, TermStats
+from engine.lexical import LexicalIndex, TermStats
+from engine.postings import Postings
 from tests.helpers import TOPICS, topic_doc
 
 

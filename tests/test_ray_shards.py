@@ -141,7 +141,9 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
         stats = [h.stats.remote().result() for h in handles]
         assert sum(s["vectors"] for s in stats) == state.index.ntotal  # every vector on exactly one shard
         sharded = ShardedIndex(state.index, lists, searches(handles))
-        over_shards = dataclasses.replace(state, index=sharded)
+        # BM25 too: each replica scores its chunks' postings with the whole store's statistics.
+        lexical = RayShards(shard_map).lexical_over(state.lexical.stats, sharded)
+        over_shards = dataclasses.replace(state, index=sharded, lexical=lexical)
         pipeline = rt.pipeline
         compared = 0
         for mode in ("auto", "fallback"):

@@ -11,6 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 
 from engine.pipeline import AskRequest
+from engine.postings import Postings
+from engine.sharded_lexical import ShardedLexical, local_lexical
 from index import ClusteredIndex
 from index.shards import ShardedIndex, carve, local_search, merge_topk, shard_of_lists
 from tests.conftest import AUTH
@@ -153,13 +155,23 @@ def test_the_ask_flow_over_expert_shards_equals_the_whole_index(client: TestClie
     parts = [carve(state.index, ls) for ls in lists]
     assert sum(p.ntotal for p in parts) == state.index.ntotal
     sharded = ShardedIndex(state.index, lists, [local_search(p) for p in parts])
+    # BM25 on the shards too: each part's postings, scored with the whole store's statistics.
+    records = rt.pipeline.store.fetch(state.index.assignments()[0].tolist())
+    postings = [
+        Postings(ids, [f"{records[i].heading}\n{records[i].text}" for i in ids])
+        for ids in (p.assignments()[0].tolist() for p in parts)
+    ]
+    lexical = ShardedLexical(state.lexical.stats, [local_lexical(b, p) for b, p in zip(postings, parts, strict=True)],
+                             ["git", "sqlite", "debian"], sharded.shard_of_list)  # fmt: skip
     whole = rt.pipeline
-    over_shards = dataclasses.replace(state, index=sharded)
+    over_shards = dataclasses.replace(state, index=sharded, lexical=lexical)
     questions = _questions()
     assert len(questions) >= 50
     compared = confident = 0
-    for mode in ("auto", "fallback"):
-        for question in questions:
+    for mode in ("auto", "fallback", "rrf"):  # rrf: the fallback fused by ranks (BM25's own top-k asked)
+        whole.config.fusion = "rrf" if mode == "rrf" else "convex"
+        mode = "fallback" if mode == "rrf" else mode
+        for question in questions[:: 4 if whole.config.fusion == "rrf" else 1]:
             whole.state = lambda: state
             expect = whole.prepare(AskRequest(question, mode=mode))
             calls = list(sharded.calls)
@@ -177,7 +189,7 @@ def test_the_ask_flow_over_expert_shards_equals_the_whole_index(client: TestClie
                 assert sharded.shards_of(got.route.expert.clusters) == [owner]
                 assert sharded.calls[owner] > calls[owner]
                 confident += 1
-    whole.state = rt.services.states.current
+    whole.state, whole.config.fusion = rt.services.states.current, "convex"
     assert compared >= 100
     assert confident >= 10, confident
 
@@ -387,7 +399,18 @@ def test_a_shard_that_does_not_answer_makes_the_answer_partial_never_an_error(
             lists = [np.flatnonzero(shard == s) for s in range(3)]
             parts = [carve(index, ls) for ls in lists]
             searches = [local_search(parts[0]), failing(parts[1]), local_search(parts[2])]
+            self.parts = parts
             return ShardedIndex(index, lists, searches, shard_map="test", names=["git", "sqlite", "rest"])
+
+        def lexical_over(self, stats: Any, index: ShardedIndex, position: int) -> ShardedLexical:
+            """BM25's postings on the same parts, the sqlite shard's failing alike."""
+            records = rt.pipeline.store.fetch(index.assignments()[0].tolist())
+            calls = []
+            for n, part in enumerate(self.parts):
+                ids = [i for i in part.assignments()[0].tolist() if i in records]
+                ask = local_lexical(Postings(ids, [f"{records[i].heading}\n{records[i].text}" for i in ids]), part)
+                calls.append(ask if n != 1 else lambda *a, ask=ask: ask(*a) if not down["on"] else _timeout())
+            return ShardedLexical(stats, calls, ["git", "sqlite", "rest"], index.shard_of_list)
 
         def overview(self) -> list[dict[str, Any]]:
             return []
@@ -413,6 +436,10 @@ def test_a_shard_that_does_not_answer_makes_the_answer_partial_never_an_error(
     whole = client.post("/ask", json={"query": "SQLite write-ahead log checkpoint", "mode": "fallback"}).json()
     assert whole["route"]["partial"] is False and whole["route"]["missing_shards"] == []
     assert any(c["source"].startswith("sqlite") for c in whole["citations"])
+
+
+def _timeout() -> Any:
+    raise TimeoutError("shard sqlite did not answer in 5 s")
 
 
 def test_a_remote_embedder_sends_a_batch_in_calls_the_replica_can_take_and_says_when_none_answers(

@@ -29,9 +29,10 @@ from app.models import Chunk, cluster_owners, stack
 from app.services.experts import load_profiles
 from app.services.indexing import IndexManager
 from engine.expert_matrix import ExpertMatrix
-from engine.lexical import LexicalIndex
+from engine.lexical import LexicalIndex, TermStats
 from engine.router import Router
 from engine.serving import ExpertProfile, ServingState
+from engine.sharded_lexical import ShardedLexical
 from index import ClusteredIndex, SearchIndex
 from index.shards import ShardedIndex
 
@@ -46,6 +47,10 @@ class ShardTier(Protocol):
 
     def index_over(self, index: ClusteredIndex, experts: Mapping[int, ExpertProfile], position: int) -> ShardedIndex:
         """The state's index: `index`'s lists over the shards, searched at catalogue version `position` or later."""
+        ...
+
+    def lexical_over(self, stats: TermStats, index: ShardedIndex, position: int) -> ShardedLexical:
+        """The state's BM25: the shards' postings scored with `stats`, at catalogue version `position` or later."""
         ...
 
     def overview(self) -> list[dict[str, Any]]:
@@ -74,6 +79,8 @@ class ServingStates:
         # Expert shards (app.ray_client.RayShards): the state's index is then the replica's lists
         # spread over the shards, as the shard map says for the state's experts.
         self.shards: ShardTier | None = None
+        self._lexical: LexicalIndex | None = None  # the BM25 index now (its statistics, over shards)
+        self._lexical_version = 0
 
     def current(self) -> ServingState:
         state = self._state
@@ -84,13 +91,9 @@ class ServingStates:
         """The first state: every part read now (the catalogue was opened at `version` or before)."""
         with self._lock:
             experts = load_profiles(self.sessions)
+            self._lexical, self._lexical_version = lexical, lexical_version
             return self._publish(
-                version,
-                experts,
-                self.load_router(),
-                lexical,
-                lexical_version,
-                self._matrix(experts) if self.kernel_matrix else None,
+                version, experts, self.load_router(), self._matrix(experts) if self.kernel_matrix else None
             )
 
     def changed(self, version: int, parts: frozenset[str]) -> None:
@@ -103,7 +106,7 @@ class ServingStates:
             matrix = old.matrix
             if self.kernel_matrix and parts & _MATRIX_PARTS:
                 matrix = self._matrix(experts, old.matrix)
-            self._publish(version, experts, router, old.lexical, old.lexical_version, matrix)
+            self._publish(version, experts, router, matrix)
             took = (time.perf_counter() - t0) * 1000
             self.build_ms = {"last": round(took, 3), "max": round(max(took, self.build_ms["max"]), 3)}
 
@@ -112,12 +115,16 @@ class ServingStates:
         with self._lock:
             self.shards = shards
             old = self.current()
-            return self._publish(old.version, old.experts, old.router, old.lexical, old.lexical_version, old.matrix)
+            return self._publish(old.version, old.experts, old.router, old.matrix)
 
     def lexical_built(self, lexical: LexicalIndex, version: int) -> None:
         """A BM25 rebuild (built at catalogue `version`): the same state with it."""
         with self._lock:
             old = self.current()
+            self._lexical, self._lexical_version = lexical, version
+            if isinstance(old.index, ShardedIndex) and self.shards is not None:  # over the shards again
+                self._publish(old.version, old.experts, old.router, old.matrix)
+                return
             self._serial += 1
             self._state = replace(old, serial=self._serial, lexical=lexical, lexical_version=version)
 
@@ -126,18 +133,20 @@ class ServingStates:
         version: int,
         experts: Mapping[int, ExpertProfile],
         router: Router | None,
-        lexical: LexicalIndex | None,
-        lexical_version: int,
         matrix: ExpertMatrix | None,
     ) -> ServingState:
         self._serial += 1
         index: SearchIndex = self.indexes.index
+        lexical: LexicalIndex | ShardedLexical | None = self._lexical
         shard_map = None
         if self.shards is not None:
             # Searched at this state's catalogue version or later: a shard's lists follow the
             # mapping as well as the index log (a list moved to it must be there before it answers).
-            sharded = self.shards.index_over(self.indexes.index, experts, max(version, self.indexes.position))
+            position = max(version, self.indexes.position)
+            sharded = self.shards.index_over(self.indexes.index, experts, position)
             index, shard_map = sharded, sharded.shard_map
+            if self._lexical is not None:  # BM25's postings on the shards, its statistics from here
+                lexical = self.shards.lexical_over(self._lexical.stats, sharded, position)
         state = ServingState(
             version=version,
             serial=self._serial,
@@ -146,7 +155,7 @@ class ServingStates:
             index=index,
             index_position=self.indexes.position,
             lexical=lexical,
-            lexical_version=lexical_version,
+            lexical_version=self._lexical_version,
             matrix=matrix,
             shard_map=shard_map,
         )

@@ -1,0 +1,201 @@
+"""A question's BM25 over expert shards: each shard scores its own chunks' postings with the global
+statistics' term weights (engine.postings), and the answers merge into what one index would say.
+
+What the ask flow reads of a question's BM25 (`Terms`): its best chunks over the whole store (the
+gate's vote, the route's check), the best score within some lists (the fusion's scale) and the
+scores of given chunks (the dense candidates being fused). Over shards:
+
+- at the question's start, while the model embeds it, every shard is asked once for its `depth`
+  best chunks and, per list it holds, its best score (`summary`);
+- the whole store's best k (k <= depth) and the best within any lists come from those answers;
+  a deeper or scoped search asks again (RRF fusion only);
+- the candidates' scores are asked of every shard (a chunk moving between shards is in the
+  postings of one of them, or of both, with the same score: the highest is kept).
+
+A shard that fails or does not answer in time is left out and named (`index.shards.shard_failures`):
+the answer is partial, never an error.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from engine.lexical import QueryWeights, TermStats
+from engine.postings import Postings
+from index import SearchIndex
+from index.shards import merge_topk, record_failure
+
+log = logging.getLogger(__name__)
+Ints = npt.NDArray[np.int64]
+Floats = npt.NDArray[np.float32]
+
+
+@dataclass(frozen=True)
+class LexicalAnswer:
+    """A shard's answer: its best chunks (ids [k], scores [k], best first, only chunks sharing a
+    term), its best score per list (`lists` [L], `best` [L], lists with a hit only), and the scores of
+    the chunks asked about (`of_ids` [n], 0 where it holds no postings for one)."""
+
+    ids: Ints
+    scores: Floats
+    lists: Ints = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    best: Floats = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
+    of_ids: Floats = field(default_factory=lambda: np.zeros(0, dtype=np.float32))
+
+
+class PendingLexical(Protocol):
+    def result(self) -> LexicalAnswer: ...
+
+
+class LexicalShard(Protocol):
+    """(weights, k best, within these lists (None: all it holds), scores of these ids) -> its answer to come."""
+
+    def __call__(self, w: QueryWeights, k: int, lists: Ints | None, ids: Ints | None) -> PendingLexical: ...
+
+
+class ShardedLexical:
+    """BM25 over shards, as a serving state holds it in place of a `LexicalIndex`: the global
+    statistics here, the postings on the shards."""
+
+    def __init__(
+        self,
+        stats: TermStats,
+        shards: Sequence[LexicalShard],
+        names: Sequence[str],
+        shard_of_list: Ints,
+        depth: int = 50,
+    ) -> None:
+        self.stats, self.shards, self.names = stats, list(shards), list(names)
+        self.shard_of_list, self.depth = shard_of_list, depth
+
+    def __len__(self) -> int:
+        return self.stats.n_docs
+
+    def terms(self, question: str, mask_of: object = None) -> ShardedTerms | None:
+        """The question's BM25 over the shards (None: no term any chunk has)."""
+        w = self.stats.weights(question)
+        return ShardedTerms(self, w) if w is not None else None
+
+
+class ShardedTerms:
+    """One question's BM25 over the shards (engine.lexical.Terms)."""
+
+    def __init__(self, lexical: ShardedLexical, w: QueryWeights) -> None:
+        self.lexical, self.w = lexical, w
+        self._sent: list[tuple[int, PendingLexical]] | None = None
+
+    def prefetch(self) -> None:
+        """Ask every shard for its summary now (answers awaited when first read)."""
+        if self._sent is None:
+            self._sent = self._ask(range(len(self.lexical.shards)), self.lexical.depth, None, None)
+
+    @cached_property
+    def _summary(self) -> list[LexicalAnswer]:
+        self.prefetch()
+        assert self._sent is not None
+        return self._collect(self._sent)
+
+    def search(self, k: int, scope: Sequence[int] | None = None) -> list[tuple[int, float]]:
+        """The k best chunks (id, score) over the whole store or within `scope`'s lists, best first;
+        ties to the lower id."""
+        if scope is None and k <= self.lexical.depth:
+            answers = self._summary
+        else:
+            lists = None if scope is None else np.asarray(sorted(set(scope)), dtype=np.int64)
+            shards = range(len(self.lexical.shards)) if lists is None else self._shards_of(lists)
+            answers = self._collect(self._ask(shards, k, lists, None))
+        parts = [(a.scores[None, :], a.ids[None, :]) for a in answers if len(a.ids)]
+        if not parts:
+            return []
+        scores, ids = merge_topk(parts, k)
+        return [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True) if i >= 0 and s > 0]
+
+    def best(self, scope: Sequence[int] | None = None) -> float:
+        """The best score over the whole store or within `scope`'s lists; 0 when none shares a term."""
+        best = 0.0
+        wanted = None if scope is None else np.asarray(list(scope), dtype=np.int64)
+        for a in self._summary:
+            keep = a.best if wanted is None else a.best[np.isin(a.lists, wanted)]
+            best = max(best, float(keep.max(initial=0.0)))
+        return best
+
+    def scores_of(self, ids: Sequence[int]) -> Floats:
+        """[n] each chunk's score (0 for one no shard holds postings for yet)."""
+        asked = np.asarray(ids, dtype=np.int64)
+        out = np.zeros(len(asked), dtype=np.float32)
+        if not len(asked):
+            return out
+        for a in self._collect(self._ask(range(len(self.lexical.shards)), 0, None, asked)):
+            out = np.maximum(out, a.of_ids)
+        return out
+
+    def _shards_of(self, lists: Ints) -> list[int]:
+        valid = lists[(lists >= 0) & (lists < len(self.lexical.shard_of_list))]
+        return sorted({int(s) for s in self.lexical.shard_of_list[valid]})
+
+    def _ask(
+        self, shards: Sequence[int] | range, k: int, lists: Ints | None, ids: Ints | None
+    ) -> list[tuple[int, PendingLexical]]:
+        sent = []
+        for s in shards:
+            try:
+                sent.append((s, self.lexical.shards[s](self.w, k, lists, ids)))
+            except Exception:  # not even sent (no replica to take it)
+                record_failure(self.lexical.names[s], "a BM25 search")
+        return sent
+
+    def _collect(self, sent: list[tuple[int, PendingLexical]]) -> list[LexicalAnswer]:
+        answers = []
+        for s, pending in sent:
+            try:
+                answers.append(pending.result())
+            except Exception:  # down or too slow: the others answer, the caller is told
+                record_failure(self.lexical.names[s], "a BM25 search")
+        return answers
+
+
+def answer_from(
+    scores: Floats, ids: Ints, clusters_of: Callable[[Ints], Ints], k: int, lists: Ints | None, asked: Ints | None
+) -> LexicalAnswer:
+    """A shard's answer from its chunks' scores [N] (ids [N]): its k best (within `lists` when given),
+    its best per list, and the scores of the `asked` ids. clusters_of: chunk ids -> their lists (-1:
+    not in the shard's index)."""
+    hit = np.flatnonzero(scores > 0)  # [H] rows sharing a term
+    hit_lists = clusters_of(ids[hit])  # [H]
+    if lists is not None:
+        keep = np.isin(hit_lists, lists)
+        hit, hit_lists = hit[keep], hit_lists[keep]
+    top = np.zeros(0, dtype=np.int64)
+    if k > 0 and len(hit):
+        order = np.lexsort((ids[hit], -scores[hit]))[:k]  # best first, then lower id
+        top = hit[order]
+    placed = hit_lists >= 0
+    uniq, inverse = np.unique(hit_lists[placed], return_inverse=True)
+    best = np.zeros(len(uniq), dtype=np.float32)
+    np.maximum.at(best, inverse, scores[hit[placed]])
+    of_ids = np.zeros(0, dtype=np.float32)
+    if asked is not None and len(asked):
+        order = np.argsort(ids, kind="stable")
+        at = np.minimum(np.searchsorted(ids[order], asked), max(len(ids) - 1, 0))
+        found = (ids[order][at] == asked) if len(ids) else np.zeros(len(asked), dtype=bool)
+        of_ids = np.where(found, scores[order][at] if len(ids) else 0.0, 0.0).astype(np.float32)
+    return LexicalAnswer(ids[top], scores[top].astype(np.float32), uniq.astype(np.int64), best, of_ids)
+
+
+def local_lexical(postings: Postings, index: SearchIndex) -> LexicalShard:
+    """A shard's BM25 in this process (tests, one machine): its answer, as a done future."""
+
+    def ask(w: QueryWeights, k: int, lists: Ints | None, ids: Ints | None) -> PendingLexical:
+        done: Future[LexicalAnswer] = Future()
+        done.set_result(answer_from(postings.scores(w), postings.ids, index.clusters_of, k, lists, ids))
+        return done
+
+    return ask
