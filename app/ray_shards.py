@@ -35,10 +35,10 @@ from app.models import Chunk, IndexState
 from app.services.experts import profiles
 from app.services.sql_index import index_from_sql
 from app.shard_map import ShardMap
+from app.shard_postings import ShardPostings
 from engine.errors import NotConfigured
 from engine.lexical import QueryWeights
-from engine.postings import Postings
-from engine.sharded_lexical import LexicalAnswer, answer_from
+from engine.sharded_lexical import LexicalAnswer
 from index import ClusteredIndex
 
 log = logging.getLogger(__name__)
@@ -110,11 +110,11 @@ class ShardReplica:
         self._lock = threading.Lock()
         self._following = threading.Lock()
         self.booted = "sql"  # or "part@<position>", "snapshot@<position>": what the replica started from
+        self.bm25 = ShardPostings(self.sessions, POSTINGS_SHARE)  # BM25 over its chunks (engine.postings)
         booted = self._from_snapshot(snapshots) if snapshots else None
         self.index, self.position, self.clustering = booted or self._build()
         self.snapshots, self.part_written = snapshots, self.position if self.booted.startswith("part@") else -1
-        self.postings, self.postings_position = self._read_postings()  # BM25 over its chunks (engine.postings)
-        self._postings_stale, self._postings_next = False, 0.0
+        self.bm25.read(self.lists)
         self._stop = threading.Event()
         if poll_seconds > 0:  # a replica follows the catalogue on its own
             threading.Thread(target=self._follow, args=(poll_seconds,), name="shard-follow", daemon=True).start()
@@ -124,37 +124,12 @@ class ShardReplica:
         while not self._stop.wait(poll_seconds):
             try:
                 self.follow()
-                self.refresh_postings()
+                self.bm25.refresh(self.lists)
                 if self.snapshots and time.monotonic() - last_part >= shard_parts.PART_SECONDS:
                     last_part = time.monotonic()
                     self.write_part()
             except Exception:  # the database away for a moment: keep following
                 log.exception("shard replica: following the index log failed; retrying")
-
-    def _read_postings(self) -> tuple[Postings, int]:
-        """Its chunks' BM25 postings, read from SQL (the texts BM25 indexes: heading and text), and
-        the catalogue version they were read at."""
-        with self.sessions() as s:
-            position = read_version(s)
-            rows = s.execute(
-                select(Chunk.id, Chunk.heading, Chunk.text)
-                .where(Chunk.cluster_id.in_(self.lists.tolist()))
-                .order_by(Chunk.id)
-            ).all()
-        return Postings([r[0] for r in rows], [f"{r[1]}\n{r[2]}" for r in rows]), position
-
-    def refresh_postings(self, *, force: bool = False) -> bool:
-        """Read its postings again when its chunks changed, spaced as the server's BM25 rebuilds are
-        (at most a tenth of the time; app.services.lexical); `force`: now."""
-        if not (self._postings_stale or force) or (not force and time.monotonic() < self._postings_next):
-            return False
-        self._postings_stale = False
-        t0 = time.monotonic()
-        postings, position = self._read_postings()
-        with self._lock:
-            self.postings, self.postings_position = postings, position
-        self._postings_next = t0 + (time.monotonic() - t0) / POSTINGS_SHARE
-        return True
 
     def lexical(
         self, w: QueryWeights, k: int, lists: npt.NDArray[np.int64] | None, ids: npt.NDArray[np.int64] | None,
@@ -165,9 +140,7 @@ class ShardReplica:
         `at_least` or later (for the lists its chunks are in)."""
         if at_least > self.position:
             self.follow()
-        with self._lock:
-            postings, index = self.postings, self.index
-        return answer_from(postings.scores(w), postings.ids, index.clusters_of, k, lists, ids)
+        return self.bm25.answer(w, k, lists, ids, self.index.clusters_of)
 
     def write_part(self) -> bool:
         """Write this shard's part to the snapshot store if it moved on since the last one."""
@@ -278,18 +251,27 @@ class ShardReplica:
             carried = carries(s, self.clustering, self.position)
             carried = carried and np.array_equal(self._own_lists(s, self.index.nlist), self.lists)  # no expert moved
             changes = read_log(s, self.position, now, self.dim) if carried else None
-        self._postings_stale = True  # its chunks (or their lists) changed: BM25 reads them again, spaced
         with self._lock:
             if changes is None:
+                before, clustering = self.lists, self.clustering
                 self.index, self.position, self.clustering = self._build()
-                return self.position
-            mine = np.isin(changes.clusters, self.lists)  # [N]: entering or moving into this shard
-            # Every touched chunk leaves (moving elsewhere, or gone); only this shard's enter again.
-            apply_log(
-                self.index, replace(changes, ids=changes.ids[mine], x=changes.x[mine], clusters=changes.clusters[mine])
-            )
-            self.position = now
-        return now
+            else:
+                mine = np.isin(changes.clusters, self.lists)  # [N]: entering or moving into this shard
+                # Every touched chunk leaves (moving elsewhere, or gone); only this shard's enter again.
+                apply_log(
+                    self.index,
+                    replace(changes, ids=changes.ids[mine], x=changes.x[mine], clusters=changes.clusters[mine]),
+                )
+                self.position = now
+        # BM25: the chunks entering it at once, the rest when its postings are read again (spaced).
+        if changes is None and self.clustering != clustering:  # new lists altogether: read them all now
+            self.bm25.read(self.lists)
+        elif changes is None:
+            self.bm25.entered(lists=np.setdiff1d(self.lists, before))
+        else:
+            self.bm25.entered(ids=changes.ids[mine])
+        self.bm25.stale = True
+        return self.position
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -297,8 +279,8 @@ class ShardReplica:
             "lists": len(self.lists),
             "position": self.position,
             "booted": self.booted,
-            "bm25_chunks": len(self.postings),
-            "bm25_position": self.postings_position,
+            "bm25_chunks": len(self.bm25),
+            "bm25_position": self.bm25.position,
         }
 
 

@@ -106,11 +106,9 @@ class Runtime:
         self.asking = 0
         self.catalogue = Catalogue(self.sessions, settings.catalogue_poll_seconds)  # before anything writes
         self.snapshot_lease = SqlLease(self.engine, _SNAPSHOT_LEASE)  # one process writes index snapshots
+        share, niceness = settings.lexical_rebuild_share, settings.background_niceness
         self.lexical = LexicalManager(
-            self.sessions,
-            settings.lexical_rebuild_share,
-            in_child=settings.lexical_rebuild_in_child,
-            niceness=settings.background_niceness,
+            self.sessions, share, in_child=settings.lexical_rebuild_in_child, niceness=niceness
         )
         self.generators = Generators(settings)  # name -> generator (the experts' and the fallback's)
         self.console_sessions = ConsoleSessions(self.sessions)
@@ -248,6 +246,7 @@ class Runtime:
                 max_chars=s.max_document_chars,
             )
             ingestor = Ingestor(self.sessions, emb, indexes, chunking, self.catalogue.sync)
+            self.lexical.postings = shards is None  # over shards: BM25's statistics here, postings there
             self.lexical.refresh(force=True)
             content_fit = ContentFit(self.sessions, indexes, lambda: self.catalogue.version)
             content_fit.backfill()
@@ -270,7 +269,7 @@ class Runtime:
                 self.sessions,
                 emb,
                 lambda: indexes.index,
-                self.lexical.current,
+                lambda: states.current().lexical,  # whole here, or over the shards
                 drift=content_fit.drift,
                 active=lambda: states.current().router,
             )

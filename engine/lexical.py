@@ -98,7 +98,9 @@ class TermStats:
 class LexicalIndex:
     """Immutable once built; the app rebuilds it when chunks change and swaps it in."""
 
-    def __init__(self, ids: Sequence[int], texts: Sequence[str]) -> None:
+    def __init__(self, ids: Sequence[int], texts: Sequence[str], *, postings: bool = True) -> None:
+        """postings=False: the global statistics alone (`stats`), for a server whose BM25 postings
+        live on expert shards (engine.sharded_lexical); it then scores nothing itself."""
         self.ids = np.asarray(ids, dtype=np.int64)  # [N]
         # (ids ascending [N], their rows [N]) for `rows_of`: sorted here, with the build, not on an /ask
         self._order = np.argsort(self.ids, kind="stable")
@@ -107,12 +109,13 @@ class LexicalIndex:
         self._bm25: bm25s.BM25 | None = None
         self.stats = TermStats(0, 0, {})  # the global statistics, for BM25 over shards (engine.postings)
         if len(texts):
-            import bm25s  # here, not at module level: settings import `Fusion` and the CLI starts fast
-
             tokens = [chunk_tokens(t) for t in texts]
-            self._bm25 = bm25s.BM25(k1=K1, b=B)
-            self._bm25.index(tokens, show_progress=False)
             self.stats = TermStats.of_tokens(tokens)
+            if postings:
+                import bm25s  # here, not at module level: settings import `Fusion` and the CLI starts fast
+
+                self._bm25 = bm25s.BM25(k1=K1, b=B)
+                self._bm25.index(tokens, show_progress=False)
 
     def __len__(self) -> int:
         return len(self.ids)

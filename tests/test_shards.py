@@ -314,6 +314,20 @@ def test_shard_replicas_built_from_sql_follow_the_index_log_for_their_lists(
         assert at > rt.state().index_position  # a mapping change moves no index position
         found = replicas[1].search(q, 10, np.array([moving]), at_least=at)[1]
         assert np.array_equal(found, index.search(q, 10, [moving])[1]) and (found >= 0).any()
+        # BM25: the new owner holds the moved chunks' postings before its next full read, and their
+        # scores are the whole store's (the old owner keeps them until its own read: one is enough).
+        with rt.sessions() as s:
+            moved_ids = np.array(s.scalars(select(Chunk.id).where(Chunk.cluster_id == moving)).all())
+        from app.services.lexical import build
+
+        whole, _ = build(rt.sessions)  # BM25 over every chunk now (the served one is rebuilt spaced)
+        w = whole.stats.weights("git branch commit rebase")
+        assert replicas[1].bm25.stale and w is not None and len(moved_ids)
+        got = replicas[1].lexical(w, 0, None, moved_ids, at).of_ids
+        want = whole.query("git branch commit rebase").scores_of(moved_ids.tolist())
+        assert np.array_equal(got, want) and got.any()
+        assert replicas[1].bm25.refresh(replicas[1].lists) and not replicas[1].bm25.stale
+        assert np.array_equal(replicas[1].lexical(w, 0, None, moved_ids).of_ids, want)
         for r in replicas:
             r.follow()
         assert moving not in replicas[0].lists and moving in replicas[1].lists

@@ -28,19 +28,20 @@ from engine.lexical import LexicalIndex
 log = logging.getLogger(__name__)
 
 
-def build(sessions: sessionmaker[Session]) -> tuple[LexicalIndex, int]:
-    """BM25 over every chunk, and the catalogue version it was read at (its rows are that version's or later)."""
+def build(sessions: sessionmaker[Session], postings: bool = True) -> tuple[LexicalIndex, int]:
+    """BM25 over every chunk, and the catalogue version it was read at (its rows are that version's or
+    later); postings=False: its global statistics alone (the postings live on expert shards)."""
     with sessions() as s:
         version = read_version(s)
         rows = s.execute(select(Chunk.id, Chunk.heading, Chunk.text).order_by(Chunk.id)).all()
-    return LexicalIndex([r[0] for r in rows], [f"{r[1]}\n{r[2]}" for r in rows]), version
+    return LexicalIndex([r[0] for r in rows], [f"{r[1]}\n{r[2]}" for r in rows], postings=postings), version
 
 
-def _build_at(url: str) -> tuple[LexicalIndex, int]:
+def _build_at(url: str, postings: bool) -> tuple[LexicalIndex, int]:
     """`build` in a child process: its own engine on the same database."""
     engine = make_engine(url)
     try:
-        return build(make_sessionmaker(engine))
+        return build(make_sessionmaker(engine), postings)
     finally:
         engine.dispose()
 
@@ -66,6 +67,8 @@ class LexicalManager:
             if in_child and url.database not in (None, "", ":memory:")
             else None
         )
+        # False when BM25's postings live on expert shards (MOERAG_SHARD_MAP): the statistics alone.
+        self.postings = True
         self._pool: ProcessPoolExecutor | None = None
         self._index: LexicalIndex | None = None
         self.version = 0  # the catalogue version of the last build (its rows are this version's or later)
@@ -102,7 +105,7 @@ class LexicalManager:
 
     def _build(self, *, in_child: bool) -> tuple[LexicalIndex, int]:
         if not in_child or self._url is None:
-            return build(self.sessions)
+            return build(self.sessions, self.postings)
         if self._pool is None:
             # A fresh interpreter a rebuild (never fork a process that runs threads), gone with it:
             # no memory held between rebuilds, no process left behind by a parent that dies.
@@ -111,11 +114,11 @@ class LexicalManager:
                 1, context, initializer=os.nice, initargs=(self.niceness,), max_tasks_per_child=1
             )
         try:
-            return self._pool.submit(_build_at, self._url).result()
+            return self._pool.submit(_build_at, self._url, self.postings).result()
         except Exception:  # the child died (memory?) or failed: build here, as before
             log.exception("BM25 rebuild in a child process failed; rebuilding in this one")
             self.close()
-            return build(self.sessions)
+            return build(self.sessions, self.postings)
 
     def close(self) -> None:
         pool, self._pool = self._pool, None

@@ -23,6 +23,7 @@ from engine.lexical import LexicalIndex
 from engine.router import LEXICAL_VOTE_CHUNKS, VOTE_CHUNKS, Router, bm25_hits
 from engine.router_training import TrainConfig, TrainingSet, train, without_self
 from engine.samples import Sample, heading_queries, held_out_documents, query_like_samples
+from engine.sharded_lexical import ShardedLexical
 from index.store import ClusteredIndex
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ class RouterManager:
         sessions: sessionmaker[Session],
         embedder: Embedder,
         index: Callable[[], ClusteredIndex] | None = None,
-        lexical: Callable[[], LexicalIndex | None] | None = None,
+        lexical: Callable[[], LexicalIndex | ShardedLexical | None] | None = None,
         drift: Callable[[], dict[str, Any]] | None = None,
         active: Callable[[], Router | None] = lambda: None,
     ) -> None:
@@ -256,7 +257,7 @@ class RouterManager:
         if index is None or lexical is None or len(lexical) <= LEXICAL_VOTE_CHUNKS:
             return
         held = np.flatnonzero(data.calib)  # [H]
-        queries = [lexical.query(texts[i - n_chunks]) if i >= n_chunks else None for i in held.tolist()]
+        queries = [lexical.terms(texts[i - n_chunks]) if i >= n_chunks else None for i in held.tolist()]
         scores, ids = bm25_hits(queries, LEXICAL_VOTE_CHUNKS + 1)  # [H, M+1]
         scores, ids = without_self(scores, ids, own[held], LEXICAL_VOTE_CHUNKS)  # [H, M]
         data.lexical = (scores, index.clusters_of(ids))  # padding (-1) is in no list
