@@ -1,8 +1,9 @@
 """What the serving process (the ingress of expert shards) still holds for every chunk when the
 vectors live on shards: its own replica of the index (the configured codec: it places and fits
 new documents, and follows the log), the BM25 index (bm25s, as pickled to and from its build
-child), the id -> list map `ShardedIndex` keeps, and the centroids; per chunk on the evaluation
-store, then projected linearly to 50M and 1B chunks.
+child) or, with BM25's postings on the shards, its statistics alone, the id -> list map
+`ShardedIndex` keeps, and the centroids; per chunk on the evaluation store, then projected
+linearly to 50M and 1B chunks. Beside them, what the shards hold for BM25 (engine.postings).
 
     python benchmarks/ingress_memory.py --data-dir D    # results: benchmarks/results/ingress-memory.json
 """
@@ -13,6 +14,7 @@ import argparse
 import json
 import pickle
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,8 @@ def main() -> None:
 
     from app.runtime import Runtime
     from app.settings import Settings
+    from benchmarks.evalcorpus import load_questions
+    from engine.postings import Postings
 
     rt = Runtime(Settings(data_dir=args.data_dir))
     rt.start(run_jobs=False)
@@ -42,9 +46,26 @@ def main() -> None:
         held = {
             f"replica_{index.codec}_bytes": len(index.to_bytes()),
             "bm25_bytes": len(pickle.dumps(lexical, protocol=pickle.HIGHEST_PROTOCOL)),
+            # Over shards the ingress keeps only BM25's statistics (a vocabulary: sublinear in the
+            # chunks, so the linear projection below is an upper bound); the postings live on the shards.
+            "bm25_statistics_bytes": len(pickle.dumps(lexical.stats, protocol=pickle.HIGHEST_PROTOCOL)),
             "id_to_list_bytes": int(ids.nbytes + lists.nbytes),
         }
         centroids = int(index.centroids().nbytes)
+        records = rt.pipeline.store.fetch(ids.tolist())
+        postings = Postings(ids.tolist(), [f"{records[i].heading}\n{records[i].text}" for i in ids.tolist()])
+        shard_postings = len(pickle.dumps(postings, protocol=pickle.HIGHEST_PROTOCOL))  # every shard's, together
+        questions = [q["question"] for q in load_questions()]
+        weights = [lexical.stats.weights(q) for q in questions]
+        t = time.perf_counter()
+        for q in questions:
+            lexical.scores(q)
+        whole_ms = (time.perf_counter() - t) * 1000 / len(questions)
+        t = time.perf_counter()
+        for w in weights:
+            if w is not None:
+                postings.scores(w)
+        postings_ms = (time.perf_counter() - t) * 1000 / len(questions)
     finally:
         rt.close()
     per_chunk = {k.replace("_bytes", "_bytes_a_chunk"): round(v / chunks, 1) for k, v in held.items()}
@@ -53,6 +74,9 @@ def main() -> None:
         "chunks": chunks,
         **held,
         "centroid_bytes": centroids,
+        "shard_postings_bytes_all_shards": shard_postings,
+        "shard_postings_bytes_a_chunk": round(shard_postings / chunks, 1),
+        "bm25_ms_a_dev_question_every_chunk": {"bm25s": round(whole_ms, 3), "postings": round(postings_ms, 3)},
         **per_chunk,
         "projected_gib": {
             str(n): {k: round(v * n / chunks / GIB, 1) for k, v in held.items()} for n in (50_000_000, 1_000_000_000)

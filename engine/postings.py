@@ -32,9 +32,9 @@ class Postings:
 
     def __init__(self, ids: Sequence[int], texts: Sequence[str]) -> None:
         self.ids = np.asarray(ids, dtype=np.int64)  # [N]
-        self.rows: dict[str, Ints] = {}  # term -> [n_t] rows holding it, ascending
+        self.rows: dict[str, npt.NDArray[np.int32]] = {}  # term -> [n_t] rows holding it, ascending
         self.tf: dict[str, Floats] = {}  # term -> [n_t] its count in each
-        lengths = np.zeros(len(self.ids), dtype=np.int64)  # [N]
+        lengths = np.zeros(len(self.ids), dtype=np.int32)  # [N]
         rows: dict[str, list[int]] = {}
         tf: dict[str, list[int]] = {}
         for row, text in enumerate(texts):
@@ -45,7 +45,7 @@ class Postings:
                 tf.setdefault(term, []).append(count)
         self.lengths = lengths
         for term, r in rows.items():
-            self.rows[term] = np.asarray(r, dtype=np.int64)
+            self.rows[term] = np.asarray(r, dtype=np.int32)  # 8 bytes a posting with its tf, as bm25s
             self.tf[term] = np.asarray(tf[term], dtype=np.float32)
 
     def __len__(self) -> int:
