@@ -59,7 +59,7 @@ class RayShards:
             return ask
 
         names = [s.name for s in self.shard_map.shards]
-        return ShardedLexical(stats, [through(h) for h in self.handles], names, index.shard_of_list)
+        return ShardedLexical(stats, [through(h) for h in self.handles], names, index)
 
     def _counted(self, shard: int, search: ShardSearch) -> ShardSearch:
         def counted(

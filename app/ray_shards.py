@@ -326,6 +326,13 @@ def _batched(serve: Any) -> type[ShardReplica]:
         ) -> list[Stamped]:
             return await asyncio.to_thread(self.search_many, q, k, lists, at_least)
 
+        async def lexical(  # type: ignore[override]
+            self, w: QueryWeights, k: int, lists: npt.NDArray[np.int64] | None, ids: npt.NDArray[np.int64] | None,
+            at_least: int = 0,
+        ) -> LexicalAnswer:  # fmt: skip
+            """`ShardReplica.lexical` off the replica's event loop (its searches keep being batched)."""
+            return await asyncio.to_thread(ShardReplica.lexical, self, w, k, lists, ids, at_least)
+
     return BatchedShardReplica
 
 

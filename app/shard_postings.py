@@ -91,6 +91,8 @@ class ShardPostings:
         """engine.sharded_lexical's answer over both sets (a chunk in both: the newer's score)."""
         with self._lock:
             base, extra = self.base, self.extra
+        if not len(extra):
+            return answer_from(base.scores(w), base.ids, clusters_of, k, lists, ids)
         keep = ~np.isin(base.ids, extra.ids)  # [N]
         scores = np.concatenate([base.scores(w)[keep], extra.scores(w)])  # [N']
         held = np.concatenate([base.ids[keep], extra.ids])  # [N']

@@ -6,13 +6,14 @@ same expert shards on a local Ray cluster, in one run:
 D is a store whose catalogue is in PostgreSQL at the URL (`moerag db copy-to`); the evaluation
 store's shard map is ray_scale.py's (python / postgresql + git + debian / sqlite + nodejs).
 `moerag ray up` deploys the shards and one ingress replica behind Serve's HTTP proxy; `moerag serve`
-runs beside it on the same map (its own data dir: the replicas share D). With both caches off,
-the FAQ dev questions are asked over HTTP:
+runs beside it on the same map (its own data dir: the replicas share D), and another `moerag serve`
+with the whole index and BM25 in its process (no shards). With both caches off, the FAQ dev
+questions are asked over HTTP:
 
-- one at a time, each question through both in turn: latency p50 / p99 (the proxy's hop and the
-  replica against uvicorn in process), and whether the answers agree (route, first citation);
-- `--clients` closed-loop clients for `--seconds`: questions a second through `moerag serve`, the
-  ingress with one replica, then with two (two cores saturate: say so).
+- one at a time, each question through the three in turn: latency p50 / p99 (the proxy's hop,
+  the shards' hops), and whether the answers agree with the ingress's (route, first citation);
+- `--clients` closed-loop clients for `--seconds`: questions a second through each, then through
+  the ingress with two replicas (two cores saturate: say so).
 
 Results: benchmarks/results/ray-ingress.json.
 """
@@ -27,7 +28,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,8 +38,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.evalcorpus import load_questions
+from benchmarks.ray_embedder import closed_loop as asking
 
 RESULTS = Path(__file__).resolve().parent / "results"
+# The ingress on Ray, `moerag serve` over the same shards, `moerag serve` with the whole index (no shards).
+SERVERS = ("ingress_on_ray_1_replica", "moerag_serve_over_the_shards", "moerag_serve_alone")
 ROOT = Path(__file__).resolve().parent.parent
 MAP = {
     "shards": [
@@ -78,25 +81,10 @@ def ask(http: httpx.Client, q: str) -> tuple[float, tuple[str, int | None]]:
 
 
 def closed_loop(url: str, questions: list[str], clients: int, seconds: float) -> float:
-    """Questions a second, `clients` threads each asking the next question once its last is back."""
-    done = [0] * clients
-    stop = time.monotonic() + seconds
-
-    def client(n: int) -> None:
-        with httpx.Client(base_url=url, timeout=60) as http:
-            i = n
-            while time.monotonic() < stop:
-                ask(http, questions[i % len(questions)])
-                done[n] += 1
-                i += clients
-
-    threads = [threading.Thread(target=client, args=(n,)) for n in range(clients)]
-    t = time.monotonic()
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    return round(sum(done) / (time.monotonic() - t), 1)
+    """Questions a second, `clients` threads each asking the next question once its last is back
+    (ray_embedder's loop, over one HTTP client with a connection a thread)."""
+    with httpx.Client(base_url=url, timeout=60, limits=httpx.Limits(max_connections=clients)) as http:
+        return asking(lambda q: ask(http, q), questions, clients, seconds)
 
 
 def pct(ms: list[float]) -> dict[str, float]:
@@ -107,7 +95,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data-dir", type=Path, required=True)
     ap.add_argument("--database-url", required=True)
-    ap.add_argument("--port", type=int, default=8311, help="the ingress's; moerag serve takes the next")
+    ap.add_argument("--port", type=int, default=8311, help="the ingress's; the two moerag serve take the next two")
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=20)
     args = ap.parse_args()
@@ -122,37 +110,42 @@ def main() -> None:
         "MOERAG_QUESTION_CACHE": "0",
         "HF_HUB_OFFLINE": "1",
     }
-    ingress_url, serve_url = f"http://127.0.0.1:{args.port}", f"http://127.0.0.1:{args.port + 1}"
-    serve_data = work / "serve-data"
-    shutil.copytree(args.data_dir / "index", serve_data / "index")  # its replica boots from the same snapshot
+    base_port = args.port
+    urls = {name: f"http://127.0.0.1:{base_port + n}" for n, name in enumerate(SERVERS)}
     result: dict[str, Any] = {"command": "python benchmarks/ray_ingress.py " + " ".join(sys.argv[1:]),
                               "questions": len(questions), "cpus": os.cpu_count()}  # fmt: skip
-    server = None
+    servers: list[subprocess.Popen[bytes]] = []
     try:
         t = time.monotonic()
         moerag("ray", "up", "--config", str(map_file), env=base | {"MOERAG_DATA_DIR": str(args.data_dir)})
-        wait_ready(ingress_url)
+        wait_ready(urls["ingress_on_ray_1_replica"])
         result["ray_up_s"] = round(time.monotonic() - t, 1)
-        env = base | {"MOERAG_DATA_DIR": str(serve_data), "MOERAG_SHARD_MAP": str(map_file)}
-        serve = [str(Path(sys.executable).with_name("moerag")), "serve", "--port", str(args.port + 1)]
-        server = subprocess.Popen(serve, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_ready(serve_url)
-        lat: dict[str, list[float]] = {"ingress": [], "serve": []}
-        agree = 0
-        with httpx.Client(base_url=ingress_url, timeout=60) as a, httpx.Client(base_url=serve_url, timeout=60) as b:
-            for q in questions[:20]:  # warm both
-                ask(a, q), ask(b, q)
-            for q in questions:
-                ms_a, ans_a = ask(a, q)
-                ms_b, ans_b = ask(b, q)
-                lat["ingress"].append(ms_a)
-                lat["serve"].append(ms_b)
-                agree += ans_a == ans_b
-        result["one_at_a_time"] = {"ingress_on_ray_1_replica": pct(lat["ingress"]), "moerag_serve": pct(lat["serve"])}
-        result["same_route_and_first_citation"] = agree
+        for n, (name, sharded) in enumerate([("moerag_serve_over_the_shards", True), ("moerag_serve_alone", False)]):
+            data = work / f"serve-data-{n}"
+            shutil.copytree(args.data_dir / "index", data / "index")  # its replica boots from the same snapshot
+            env = base | {"MOERAG_DATA_DIR": str(data)} | ({"MOERAG_SHARD_MAP": str(map_file)} if sharded else {})
+            cmd = [str(Path(sys.executable).with_name("moerag")), "serve", "--port", urls[name].rsplit(":", 1)[1]]
+            servers.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            wait_ready(urls[name])
+        lat: dict[str, list[float]] = {name: [] for name in SERVERS}
+        agree = dict.fromkeys(SERVERS[1:], 0)
+        clients = {name: httpx.Client(base_url=url, timeout=60) for name, url in urls.items()}
+        for q in questions[:20]:  # warm them
+            for http in clients.values():
+                ask(http, q)
+        for q in questions:  # each question through each in turn
+            answers = {}
+            for name, http in clients.items():
+                ms, answers[name] = ask(http, q)
+                lat[name].append(ms)
+            for name in SERVERS[1:]:
+                agree[name] += answers[name] == answers[SERVERS[0]]
+        for http in clients.values():
+            http.close()
+        result["one_at_a_time"] = {name: pct(ms) for name, ms in lat.items()}
+        result["same_route_and_first_citation_as_the_ingress"] = agree
         print(json.dumps(result), flush=True)
-        rates = {"moerag_serve": closed_loop(serve_url, questions, args.clients, args.seconds)}
-        rates["ingress_on_ray_1_replica"] = closed_loop(ingress_url, questions, args.clients, args.seconds)
+        rates = {name: closed_loop(url, questions, args.clients, args.seconds) for name, url in urls.items()}
         import ray
 
         from app import ray_ingress
@@ -164,12 +157,13 @@ def main() -> None:
         token = (args.data_dir / "admin_token").read_text().strip()
         os.environ.update({"MOERAG_ANSWER_CACHE": "0", "MOERAG_QUESTION_CACHE": "0"})
         ray_ingress.deploy(IngressSpec(2, port=args.port), ray_ingress.ingress_env(own, map_file, token))
-        wait_ready(ingress_url)
-        rates["ingress_on_ray_2_replicas"] = closed_loop(ingress_url, questions, args.clients, args.seconds)
+        wait_ready(urls["ingress_on_ray_1_replica"])
+        rates["ingress_on_ray_2_replicas"] = closed_loop(urls["ingress_on_ray_1_replica"], questions, args.clients,
+                                                         args.seconds)  # fmt: skip
         result[f"questions_a_second_{args.clients}_clients"] = rates
         print(json.dumps(result), flush=True)
     finally:
-        if server is not None:
+        for server in servers:
             server.send_signal(signal.SIGINT)
             server.wait(60)
         moerag("ray", "down", env=base | {"MOERAG_DATA_DIR": str(args.data_dir)})

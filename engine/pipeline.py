@@ -205,8 +205,8 @@ class AskPipeline:
         lexical, index = state.lexical, state.index  # one BM25 index per question; its scores computed once
         mask_of = partial(self._scope_mask, lexical, index) if isinstance(lexical, LexicalIndex) else None
         terms = lexical.terms(req.question, mask_of) if lexical is not None else None
-        if terms is not None and not (alone and self.wide_questions):  # the model on every core: BM25 waits
-            terms.prefetch()  # BM25 over every chunk while the model runs (on another core when idle)
+        if terms is not None and not (alone and self.wide_questions and isinstance(lexical, LexicalIndex)):
+            terms.prefetch()  # BM25 while the model runs: on another core when idle (here), or on the shards
         q = pending.result()  # [1, D]
         timings["embed"] = (time.perf_counter() - t) * 1000  # the model, BM25's scores overlapped
 

@@ -31,7 +31,7 @@ import numpy.typing as npt
 from engine.lexical import QueryWeights, TermStats
 from engine.postings import Postings
 from index import SearchIndex
-from index.shards import merge_topk, record_failure
+from index.shards import ShardedIndex, merge_topk, record_failure
 
 log = logging.getLogger(__name__)
 Ints = npt.NDArray[np.int64]
@@ -70,11 +70,12 @@ class ShardedLexical:
         stats: TermStats,
         shards: Sequence[LexicalShard],
         names: Sequence[str],
-        shard_of_list: Ints,
+        index: ShardedIndex,
         depth: int = 50,
     ) -> None:
+        """index: the sharded index the shards hold (which shard holds each list, each chunk's list)."""
         self.stats, self.shards, self.names = stats, list(shards), list(names)
-        self.shard_of_list, self.depth = shard_of_list, depth
+        self.shard_of_list, self.clusters_of, self.depth = index.shard_of_list, index.clusters_of, depth
 
     def __len__(self) -> int:
         return self.stats.n_docs
@@ -128,12 +129,17 @@ class ShardedTerms:
         return best
 
     def scores_of(self, ids: Sequence[int]) -> Floats:
-        """[n] each chunk's score (0 for one no shard holds postings for yet)."""
+        """[n] each chunk's score (0 for one no shard holds postings for yet), asked of the shards
+        holding the chunks' lists (a chunk entering a shard is in its postings before it answers),
+        every shard for a chunk of no list yet."""
         asked = np.asarray(ids, dtype=np.int64)
         out = np.zeros(len(asked), dtype=np.float32)
         if not len(asked):
             return out
-        for a in self._collect(self._ask(range(len(self.lexical.shards)), 0, None, asked)):
+        lists = self.lexical.clusters_of(asked)  # [n]
+        everywhere = bool((lists < 0).any())
+        shards = range(len(self.lexical.shards)) if everywhere else self._shards_of(lists)
+        for a in self._collect(self._ask(shards, 0, None, asked)):
             out = np.maximum(out, a.of_ids)
         return out
 

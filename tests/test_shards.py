@@ -162,7 +162,7 @@ def test_the_ask_flow_over_expert_shards_equals_the_whole_index(client: TestClie
         for ids in (p.assignments()[0].tolist() for p in parts)
     ]
     lexical = ShardedLexical(state.lexical.stats, [local_lexical(b, p) for b, p in zip(postings, parts, strict=True)],
-                             ["git", "sqlite", "debian"], sharded.shard_of_list)  # fmt: skip
+                             ["git", "sqlite", "debian"], sharded)  # fmt: skip
     whole = rt.pipeline
     over_shards = dataclasses.replace(state, index=sharded, lexical=lexical)
     questions = _questions()
@@ -424,7 +424,7 @@ def test_a_shard_that_does_not_answer_makes_the_answer_partial_never_an_error(
                 ids = [i for i in part.assignments()[0].tolist() if i in records]
                 ask = local_lexical(Postings(ids, [f"{records[i].heading}\n{records[i].text}" for i in ids]), part)
                 calls.append(ask if n != 1 else lambda *a, ask=ask: ask(*a) if not down["on"] else _timeout())
-            return ShardedLexical(stats, calls, ["git", "sqlite", "rest"], index.shard_of_list)
+            return ShardedLexical(stats, calls, ["git", "sqlite", "rest"], index)
 
         def overview(self) -> list[dict[str, Any]]:
             return []
