@@ -63,11 +63,15 @@ class RayShards:
 
     def _counted(self, shard: int, search: ShardSearch) -> ShardSearch:
         def counted(
-            q: npt.NDArray[np.float32], k: int, lists: npt.NDArray[np.int64], at_least: int | None = None
+            q: npt.NDArray[np.float32],
+            k: int,
+            lists: npt.NDArray[np.int64],
+            at_least: int | None = None,
+            bm25: object | None = None,
         ) -> Any:
             self.sent[shard] += 1  # a count for operators: a lost increment under races is harmless
             self.reasked[shard] += at_least is not None
-            return search(q, k, lists, at_least)
+            return search(q, k, lists, at_least, bm25)
 
         return counted
 
@@ -122,9 +126,9 @@ def searches(handles: Sequence[Any], timeout_seconds: float | None = None, posit
     another replica."""
 
     def through(handle: Any) -> ShardSearch:
-        def search(q: Any, k: int, lists: Any, at_least: int | None = None) -> _Within:
+        def search(q: Any, k: int, lists: Any, at_least: int | None = None, bm25: object | None = None) -> _Within:
             at = position if at_least is None else max(position, at_least)
-            return _Within(lambda: handle.search.remote(q, k, lists, at), timeout_seconds)
+            return _Within(lambda: handle.search.remote(q, k, lists, at, bm25), timeout_seconds)
 
         return search
 

@@ -42,7 +42,11 @@ from engine.sharded_lexical import LexicalAnswer
 from index import ClusteredIndex
 
 log = logging.getLogger(__name__)
-Stamped = tuple[npt.NDArray[np.float32], npt.NDArray[np.int64], int, int]  # scores, ids, lo, hi
+# scores, ids, lo, hi (and the ids' BM25 scores when the search carried the question's weights)
+Stamped = (
+    tuple[npt.NDArray[np.float32], npt.NDArray[np.int64], int, int]
+    | tuple[npt.NDArray[np.float32], npt.NDArray[np.int64], int, int, npt.NDArray[np.float32]]
+)
 # A replica scans its lists for milliseconds a question: a tenth of a CPU each lets Ray place a
 # shard map's replicas on a small machine; memory, not CPU, is what a shard needs.
 _LIGHT = {"num_cpus": 0.1}
@@ -199,13 +203,20 @@ class ShardReplica:
     def _own_lists(self, s: Session, nlist: int) -> npt.NDArray[np.int64]:
         return self.shard_map.lists_of_shards(profiles(s), nlist)[self.shard]
 
-    def search(self, q: npt.NDArray[np.float32], k: int, lists: npt.NDArray[np.int64], at_least: int = 0) -> Stamped:
+    def search(
+        self,
+        q: npt.NDArray[np.float32],
+        k: int,
+        lists: npt.NDArray[np.int64],
+        at_least: int = 0,
+        bm25: QueryWeights | None = None,
+    ) -> Stamped:
         """As `ClusteredIndex.search` over `lists` (those this shard holds), at catalogue version
         `at_least` or later: the asking state's index position. A replica behind it follows the
         log first, so a question sees every write its serving state saw (read your writes).
         -> (scores, ids, lo, hi): the catalogue versions the searched content lies between (the
         log may be applied while a search runs), for `ShardedIndex`'s one cut across shards."""
-        return self.search_many([q], [k], [lists], [at_least])[0]
+        return self.search_many([q], [k], [lists], [at_least], [bm25])[0]
 
     def search_many(
         self,
@@ -213,6 +224,7 @@ class ShardReplica:
         ks: Sequence[int],
         lists: Sequence[npt.NDArray[np.int64]],
         at_least: Sequence[int],
+        bm25: Sequence[QueryWeights | None] | None = None,
     ) -> list[Stamped]:
         """Several `search`es at once (what Serve batches on a replica): one FAISS scan for all the
         searches asking the same k, each row over its own lists; results in the callers' order,
@@ -234,7 +246,14 @@ class ShardReplica:
                 start = end
         with self._lock:  # a follow applied meanwhile finished its slice before this returns
             hi = self.position
-        return [(scores, ids, lo, hi) for scores, ids in found]
+        out: list[Stamped] = []
+        for (scores, ids), w in zip(found, bm25 or [None] * len(found), strict=True):
+            if w is None:
+                out.append((scores, ids, lo, hi))
+            else:  # the found chunks' BM25 scores with the question's weights: the fusion's, in this answer
+                of_ids = self.bm25.answer(w, 0, None, ids.ravel(), index.clusters_of).of_ids.reshape(ids.shape)
+                out.append((scores, ids, lo, hi, of_ids))
+        return out
 
     def follow(self) -> int:
         """Apply what the index log says of this shard's lists since its position; the catalogue
@@ -323,8 +342,9 @@ def _batched(serve: Any) -> type[ShardReplica]:
             k: list[int],
             lists: list[npt.NDArray[np.int64]],
             at_least: list[int],
+            bm25: list[QueryWeights | None],
         ) -> list[Stamped]:
-            return await asyncio.to_thread(self.search_many, q, k, lists, at_least)
+            return await asyncio.to_thread(self.search_many, q, k, lists, at_least, bm25)
 
         async def lexical(  # type: ignore[override]
             self, w: QueryWeights, k: int, lists: npt.NDArray[np.int64] | None, ids: npt.NDArray[np.int64] | None,

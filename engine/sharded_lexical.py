@@ -9,8 +9,10 @@ scores of given chunks (the dense candidates being fused). Over shards:
   best chunks and, per list it holds, its best score (`summary`);
 - the whole store's best k (k <= depth) and the best within any lists come from those answers;
   a deeper or scoped search asks again (RRF fusion only);
-- the candidates' scores are asked of every shard (a chunk moving between shards is in the
-  postings of one of them, or of both, with the same score: the highest is kept).
+- the dense candidates' scores come with the shard searches that found them (the question's
+  weights travel with its searches: index.shards.offer_bm25); any other chunk's are asked of the
+  shards holding its list (a chunk moving between shards is in the postings of the one it enters,
+  and maybe still of the one it leaves, with the same score: the highest is kept).
 
 A shard that fails or does not answer in time is left out and named (`index.shards.shard_failures`):
 the answer is partial, never an error.
@@ -31,7 +33,7 @@ import numpy.typing as npt
 from engine.lexical import QueryWeights, TermStats
 from engine.postings import Postings
 from index import SearchIndex
-from index.shards import ShardedIndex, merge_topk, record_failure
+from index.shards import ShardedIndex, bm25_found, merge_topk, offer_bm25, record_failure
 
 log = logging.getLogger(__name__)
 Ints = npt.NDArray[np.int64]
@@ -94,7 +96,10 @@ class ShardedTerms:
         self._sent: list[tuple[int, PendingLexical]] | None = None
 
     def prefetch(self) -> None:
-        """Ask every shard for its summary now (answers awaited when first read)."""
+        """Ask every shard for its summary now (answers awaited when first read), and send the
+        question's weights with its shard searches from now on: their answers bring the found
+        chunks' scores (index.shards.offer_bm25), which `scores_of` then need not ask."""
+        offer_bm25(self.w)
         if self._sent is None:
             self._sent = self._ask(range(len(self.lexical.shards)), self.lexical.depth, None, None)
 
@@ -129,13 +134,19 @@ class ShardedTerms:
         return best
 
     def scores_of(self, ids: Sequence[int]) -> Floats:
-        """[n] each chunk's score (0 for one no shard holds postings for yet), asked of the shards
-        holding the chunks' lists (a chunk entering a shard is in its postings before it answers),
-        every shard for a chunk of no list yet."""
-        asked = np.asarray(ids, dtype=np.int64)
+        """[n] each chunk's score (0 for one no shard holds postings for yet): what the question's
+        shard searches brought with the chunks they found, else asked of the shards holding the
+        chunks' lists (a chunk entering a shard is in its postings before it answers), every shard
+        for a chunk of no list yet."""
+        found = bm25_found()  # brought by the question's shard searches
+        out = np.array([found.get(int(i), 0.0) for i in ids], dtype=np.float32)  # [n]
+        missing = np.array([int(i) not in found for i in ids], dtype=bool)  # [n]
+        if missing.any():
+            out[missing] = self._ask_scores(np.asarray(ids, dtype=np.int64)[missing])
+        return out
+
+    def _ask_scores(self, asked: Ints) -> Floats:
         out = np.zeros(len(asked), dtype=np.float32)
-        if not len(asked):
-            return out
         lists = self.lexical.clusters_of(asked)  # [n]
         everywhere = bool((lists < 0).any())
         shards = range(len(self.lexical.shards)) if everywhere else self._shards_of(lists)
@@ -173,26 +184,26 @@ def answer_from(
 ) -> LexicalAnswer:
     """A shard's answer from its chunks' scores [N] (ids [N]): its k best (within `lists` when given),
     its best per list, and the scores of the `asked` ids. clusters_of: chunk ids -> their lists (-1:
-    not in the shard's index)."""
-    hit = np.flatnonzero(scores > 0)  # [H] rows sharing a term
-    hit_lists = clusters_of(ids[hit])  # [H]
-    if lists is not None:
-        keep = np.isin(hit_lists, lists)
-        hit, hit_lists = hit[keep], hit_lists[keep]
-    top = np.zeros(0, dtype=np.int64)
-    if k > 0 and len(hit):
-        order = np.lexsort((ids[hit], -scores[hit]))[:k]  # best first, then lower id
-        top = hit[order]
-    placed = hit_lists >= 0
-    uniq, inverse = np.unique(hit_lists[placed], return_inverse=True)
-    best = np.zeros(len(uniq), dtype=np.float32)
-    np.maximum.at(best, inverse, scores[hit[placed]])
+    not in the shard's index); k = 0: the scores of the `asked` ids alone."""
     of_ids = np.zeros(0, dtype=np.float32)
     if asked is not None and len(asked):
         order = np.argsort(ids, kind="stable")
         at = np.minimum(np.searchsorted(ids[order], asked), max(len(ids) - 1, 0))
         found = (ids[order][at] == asked) if len(ids) else np.zeros(len(asked), dtype=bool)
         of_ids = np.where(found, scores[order][at] if len(ids) else 0.0, 0.0).astype(np.float32)
+    if k <= 0:
+        none = np.zeros(0, dtype=np.int64)
+        return LexicalAnswer(none, np.zeros(0, dtype=np.float32), none, np.zeros(0, dtype=np.float32), of_ids)
+    hit = np.flatnonzero(scores > 0)  # [H] rows sharing a term
+    hit_lists = clusters_of(ids[hit])  # [H]
+    if lists is not None:
+        keep = np.isin(hit_lists, lists)
+        hit, hit_lists = hit[keep], hit_lists[keep]
+    top = hit[np.lexsort((ids[hit], -scores[hit]))[:k]]  # best first, then lower id
+    placed = hit_lists >= 0
+    uniq, inverse = np.unique(hit_lists[placed], return_inverse=True)
+    best = np.zeros(len(uniq), dtype=np.float32)
+    np.maximum.at(best, inverse, scores[hit[placed]])
     return LexicalAnswer(ids[top], scores[top].astype(np.float32), uniq.astype(np.int64), best, of_ids)
 
 

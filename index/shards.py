@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -34,8 +35,9 @@ Ints = npt.NDArray[np.int64]
 
 
 # A shard's answer: (scores [Q, k], ids [Q, k]), or with the catalogue versions its content lies
-# between (scores, ids, lo, hi) when the shard follows the catalogue on its own (app.ray_shards).
-Answer = tuple[Floats, Ints] | tuple[Floats, Ints, int, int]
+# between (scores, ids, lo, hi) when the shard follows the catalogue on its own (app.ray_shards),
+# and the ids' BM25 scores [Q, k] when the search carried the question's BM25 weights.
+Answer = tuple[Floats, Ints] | tuple[Floats, Ints, int, int] | tuple[Floats, Ints, int, int, Floats]
 
 
 class PendingSearch(Protocol):
@@ -48,22 +50,50 @@ class ShardSearch(Protocol):
     """(queries [Q, D], k, lists to scan, at catalogue version `at_least` or later; None: the
     state's) -> its answer to come: a shard's search, in this process or behind a Serve handle."""
 
-    def __call__(self, q: Floats, k: int, lists: Ints, at_least: int | None = None) -> PendingSearch: ...
+    def __call__(
+        self, q: Floats, k: int, lists: Ints, at_least: int | None = None, bm25: object | None = None
+    ) -> PendingSearch: ...
 
 
 _FAILED: ContextVar[list[str] | None] = ContextVar("moerag_failed_shards", default=None)
 
 
+@dataclass
+class _Bm25Alongside:
+    weights: object | None = None  # the question's BM25 term weights (engine.lexical.QueryWeights)
+    found: dict[int, float] = field(default_factory=dict)  # chunk id -> its BM25 score, from the shards
+
+
+_BM25: ContextVar[_Bm25Alongside | None] = ContextVar("moerag_bm25_alongside", default=None)
+
+
 @contextmanager
 def shard_failures() -> Iterator[list[str]]:
-    """Collects, in this thread, the names of the shards whose search failed or timed out while
-    the block ran: the caller's answer is then partial (it was merged from the others)."""
+    """One question's dealings with the shards, in this thread, while the block runs: collects the
+    names of the shards whose search failed or timed out (the caller's answer is then partial: it
+    was merged from the others), and carries the question's BM25 weights once offered
+    (`offer_bm25`) with every shard search, whose answers then bring their chunks' BM25 scores
+    (`bm25_found`): the fusion needs no call of its own for the dense candidates' scores."""
     failed: list[str] = []
-    token = _FAILED.set(failed)
+    token, bm25 = _FAILED.set(failed), _BM25.set(_Bm25Alongside())
     try:
         yield failed
     finally:
         _FAILED.reset(token)
+        _BM25.reset(bm25)
+
+
+def offer_bm25(weights: object) -> None:
+    """The question's BM25 term weights, sent with its shard searches from now on (within `shard_failures`)."""
+    holder = _BM25.get()
+    if holder is not None:
+        holder.weights = weights
+
+
+def bm25_found() -> dict[int, float]:
+    """{chunk id: BM25 score} the question's shard searches brought so far (empty outside `shard_failures`)."""
+    holder = _BM25.get()
+    return holder.found if holder is not None else {}
 
 
 def record_failure(shard: str, what: str) -> None:
@@ -115,7 +145,9 @@ def merge_topk(parts: Sequence[tuple[Floats, Ints]], k: int) -> tuple[Floats, In
 def local_search(part: ClusteredIndex) -> ShardSearch:
     """A shard in this process (tests, one machine): its search, as a done future."""
 
-    def search(q: Floats, k: int, lists: Ints, at_least: int | None = None) -> PendingSearch:
+    def search(
+        q: Floats, k: int, lists: Ints, at_least: int | None = None, bm25: object | None = None
+    ) -> PendingSearch:
         done: Future[Answer] = Future()
         done.set_result(part.search(q, k, lists))
         return done
@@ -235,7 +267,7 @@ class ShardedIndex:
             # version passes the move, and in the one it enters from then on. Shards follow on their
             # own, so a shard whose content may be older than another's newest is asked again at
             # that version: no moving chunk is then missed (one found twice is merged once).
-            stamped = {s: a[2:] for s, a in answers.items() if len(a) == 4}
+            stamped = {s: (a[2], a[3]) for s, a in answers.items() if len(a) >= 4}
             if len(stamped) > 1:
                 target = max(hi for _, hi in stamped.values())
                 behind = {s: m[s] for s, (lo, _) in stamped.items() if lo < target}
@@ -256,10 +288,15 @@ class ShardedIndex:
         """Each shard of `lists_of` asked over its lists; a shard that cannot even be asked is
         left out (and named: `shard_failures`)."""
         pending: list[tuple[int, PendingSearch]] = []
+        holder = _BM25.get()
+        bm25 = holder.weights if holder is not None else None
         for s, its_lists in lists_of.items():
             self.calls[s] += 1
             try:
-                pending.append((s, self.searches[s](q, k, its_lists, at_least)))
+                search = self.searches[s]
+                pending.append(
+                    (s, search(q, k, its_lists, at_least, bm25) if bm25 else search(q, k, its_lists, at_least))
+                )
             except Exception:  # not even sent (no replica to take it)
                 self._failed(s)
         return pending
@@ -267,11 +304,18 @@ class ShardedIndex:
     def _collect(self, pending: list[tuple[int, PendingSearch]]) -> dict[int, Answer]:
         """{shard: its answer}; a shard that fails or times out is left out (and named)."""
         answers: dict[int, Answer] = {}
+        holder = _BM25.get()
         for s, p in pending:
             try:
                 answers[s] = p.result()
             except Exception:  # a shard down or too slow: the others answer; the caller is told
                 self._failed(s)
+                continue
+            if holder is not None and len(answers[s]) == 5:  # its chunks' BM25 scores, for the fusion
+                ids, bm25 = answers[s][1], answers[s][4]  # type: ignore[misc]
+                holder.found.update(
+                    (i, b) for i, b in zip(ids.ravel().tolist(), bm25.ravel().tolist(), strict=True) if i >= 0
+                )
         return answers
 
     def _failed(self, shard: int) -> None:

@@ -326,6 +326,11 @@ def test_shard_replicas_built_from_sql_follow_the_index_log_for_their_lists(
         got = replicas[1].lexical(w, 0, None, moved_ids, at).of_ids
         want = whole.query("git branch commit rebase").scores_of(moved_ids.tolist())
         assert np.array_equal(got, want) and got.any()
+        # A search carrying the question's weights brings its chunks' scores (the fusion's, no call of its own).
+        answer = replicas[1].search(q[:1], 10, replicas[1].lists, at, w)
+        assert len(answer) == 5 and (answer[1] >= 0).all()
+        bm25_of = whole.query("git branch commit rebase").scores_of(answer[1][0].tolist())
+        assert np.array_equal(answer[4][0], bm25_of)
         assert replicas[1].bm25.refresh(replicas[1].lists) and not replicas[1].bm25.stale
         assert np.array_equal(replicas[1].lexical(w, 0, None, moved_ids).of_ids, want)
         for r in replicas:
@@ -392,7 +397,7 @@ def test_a_shard_that_does_not_answer_makes_the_answer_partial_never_an_error(
     def failing(part: ClusteredIndex) -> Any:
         search = local_search(part)
 
-        def maybe(q: Any, k: int, lists: Any, at_least: int | None = None) -> Any:
+        def maybe(q: Any, k: int, lists: Any, at_least: int | None = None, bm25: Any = None) -> Any:
             if down["on"]:
                 raise TimeoutError("shard sqlite did not answer in 5 s")
             return search(q, k, lists, at_least)
