@@ -147,7 +147,7 @@ def hops(handles: Sequence[Any], parts: Sequence[ClusteredIndex], calls: Sequenc
 
     def through_handle() -> None:
         s, q, k, lists = next(cycle)
-        handles[s].search.remote(q, k, lists, 0).result()
+        handles[s].search.remote(q, k, lists, 0, None).result()
 
     def in_process() -> None:
         s, q, k, lists = next(cycle)
