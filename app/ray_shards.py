@@ -286,10 +286,10 @@ class ShardReplica:
         if changes is None and self.clustering != clustering:  # new lists altogether: read them all now
             self.bm25.read(self.lists)
         elif changes is None:
-            self.bm25.entered(lists=np.setdiff1d(self.lists, before))
+            lists = np.setdiff1d(self.lists, before)
+            self.bm25.entered(Chunk.cluster_id.in_(lists.tolist()) if len(lists) else None)
         else:
-            self.bm25.entered(ids=changes.ids[mine])
-        self.bm25.stale = True
+            self.bm25.entered(Chunk.id.in_(changes.ids[mine].tolist()) if mine.any() else None)
         return self.position
 
     def stats(self) -> dict[str, Any]:

@@ -73,16 +73,17 @@ class ShardPostings:
         self._next = t0 + (time.monotonic() - t0) / self.share
         return True
 
-    def entered(self, *, ids: Ints | None = None, lists: Ints | None = None) -> None:
-        """Chunks entering the shard (these ids, or every chunk of these lists): their postings now."""
-        if (ids is None or not len(ids)) and (lists is None or not len(lists)):
-            return
-        with self.sessions() as s:
-            where = Chunk.id.in_(ids.tolist()) if ids is not None else Chunk.cluster_id.in_(lists.tolist())  # type: ignore[union-attr]
-            texts = _texts(s, where)
-        with self._lock:
-            self._entered |= texts
-            self.extra = _postings(self._entered)
+    def entered(self, where: Any | None) -> None:
+        """Its chunks changed: those entering the shard (what `where` selects; None: none) get their
+        postings now, and the whole set is read again later (stale)."""
+        texts: dict[int, str] = {}
+        if where is not None:
+            with self.sessions() as s:
+                texts = _texts(s, where)
+        if texts:
+            with self._lock:
+                self._entered |= texts
+                self.extra = _postings(self._entered)
         self.stale = True
 
     def answer(

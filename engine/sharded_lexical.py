@@ -20,7 +20,6 @@ the answer is partial, never an error.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -35,7 +34,6 @@ from engine.postings import Postings
 from index import SearchIndex
 from index.shards import ShardedIndex, bm25_found, merge_topk, offer_bm25, record_failure
 
-log = logging.getLogger(__name__)
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float32]
 
