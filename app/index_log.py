@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import numpy as np
 from sqlalchemy import delete, func, insert, select, update
@@ -25,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from app.models import CatalogueChange, CatalogueVersion, Chunk, IndexLog, IndexState, stack
 from index import ClusteredIndex
+from index.list_map import ListMap
 
 _STAGED = "moerag_index_log"  # session.info key: {chunk id: cluster id, or None when it leaves}
 PART = "documents"  # the catalogue part a staged change belongs to
@@ -68,7 +70,8 @@ class LogSlice:
     clusters: np.ndarray  # [N] their lists
 
 
-def read_log(s: Session, after: int, upto: int, dim: int) -> LogSlice:
+def read_log(s: Session, after: int, upto: int, dim: int, vectors: bool = True) -> LogSlice:
+    """The log in (after, upto]; `vectors=False`: the entering chunks' lists alone (their `x` empty)."""
     rows = s.execute(
         select(IndexLog.chunk_id, IndexLog.cluster_id)
         .where(IndexLog.version > after, IndexLog.version <= upto)
@@ -76,20 +79,21 @@ def read_log(s: Session, after: int, upto: int, dim: int) -> LogSlice:
     ).all()
     latest: dict[int, int | None] = dict(rows)  # the last entry of each chunk wins
     entering = [c for c, k in latest.items() if k is not None]
-    vectors: dict[int, np.ndarray] = {}
+    found: dict[int, Any] = {}  # chunk id -> its embedding (or its id)
+    column = Chunk.embedding if vectors else Chunk.id
     for start in range(0, len(entering), 900):  # bounded IN lists
         batch = entering[start : start + 900]
-        vectors.update(s.execute(select(Chunk.id, Chunk.embedding).where(Chunk.id.in_(batch))).all())
-    present = [c for c in entering if c in vectors]  # a chunk deleted since is simply absent
+        found.update(s.execute(select(Chunk.id, column).where(Chunk.id.in_(batch))).all())
+    present = [c for c in entering if c in found]  # a chunk deleted since is simply absent
     return LogSlice(
         list(latest),
         np.array(present, dtype=np.int64),
-        stack((vectors[c] for c in present), dim),
+        stack((found[c] for c in present), dim) if vectors else np.zeros((len(present), 0), dtype=np.float32),
         np.array([latest[c] for c in present], dtype=np.int64),
     )
 
 
-def apply_log(index: ClusteredIndex, changes: LogSlice) -> None:
+def apply_log(index: ClusteredIndex | ListMap, changes: LogSlice) -> None:
     """Idempotent: a chunk entering again moves, one leaving again is a no-op."""
     index.remove(changes.touched)  # leaving, and moving (absent ids are ignored)
     index.add(changes.x, changes.ids, changes.clusters)

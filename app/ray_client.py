@@ -19,7 +19,8 @@ from engine.lexical import QueryWeights, TermStats
 from engine.serving import ExpertProfile
 from engine.sharded_lexical import LexicalShard, ShardedLexical
 from index import ClusteredIndex
-from index.shards import ShardedIndex, ShardSearch
+from index.list_map import ListMap
+from index.shards import ShardedIndex, ShardRows, ShardSearch
 
 log = logging.getLogger(__name__)
 
@@ -38,14 +39,24 @@ class RayShards:
         self.reasked = [0] * len(shard_map.shards)  # of them, asked again for one cut (index.shards)
 
     def index_over(
-        self, index: ClusteredIndex, experts: Mapping[int, ExpertProfile], position: int = 0
+        self, index: ClusteredIndex | ListMap, experts: Mapping[int, ExpertProfile], position: int = 0
     ) -> ShardedIndex:
-        """`index`'s lists spread over the shards as the map says for `experts` (its vectors unread),
-        each shard searched at catalogue version `position` or later (the state's)."""
+        """`index`'s lists spread over the shards as the map says for `experts`, each shard searched
+        at catalogue version `position` or later (the state's)."""
         lists = self.shard_map.lists_of_shards(experts, index.nlist)
         names = [s.name for s in self.shard_map.shards]
         found = [self._counted(n, f) for n, f in enumerate(searches(self.handles, self.timeout_seconds, position))]
-        return ShardedIndex(index, lists, found, shard_map=self.shard_map.version, names=names)
+        rows = [self._rows(h, position) for h in self.handles]
+        return ShardedIndex(index, lists, found, shard_map=self.shard_map.version, names=names, rows=rows)
+
+    def _rows(self, handle: Any, position: int) -> ShardRows:
+        """A shard's row search (`ShardReplica.rows`), within twice a search's wait: it carries many rows."""
+
+        def rows(q: Any, k: int, lists: Any, through: int | None = None, at_least: int | None = None) -> _Within:
+            at = position if at_least is None else max(position, at_least)
+            return _Within(lambda: handle.rows.remote(q, k, lists, through, at), 2 * self.timeout_seconds)
+
+        return rows
 
     def lexical_over(self, stats: TermStats, index: ShardedIndex, position: int = 0) -> ShardedLexical:
         """BM25 over the shards: each replica scores its chunks' postings with `stats`' term

@@ -255,6 +255,24 @@ class ShardReplica:
                 out.append((scores, ids, lo, hi, of_ids))
         return out
 
+    def rows(
+        self,
+        q: npt.NDArray[np.float32],
+        k: int,
+        lists: Sequence[npt.NDArray[np.int64]],
+        through: int | None = None,
+        at_least: int = 0,
+    ) -> Stamped:
+        """`ClusteredIndex.search_rows` of this shard (each row over its own lists here, only ids
+        <= `through` when given) at catalogue version `at_least` or later: the probes of many rows
+        at once (a router's training, a new document's fit). -> (scores, ids, lo, hi)."""
+        if at_least > self.position:
+            self.follow()
+        with self._lock:
+            index, lo = self.index, self.position
+        scores, ids = index.search_rows(q, k, lists, through)
+        return scores, ids, lo, self.position
+
     def follow(self) -> int:
         """Apply what the index log says of this shard's lists since its position; the catalogue
         version it holds now. A new clustering, or a log compacted past it, is read again. One
@@ -352,6 +370,13 @@ def _batched(serve: Any) -> type[ShardReplica]:
         ) -> LexicalAnswer:  # fmt: skip
             """`ShardReplica.lexical` off the replica's event loop (its searches keep being batched)."""
             return await asyncio.to_thread(ShardReplica.lexical, self, w, k, lists, ids, at_least)
+
+        async def rows(  # type: ignore[override]
+            self, q: npt.NDArray[np.float32], k: int, lists: Sequence[npt.NDArray[np.int64]],
+            through: int | None = None, at_least: int = 0,
+        ) -> Stamped:  # fmt: skip
+            """`ShardReplica.rows` off the replica's event loop."""
+            return await asyncio.to_thread(ShardReplica.rows, self, q, k, lists, through, at_least)
 
     return BatchedShardReplica
 

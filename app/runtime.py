@@ -230,7 +230,7 @@ class Runtime:
                 workers=s.question_workers or os.cpu_count() or 1,
                 encode_wide=partial(emb.encode_questions, wide=True) if emb.has_wide_questions else None,
             )
-            indexes = IndexManager(s, self.sessions, emb.dim, emb.name)
+            indexes = IndexManager(s, self.sessions, emb.dim, emb.name, vectors=shards is None)  # else on the shards
             indexes.snapshot_writer = self.snapshot_lease.held
             self.index_status = indexes.open()
             max_tokens = emb.max_tokens
@@ -251,7 +251,7 @@ class Runtime:
             content_fit = ContentFit(self.sessions, indexes, lambda: self.catalogue.version)
             content_fit.backfill()
             states = ServingStates(
-                self.sessions, indexes, lambda: routers.load_active(), kernel_matrix=self.kernel_search
+                self.sessions, indexes, lambda: routers.load_active(), kernel_matrix=self.kernel_search and not shards
             )
             states.matrix_dtype = s.matrix_dtype  # how the kernel's copy stores the vectors (MOERAG_MATRIX_DTYPE)
             if s.shard_map is not None and shards is not None:  # the map read above (s.shard_map for the follower)
@@ -260,6 +260,7 @@ class Runtime:
 
                 tier = ray_client.RayShards(shards, s.ray_address, s.shard_timeout_seconds)
                 states.shards = tier
+                indexes.searchable = lambda: states.current().index  # the vectors, over the shards
                 follow = ShardMapFollower(
                     s.shard_map, states, tier.shard_map.version, s.ray_address, tier.timeout_seconds
                 )
@@ -268,7 +269,7 @@ class Runtime:
                 s,
                 self.sessions,
                 emb,
-                lambda: indexes.index,
+                indexes.search_index,
                 lambda: states.current().lexical,  # whole here, or over the shards
                 drift=content_fit.drift,
                 active=lambda: states.current().router,

@@ -1,9 +1,10 @@
-"""What the serving process (the ingress of expert shards) still holds for every chunk when the
-vectors live on shards: its own replica of the index (the configured codec: it places and fits
-new documents, and follows the log), the BM25 index (bm25s, as pickled to and from its build
-child) or, with BM25's postings on the shards, its statistics alone, the id -> list map
-`ShardedIndex` keeps, and the centroids; per chunk on the evaluation store, then projected
-linearly to 50M and 1B chunks. Beside them, what the shards hold for BM25 (engine.postings).
+"""What the serving process (the ingress of expert shards) holds for every chunk when the vectors
+live on shards: the id -> list map (index.list_map.ListMap, which `ShardedIndex` reads without a
+copy), the centroids, and BM25's statistics (its postings on the shards); against what it held
+before: a replica of the index (the configured codec) and the whole BM25 index (bm25s, as pickled
+to and from its build child). Per chunk on the evaluation store, then projected linearly to 50M
+and 1B chunks; beside them, what the shards hold for BM25 (engine.postings), and the time the
+server takes to open its index either way (a snapshot and the log, or the lists from SQL).
 
     python benchmarks/ingress_memory.py --data-dir D    # results: benchmarks/results/ingress-memory.json
 """
@@ -31,6 +32,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from app.runtime import Runtime
+    from app.services.indexing import IndexManager
     from app.settings import Settings
     from benchmarks.evalcorpus import load_questions
     from engine.postings import Postings
@@ -57,6 +59,13 @@ def main() -> None:
         shard_postings = len(pickle.dumps(postings, protocol=pickle.HIGHEST_PROTOCOL))  # every shard's, together
         questions = [q["question"] for q in load_questions()]
         weights = [lexical.stats.weights(q) for q in questions]
+        opened = {}
+        for vectors in (True, False):  # what a server's start reads: the replica, or the lists alone
+            manager = IndexManager(rt.settings, rt.sessions, rt.embedder.dim, rt.embedder.name, vectors=vectors)
+            manager.snapshot_writer = lambda: False
+            t = time.perf_counter()
+            how = manager.open()
+            opened["replica" if vectors else "lists_only"] = {"seconds": round(time.perf_counter() - t, 3), "how": how}
         t = time.perf_counter()
         for q in questions:
             lexical.scores(q)
@@ -74,6 +83,8 @@ def main() -> None:
         "chunks": chunks,
         **held,
         "centroid_bytes": centroids,
+        "ingress_bytes_a_chunk": round((held["id_to_list_bytes"] + held["bm25_statistics_bytes"]) / chunks, 1),
+        "ingress_open": opened,
         "shard_postings_bytes_all_shards": shard_postings,
         "shard_postings_bytes_a_chunk": round(shard_postings / chunks, 1),
         "bm25_ms_a_dev_question_every_chunk": {"bm25s": round(whole_ms, 3), "postings": round(postings_ms, 3)},

@@ -9,9 +9,8 @@ list to every shard, and the partial top-k are merged (`merge_topk`, FAISS GPU's
 merge pass). What needs no vectors (centroids, which list holds an id, list sizes) is kept whole
 beside the shards: 8 bytes an id against 1.5 kB a 384-d float32 vector.
 
-A shard's inner products are computed by the same FAISS scan on the same vectors as in one
-index, so a merged search returns the same ids and scores (ties aside: equal scores are ordered
-by id here, by scan order in FAISS).
+A shard's inner products come from the same FAISS scan on the same vectors as in one index: a
+merged search returns the same ids and scores (equal scores ordered by id here, by scan in FAISS).
 """
 
 from __future__ import annotations
@@ -53,6 +52,24 @@ class ShardSearch(Protocol):
     def __call__(
         self, q: Floats, k: int, lists: Ints, at_least: int | None = None, bm25: object | None = None
     ) -> PendingSearch: ...
+
+
+class ShardRows(Protocol):
+    """(queries [Q, D], k, each row's lists to scan, only ids <= `through` when given, at catalogue
+    version `at_least` or later) -> its answer to come: a shard's `ClusteredIndex.search_rows`."""
+
+    def __call__(
+        self, q: Floats, k: int, lists: Sequence[Ints], through: int | None = None, at_least: int | None = None
+    ) -> PendingSearch: ...
+
+
+class Skeleton(Protocol):
+    """What a sharded index keeps of the whole one: a `ClusteredIndex`, or an `index.list_map.ListMap`."""
+
+    version: str
+
+    def centroids(self) -> Floats: ...
+    def assignments(self) -> tuple[Ints, Ints]: ...
 
 
 _FAILED: ContextVar[list[str] | None] = ContextVar("moerag_failed_shards", default=None)
@@ -155,20 +172,35 @@ def local_search(part: ClusteredIndex) -> ShardSearch:
     return search
 
 
+def local_rows(part: ClusteredIndex) -> ShardRows:
+    """A shard's row search in this process (tests, one machine), as a done future."""
+
+    def rows(
+        q: Floats, k: int, lists: Sequence[Ints], through: int | None = None, at_least: int | None = None
+    ) -> PendingSearch:
+        done: Future[Answer] = Future()
+        done.set_result(part.search_rows(q, k, lists, through))
+        return done
+
+    return rows
+
+
 class ShardedIndex:
     """The read API of `ClusteredIndex` over shards: vectors live in the shards, searched through
     `searches[s]`; centroids and the id -> list assignment are kept here.
 
-    `lists_of_shard[s]`: the lists shard s holds (every list in exactly one shard)."""
+    `lists_of_shard[s]`: the lists shard s holds (every list in exactly one shard); `rows[s]`: its
+    row search (each row over its own lists), for the batched probes (`search_rows`)."""
 
     def __init__(
         self,
-        skeleton: ClusteredIndex,
+        skeleton: Skeleton,
         lists_of_shard: Sequence[Ints],
         searches: Sequence[ShardSearch],
         version: str | None = None,
         shard_map: str = "",
         names: Sequence[str] | None = None,
+        rows: Sequence[ShardRows] | None = None,
     ) -> None:
         self._centroids = skeleton.centroids()  # [C, D]
         self.version = version if version is not None else skeleton.version
@@ -184,6 +216,7 @@ class ShardedIndex:
             raise ValueError(f"lists held by no shard: {np.flatnonzero(shard < 0)[:20].tolist()}")
         self.shard_of_list = shard  # [C]
         self.searches = list(searches)
+        self.rows = list(rows) if rows is not None else None
         self.names = list(names) if names is not None else [str(s) for s in range(len(self.searches))]
         self.calls: list[int] = [0] * len(self.searches)  # searches sent to each shard
         self.reasked = 0  # shard answers asked again to bring them to one cut
@@ -321,17 +354,45 @@ class ShardedIndex:
     def _failed(self, shard: int) -> None:
         record_failure(self.names[shard], "a search")
 
+    def search_rows(
+        self, q: Floats, k: int, lists: Sequence[Iterable[int]], through: int | None = None
+    ) -> tuple[Floats, Ints]:
+        """As `ClusteredIndex.search_rows`: each row of q [Q, D] over its own lists, only ids <= `through`
+        when given; every shard holding a row's lists asked once for all rows, merged row by row. One
+        row (a question's vote), or no row search (`rows`): `search` a row (one cut, BM25 alongside)."""
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        wanted = [self._valid_lists(row) for row in lists]
+        if self.rows is None or (through is None and len(q) == 1):
+            if through is not None:
+                raise ValueError("an id bound needs the shards' row search")
+            found = [self.search(q[i : i + 1], k, w) for i, w in enumerate(wanted)]
+            return np.vstack([f[0] for f in found]), np.vstack([f[1] for f in found])
+        shards = {int(s) for w in wanted for s in self.shard_of_list[w]}
+        pending: list[tuple[int, PendingSearch]] = []
+        for s in sorted(shards):
+            self.calls[s] += 1
+            try:
+                pending.append((s, self.rows[s](q, k, [w[self.shard_of_list[w] == s] for w in wanted], through)))
+            except Exception:
+                self._failed(s)
+        answers = self._collect(pending)
+        if not answers:
+            return np.full((len(q), k), -np.inf, dtype=np.float32), np.full((len(q), k), -1, dtype=np.int64)
+        return merge_topk([(a[0], a[1]) for a in answers.values()], k)
+
     def search_nearest(self, q: Floats, k: int, nprobe: int) -> tuple[Floats, Ints, int]:
         """As `ClusteredIndex.search_nearest`: each row searches its own `nprobe` nearest lists."""
-        q = np.ascontiguousarray(q, dtype=np.float32)
-        nprobe = max(1, min(nprobe, self.nlist))
+        lists = self._nearest_each(q, nprobe)
+        scores, ids = self.search_rows(q, k, lists)
+        return scores, ids, sum(int(self._sizes[w].sum()) for w in lists)
+
+    def neighbours(self, q: Floats, k: int, nprobe: int, through: int | None = None) -> tuple[Floats, Ints]:
+        """As `ClusteredIndex.neighbours`: each row's k nearest in its `nprobe` nearest lists (ids <= `through`)."""
+        return self.search_rows(q, k, self._nearest_each(q, nprobe), through)
+
+    def _nearest_each(self, q: Floats, nprobe: int) -> list[Ints]:
         every = np.arange(self.nlist, dtype=np.int64)
-        rows, scanned = [], 0
-        for row in q:
-            lists = self.nearest_lists(row, every, nprobe)
-            rows.append(self.search(row[None, :], k, lists))
-            scanned += int(self._sizes[lists].sum())
-        return np.vstack([r[0] for r in rows]), np.vstack([r[1] for r in rows]), scanned
+        return [self.nearest_lists(row, every, max(1, min(nprobe, self.nlist))) for row in np.asarray(q, np.float32)]
 
 
 def as_search_index(index: ShardedIndex) -> SearchIndex:

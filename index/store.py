@@ -257,9 +257,12 @@ class ClusteredIndex:
         results in order. Here one after the other; over shards (index.shards) sent at once."""
         return [self.search(q, k, lists) for k, lists in asks]
 
-    def search_rows(self, q: Floats, k: int, lists: Sequence[Iterable[int]]) -> tuple[Floats, Ints]:
-        """Each row of q [Q, D] over its own lists (`lists[i]` for row i) in one scan: (scores
-        [Q, K], ids [Q, K]); a row with no list to scan gets (-inf, -1) throughout."""
+    def search_rows(
+        self, q: Floats, k: int, lists: Sequence[Iterable[int]], through: int | None = None
+    ) -> tuple[Floats, Ints]:
+        """Each row of q [Q, D] over its own lists (`lists[i]` for row i) in one scan, only ids <=
+        `through` when given: (scores [Q, K], ids [Q, K]); a row with no list to scan gets (-inf,
+        -1) throughout."""
         q = np.ascontiguousarray(q, dtype=np.float32)
         if q.ndim != 2 or q.shape[1] != self.dim or len(lists) != len(q):
             raise ValueError(f"queries must be [Q, {self.dim}] with one list set a row, got {q.shape}, {len(lists)}")
@@ -269,8 +272,20 @@ class ClusteredIndex:
         probe = np.full((len(q), self.nlist), -1, dtype=np.int64)  # [Q, C], -1 = no list
         for i, v in enumerate(valid):
             probe[i, : v.size] = v
-        with self._lock.read():
-            scores, ids = self._ivf.search_preassigned(q, k, probe, None)
+        if through is None:
+            with self._lock.read():
+                scores, ids = self._ivf.search_preassigned(q, k, probe, None)
+        else:  # the C call: FAISS's Python wrapper takes no search parameters (the id filter)
+            scores, ids = np.empty((len(q), k), dtype=np.float32), np.empty((len(q), k), dtype=np.int64)
+            near = np.zeros(probe.shape, dtype=np.float32)  # [Q, C]
+            selector = faiss.IDSelectorRange(0, through + 1)  # alive for the call
+            ivf_params: Any = faiss.SearchParametersIVF
+            params = ivf_params(sel=selector, nprobe=self.nlist)
+            with self._lock.read():
+                ptr = faiss.swig_ptr
+                self._ivf.search_preassigned_c(
+                    len(q), ptr(q), k, ptr(probe), ptr(near), ptr(scores), ptr(ids), False, params
+                )
         scores[[i for i, v in enumerate(valid) if v.size == 0]] = -np.inf  # no list to scan, as `search` says it
         return scores, ids
 

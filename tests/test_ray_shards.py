@@ -450,8 +450,9 @@ def _ingress_on_ray(
     proxy (app.ray_ingress), each a server on the map built from the environment `ray up` gives
     it (its own data dir here: the server in process holds this one): both replicas answer, with
     the in-process server's routes and first citations (bfloat16 questions, as in the embedder's
-    check); a document uploaded through the proxy is found through it, whichever replica answers,
-    within 5 s, and by the server in process."""
+    check), holding the index's lists without its vectors; a document uploaded through the proxy
+    (its fit searched on the shards) is found through it, whichever replica answers, within 5 s,
+    and by the server in process."""
     import json
 
     import httpx
@@ -473,6 +474,8 @@ def _ingress_on_ray(
             ready = [http.get("/readyz").json() for _ in range(20)]
             assert {r["serving"]["shard_map"] for r in ready} == {rt.state().shard_map}
             assert {r["database"] for r in ready} == {"postgresql"} and len({r["pid"] for r in ready}) == 2
+            # Each replica keeps the index's lists, not its vectors: those are on the shards.
+            assert {(r["index"]["codec"], r["index"]["vectors"]) for r in ready} == {("none", rt.indexes.index.ntotal)}
             for q, want in zip(questions, expected, strict=True):
                 got = http.post("/ask", json={"query": q}).json()
                 assert got["route"]["path"] == want["route"]["path"] and not got["route"]["partial"]

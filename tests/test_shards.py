@@ -14,7 +14,8 @@ from engine.pipeline import AskRequest
 from engine.postings import Postings
 from engine.sharded_lexical import ShardedLexical, local_lexical
 from index import ClusteredIndex
-from index.shards import ShardedIndex, carve, local_search, merge_topk, shard_of_lists
+from index.list_map import ListMap
+from index.shards import ShardedIndex, carve, local_rows, local_search, merge_topk, shard_of_lists
 from tests.conftest import AUTH
 from tests.helpers import TOPICS
 
@@ -54,6 +55,46 @@ def test_a_carved_index_holds_exactly_its_lists_and_searches_them_identically() 
         assert np.array_equal(expect[0][expect[1] >= 0], got[0][got[1] >= 0]), scope
     assert np.array_equal(sharded.clusters_of(ids), lists) and np.array_equal(sharded.list_sizes(), whole.list_sizes())
     assert sharded.shards_of([0, 1]) == [0] and sharded.shards_of(None) == [0, 1, 2]
+    # Over the index's ListMap (no vectors) with the shards' row search: the batched probes (a
+    # router's, a new document's fit against the content up to an id) equal the whole index's.
+    skeleton = ListMap.of(whole)
+    sharded = ShardedIndex(skeleton, [np.flatnonzero(shard == s) for s in range(3)],
+                           [local_search(p) for p in parts], rows=[local_rows(p) for p in parts])  # fmt: skip
+    assert np.array_equal(sharded.search(q, 10)[1], whole.search(q, 10)[1])
+    for nprobe in (1, 3, 6):
+        expect_nearest, got_nearest = whole.search_nearest(q, 5, nprobe), sharded.search_nearest(q, 5, nprobe)
+        assert np.array_equal(expect_nearest[1], got_nearest[1]) and expect_nearest[2] == got_nearest[2]
+        assert np.allclose(expect_nearest[0], got_nearest[0])
+        for through in (None, 150):
+            expect, got = whole.neighbours(q, 4, nprobe, through), sharded.neighbours(q, 4, nprobe, through)
+            assert np.array_equal(expect[1], got[1]) and np.allclose(expect[0], got[0]), (nprobe, through)
+    assert sharded.calls == [1 + 3 * 3] * 3  # one call a shard for all 20 rows of each probe
+
+
+def test_a_list_map_keeps_the_index_facts_and_writes_without_the_vectors() -> None:
+    rng = np.random.default_rng(8)
+    centroids = rng.normal(size=(5, 8)).astype(np.float32)
+    x = rng.normal(size=(200, 8)).astype(np.float32)
+    whole = ClusteredIndex.create(centroids, "v")
+    ids = rng.permutation(1000)[:200].astype(np.int64)
+    whole.add(x, ids, whole.assign(x))
+    skeleton = ListMap.of(whole)
+    held = skeleton.assignments()
+    before = [a.copy() for a in held]
+    extra = rng.normal(size=(30, 8)).astype(np.float32)
+    for index in (whole, skeleton):
+        index.remove([*ids[:40].tolist(), 5000])  # an absent id is ignored
+        index.add(extra, np.arange(2000, 2030), index.assign(extra))
+    for got, want in zip(skeleton.assignments(), whole.assignments(), strict=True):
+        assert np.array_equal(got, want)
+    assert np.array_equal(skeleton.list_sizes(), whole.list_sizes()) and skeleton.ntotal == whole.ntotal == 190
+    probe = np.concatenate([ids[:50], [2001, 7, -1]])
+    assert np.array_equal(skeleton.clusters_of(probe), whole.clusters_of(probe))
+    assert skeleton.scan_size([0, 3]) == whole.scan_size([0, 3]) and skeleton.probe_budget(4) == whole.probe_budget(4)
+    assert np.array_equal(skeleton.nearest_lists(x[0], range(5), 2), whole.nearest_lists(x[0], range(5), 2))
+    assert all(np.array_equal(a, b) for a, b in zip(held, before, strict=True))  # a state's view never moves
+    with pytest.raises(ValueError, match="out of range"):
+        skeleton.add(None, np.array([1]), np.array([9]))
 
 
 def test_shards_answering_at_different_versions_are_brought_to_one_cut() -> None:
@@ -305,6 +346,13 @@ def test_shard_replicas_built_from_sql_follow_the_index_log_for_their_lists(
         for (qi, k, ls), (scores, ids, *_) in zip(asks, many, strict=True):
             one = index.search(qi, k, ls)  # the whole replica, asked each search alone
             assert np.array_equal(ids, one[1]) and np.allclose(scores, one[0])
+        # Each row over its own lists, only ids up to a bound (a fit's probe): as the whole replica.
+        row_lists = [git_lists[:3], git_lists[2:5], np.zeros(0, dtype=np.int64)]
+        through = int(np.median(index.assignments()[0]))
+        scores, ids, *_ = replicas[0].rows(q, 5, row_lists, through, at_least=rt.catalogue.version)
+        want_scores, want_ids = index.search_rows(q, 5, row_lists, through)
+        assert np.array_equal(ids, want_ids) and np.allclose(scores[:2], want_scores[:2]) and (ids[2] == -1).all()
+        assert ids.max() <= through and (ids[:2] >= 0).any()
         # An expert's list moves to an expert of the other shard: both shards read their lists again.
         moving = int(lists[0][0])
         expert_service.assign(rt.sessions, [moving], routed["experts"]["debian"])
@@ -520,3 +568,51 @@ def test_an_ingress_on_ray_is_one_server_of_several_workers(tmp_path: Any, monke
     assert env["MOERAG_DATABASE_URL"] == url and env["MOERAG_ADMIN_TOKEN"] == "t"
     assert env["MOERAG_SHARD_MAP"] == str(tmp_path / "shards.yaml") and env["MOERAG_ROUTE_THRESHOLD"] == "0.8"
     assert env["MOERAG_DATA_DIR"] == str(tmp_path) and int(env["MOERAG_WORKER_OF"]) > 0
+
+
+def test_a_server_over_shards_keeps_the_lists_without_the_vectors(client: TestClient, routed: dict[str, Any]) -> None:
+    """`IndexManager(vectors=False)` (a server with MOERAG_SHARD_MAP): a ListMap built from SQL's
+    assignments, equal to the vector replica's; it follows an upload and a deletion through the
+    index log; a new document is placed and fitted as the vector replica places and fits it (the
+    fit's nearest chunks searched on the shards); a checkpoint writes no snapshot."""
+    from app.services.documents import Upload
+    from app.services.indexing import IndexManager
+    from tests.helpers import topic_doc
+
+    rt = client.app.state.runtime  # type: ignore[attr-defined]
+    lean = IndexManager(rt.settings, rt.sessions, rt.embedder.dim, rt.embedder.name, vectors=False)
+    assert lean.open() == "lists only" and isinstance(lean.index, ListMap)
+    whole = rt.indexes.index
+
+    def same() -> None:
+        assert lean.index.version == whole.version and lean.index.nlist == whole.nlist
+        for got, want in zip(lean.index.assignments(), whole.assignments(), strict=True):
+            assert np.array_equal(got, want)
+
+    same()
+    added = rt.ingestor.ingest(Upload(topic_doc("sqlite", 950, 3).encode(), "lean-sqlite.md"))
+    lean.follow(rt.catalogue.version)
+    same()
+    rt.ingestor.delete(added.document_id)
+    lean.follow(rt.catalogue.version)
+    same()
+    assert lean.position == rt.catalogue.version
+
+    experts = routed["experts"]
+    owners: list[int | None] = [None] * whole.nlist
+    for eid, profile in rt.state().experts.items():
+        for c in profile.clusters:
+            owners[c] = eid
+    shard = shard_of_lists(owners, {experts["git"]: 0, experts["sqlite"]: 1}, default=2)
+    lists = [np.flatnonzero(shard == s) for s in range(3)]
+    parts = [carve(whole, ls) for ls in lists]
+    lean.searchable = lambda: ShardedIndex(
+        lean.index, lists, [local_search(p) for p in parts], rows=[local_rows(p) for p in parts]
+    )
+    vectors = rt.embedder.encode([topic_doc("git", 951, 1), topic_doc("debian", 952, 1)])
+    got, want = lean.place_document(vectors, "lean-new.md"), rt.indexes.place_document(vectors, "lean-new.md")
+    assert np.array_equal(got.lists, want.lists) and got.fits == pytest.approx(want.fits)
+    assert want.document_fit is not None and got.document_fit == pytest.approx(want.document_fit)
+    written = lean.snapshots(whole.version)
+    lean.checkpoint()  # nothing to write; the log it followed may be compacted (after the retention)
+    assert lean.snapshots(whole.version) == written and lean.written == lean.position

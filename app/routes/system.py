@@ -48,6 +48,7 @@ def readyz(request: Request) -> JSONResponse:
                 "version": idx.version,
                 "clusters": idx.nlist,
                 "vectors": idx.ntotal,
+                "codec": idx.codec,  # none: the vectors live on the expert shards (MOERAG_SHARD_MAP)
                 "opened": rt.index_status,
             },
             "router": rt.routers.staleness(),  # stale: the mapping changed since it was trained

@@ -70,7 +70,7 @@ class ContentFit:
 
     def _backfill_documents(self) -> int:
         """Everything stored now becomes the fitted content: each document's fit, leave-one-document-out."""
-        index = self.indexes.index
+        index = self.indexes.search_index()
         with self.sessions() as s:
             rows = s.execute(select(Chunk.id, Chunk.document_id, Chunk.embedding).order_by(Chunk.id)).all()
         if not rows:

@@ -19,11 +19,12 @@ from app.models import Chunk, Cluster, IndexState, cluster_owners, stack
 from app.services import expert_documents
 from app.services.reclustering import owners_of, recluster
 from app.services.snapshots import SnapshotStore
-from app.services.sql_index import Progress, assignments, index_from_sql
+from app.services.sql_index import Progress, assignments, index_from_sql, list_map_from_sql
 from app.settings import Settings
 from engine.errors import IndexMoved
 from index import ClusteredIndex, IndexCorrupt
 from index.fit import document_fit, fits
+from index.list_map import ListMap
 from index.placement import leakage, outside, place
 
 log = logging.getLogger(__name__)
@@ -57,14 +58,20 @@ class IndexManager:
     around reads and in-memory swaps: never across a commit).
     """
 
-    def __init__(self, settings: Settings, sessions: sessionmaker[Session], dim: int, model: str) -> None:
+    def __init__(
+        self, settings: Settings, sessions: sessionmaker[Session], dim: int, model: str, vectors: bool = True
+    ) -> None:
         self.settings = settings
         self.sessions = sessions
         self.dim = dim
         self.model = model
         self.write_lock = threading.RLock()
         self.codec = settings.index_codec  # how the index stores vectors (flat, sq8)
-        self.index: ClusteredIndex = ClusteredIndex.single(dim, "unopened", self.codec)
+        # vectors=False (a server over expert shards, which hold the vectors): the replica is a ListMap
+        # built from SQL and followed alike, never a snapshot; what reads vectors searches `searchable()`.
+        self.vectors = vectors
+        self.index: ClusteredIndex | ListMap = ClusteredIndex.single(dim, "unopened", self.codec)
+        self.searchable: Callable[[], Any] | None = None
         self.position = 0  # the catalogue version this replica holds
         self._dirty = False  # the index changed since it was last written
         self._staged: ClusteredIndex | None = None  # a recluster's index, adopted when its commit is followed
@@ -127,6 +134,9 @@ class IndexManager:
                 state = self._ensure_state(s)
                 version, nlist = state.version, state.nlist
                 empty = (s.scalar(select(func.count(Chunk.id))) or 0) == 0
+            if not self.vectors:  # the assignments alone, from SQL: no snapshot holds them apart
+                self.rebuild()
+                return "lists only"
             snapshots = self.snapshots(version)
             if not snapshots and empty:
                 self.rebuild()  # a new store: nothing to distrust
@@ -165,7 +175,7 @@ class IndexManager:
         log.info("index %s loaded at version %d: %d vectors, %d lists", version, self.position, idx.ntotal, idx.nlist)
         return "loaded"
 
-    def rebuild(self, progress: Progress | None = None) -> ClusteredIndex:
+    def rebuild(self, progress: Progress | None = None) -> ClusteredIndex | ListMap:
         """Recreate the index from the clusters' centroids and the chunks' stored embeddings."""
         with self.write_lock:
             with self.sessions.begin() as s:
@@ -173,18 +183,29 @@ class IndexManager:
             with self._replica_lock:
                 fresh, position = self._build_from_sql(progress)
                 self.index, self.position, self._dirty = fresh, position, False
-            if self.snapshot_writer():
+            if self.snapshot_writer() and isinstance(fresh, ClusteredIndex):
                 self.store.write(fresh.version, position, fresh.serialized())
                 self.written = position
                 self._remove_stale_files()
         log.info("index %s rebuilt: %d vectors in %d clusters", fresh.version, fresh.ntotal, fresh.nlist)
         return fresh
 
-    def _build_from_sql(self, progress: Progress | None = None) -> tuple[ClusteredIndex, int]:
-        """(an index of every stored chunk, the catalogue version it holds at least); reads only."""
+    def _build_from_sql(self, progress: Progress | None = None) -> tuple[ClusteredIndex | ListMap, int]:
+        """(an index of every stored chunk, or its ListMap, the catalogue version it holds at least); reads only."""
         with self.sessions() as s:
             position = read_version(s)  # rows read below are this version or later (replays are idempotent)
+            if not self.vectors:
+                return list_map_from_sql(s, self.dim), position
             return index_from_sql(s, self.dim, progress=progress, codec=self.codec), position
+
+    def search_index(self) -> Any:
+        """What searches the vectors: this replica, else the shards (`searchable`), else a one-off index from SQL."""
+        if isinstance(self.index, ClusteredIndex):
+            return self.index
+        if self.searchable is not None:
+            return self.searchable()
+        with self.sessions() as s:
+            return index_from_sql(s, self.dim, codec=self.codec)
 
     # ---- checkpoints ----------------------------------------------------------------------------
 
@@ -203,6 +224,9 @@ class IndexManager:
         with self._replica_lock:
             if not self._dirty:
                 return False
+            if isinstance(self.index, ListMap):  # nothing to write: the log it followed may go
+                self.written, self._dirty = self.position, False
+                return True
             data, version, position = self.index.serialized(), self.index.version, self.position
             self._dirty = False
         try:
@@ -237,14 +261,14 @@ class IndexManager:
                 if state is None:
                     return
                 carried = index_log.carries(s, self.index.version, self.position)
-                changes = index_log.read_log(s, self.position, version, self.dim) if carried else None
+                changes = index_log.read_log(s, self.position, version, self.dim, self.vectors) if carried else None
             if changes is not None:
                 index_log.apply_log(self.index, changes)
                 self.position, self._dirty = version, self._dirty or bool(changes.touched)
                 return
             staged, self._staged = self._staged, None
             if staged is not None and staged.version == state.version:  # this process's recluster
-                self.index, self.position, self._dirty = staged, version, True
+                self.index, self.position, self._dirty = staged if self.vectors else ListMap.of(staged), version, True
                 return
             log.info("clustering %s is live elsewhere: rebuilding this replica from SQL", state.version)
             self.index, self.position = self._build_from_sql()
@@ -285,7 +309,7 @@ class IndexManager:
             expert = expert_documents.expert_for(selectors, document_id, source, meta)
             pins = {0: expert} if expert is not None else {}
             lists = place(vectors, owners, self.index.centroids(), self.groups(), pins, set(selectors))
-        fit = document_fit(self.index, vectors, through) if through is not None else None
+        fit = document_fit(self.search_index(), vectors, through) if through is not None else None
         return Placement(lists, self.fits_of(vectors, lists), fit)
 
     def fits_of(self, vectors: np.ndarray, lists: np.ndarray) -> list[float | None]:
@@ -363,8 +387,12 @@ class IndexManager:
         self._staged = fresh
 
     def adopt(self, fresh: ClusteredIndex) -> None:
-        """After a recluster's commit: its index is the replica (if `follow` did not adopt it) and is checkpointed."""
+        """After a recluster's commit: its index is the replica (if `follow` did not adopt it), checkpointed;
+        without vectors here, written whole once (the new clustering's shards boot from it), kept as a ListMap."""
         with self._replica_lock:
-            if self.index is not fresh:  # not followed (no catalogue subscription): adopt it here
-                self.index, self._dirty = fresh, True
+            if self.index.version != fresh.version:  # not followed (no catalogue subscription): adopt it here
+                self.index, self._dirty = fresh if self.vectors else ListMap.of(fresh), True
+            position = self.position
+        if not self.vectors and self.snapshot_writer():
+            self.store.write(fresh.version, position, fresh.serialized())
         self.checkpoint()

@@ -34,6 +34,7 @@ from engine.router import Router
 from engine.serving import ExpertProfile, ServingState
 from engine.sharded_lexical import ShardedLexical
 from index import ClusteredIndex, SearchIndex
+from index.list_map import ListMap
 from index.shards import ShardedIndex
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,9 @@ _PROFILE_PARTS = frozenset({"clusters", "experts", "index"})
 class ShardTier(Protocol):
     """Where the index's vectors live when they are spread over expert shards (app.ray_client.RayShards)."""
 
-    def index_over(self, index: ClusteredIndex, experts: Mapping[int, ExpertProfile], position: int) -> ShardedIndex:
+    def index_over(
+        self, index: ClusteredIndex | ListMap, experts: Mapping[int, ExpertProfile], position: int
+    ) -> ShardedIndex:
         """The state's index: `index`'s lists over the shards, searched at catalogue version `position` or later."""
         ...
 
@@ -136,17 +139,20 @@ class ServingStates:
         matrix: ExpertMatrix | None,
     ) -> ServingState:
         self._serial += 1
-        index: SearchIndex = self.indexes.index
+        held = self.indexes.index
+        index: SearchIndex | None = held if isinstance(held, ClusteredIndex) else None
         lexical: LexicalIndex | ShardedLexical | None = self._lexical
         shard_map = None
         if self.shards is not None:
             # Searched at this state's catalogue version or later: a shard's lists follow the
             # mapping as well as the index log (a list moved to it must be there before it answers).
             position = max(version, self.indexes.position)
-            sharded = self.shards.index_over(self.indexes.index, experts, position)
+            sharded = self.shards.index_over(held, experts, position)
             index, shard_map = sharded, sharded.shard_map
             if self._lexical is not None:  # BM25's postings on the shards, its statistics from here
                 lexical = self.shards.lexical_over(self._lexical.stats, sharded, position)
+        if index is None:
+            raise RuntimeError("this server holds no vectors (MOERAG_SHARD_MAP) and has no shards to search")
         state = ServingState(
             version=version,
             serial=self._serial,

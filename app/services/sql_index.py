@@ -1,5 +1,6 @@
-"""The index as SQL holds it: a replica (or an expert shard's part of one) built from the stored
-clustering and embeddings, and the assignments a loaded replica is checked against. Reads only."""
+"""The index as SQL holds it: a replica (or an expert shard's part of one, or its lists without the
+vectors) built from the stored clustering and embeddings, and the assignments a loaded replica is
+checked against. Reads only."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from sqlalchemy.orm import Session
 
 from app.models import Chunk, Cluster, IndexState, stack
 from index import ClusteredIndex, IndexCorrupt
+from index.list_map import ListMap
 
 Progress = Callable[[int, int], None]
 _BATCH = 10_000
@@ -52,6 +54,15 @@ def index_from_sql(
         if progress:
             progress(done, total)
     return fresh
+
+
+def list_map_from_sql(s: Session, dim: int) -> ListMap:
+    """The stored clustering's lists and every chunk's list, without the vectors (index.list_map)."""
+    state = s.get(IndexState, 1)
+    if state is None:
+        raise IndexCorrupt("no index state in the database")
+    ids, lists = assignments(s)
+    return ListMap(_centroids(s, state.nlist, dim), state.version, ids, lists)
 
 
 def _centroids(s: Session, nlist: int, dim: int) -> np.ndarray:
