@@ -212,11 +212,19 @@ class ScopeLeakageOut(BaseModel):
     per_cluster: dict[int, int]
 
 
+class ShardVectorsOut(BaseModel):
+    shard: str
+    vectors: int | None  # None: the shard did not answer in time
+    position: int | None  # the catalogue version its replica holds
+
+
 class StatsOut(BaseModel):
     documents: int
     chunks: int
     clusters: int
     index_vectors: int
+    # Over expert shards (MOERAG_SHARD_MAP): each shard's vectors, which sum to `chunks`; else null.
+    shards: list[ShardVectorsOut] | None = None
 
 
 def _document_old_names(schema: dict[str, Any], model: type[BaseModel]) -> None:

@@ -50,7 +50,7 @@ class ListMap:
         lists.setflags(write=False)
         sizes = np.bincount(lists, minlength=self.nlist).astype(np.int64)  # [C]
         sizes.setflags(write=False)
-        self._ids, self._lists, self._sizes = ids, lists, sizes  # replaced together, read as one
+        self._view = (ids, lists, sizes)  # replaced whole: read as one version
         self.writes += 1
 
     # ---- facts, as ClusteredIndex --------------------------------------------------------------
@@ -65,20 +65,24 @@ class ListMap:
 
     @property
     def ntotal(self) -> int:
-        return int(self._ids.size)
+        return int(self._view[0].size)
 
     def centroids(self) -> Floats:
         return self._centroids
 
+    def view(self) -> tuple[Ints, Ints, Ints]:
+        """(ids [N] sorted, their lists [N], vectors per list [C]) of one version: read-only arrays
+        that later writes replace, never change."""
+        return self._view
+
     def list_sizes(self) -> Ints:
-        return self._sizes
+        return self._view[2]
 
     def assignments(self) -> tuple[Ints, Ints]:
-        """(ids [N], lists [N]) sorted by id: read-only arrays that later writes do not change."""
-        return self._ids, self._lists
+        return self._view[0], self._view[1]
 
     def clusters_of(self, ids: Ints) -> Ints:
-        sorted_ids, lists = self._ids, self._lists
+        sorted_ids, lists, _ = self._view
         ids = np.asarray(ids, dtype=np.int64)
         if sorted_ids.size == 0:
             return np.full(ids.shape, -1, dtype=np.int64)
@@ -93,7 +97,7 @@ class ListMap:
         if clusters is None:
             return self.nlist, self.ntotal
         lists = self._valid_lists(clusters)
-        return len(lists), int(self._sizes[lists].sum())
+        return len(lists), int(self._view[2][lists].sum())
 
     def probe_budget(self, wanted: int) -> int:
         return max(0, min(wanted, self.nlist // 8))
@@ -118,16 +122,18 @@ class ListMap:
         if ids.shape != clusters.shape:
             raise ValueError(f"shape mismatch: ids {ids.shape}, clusters {clusters.shape}")
         if ids.size:
-            all_ids = np.concatenate([self._ids, ids])
+            held_ids, held_lists, _ = self._view
+            all_ids = np.concatenate([held_ids, ids])
             order = np.argsort(all_ids, kind="stable")
-            self._set(all_ids[order], np.concatenate([self._lists, clusters])[order])
+            self._set(all_ids[order], np.concatenate([held_lists, clusters])[order])
 
     def remove(self, ids: Iterable[int]) -> int:
         gone = np.fromiter(ids, dtype=np.int64)
         if gone.size == 0:
             return 0
-        keep = ~np.isin(self._ids, gone)
+        held_ids, held_lists, _ = self._view
+        keep = ~np.isin(held_ids, gone)
         removed = int((~keep).sum())
         if removed:
-            self._set(self._ids[keep], self._lists[keep])
+            self._set(held_ids[keep], held_lists[keep])
         return removed

@@ -15,7 +15,7 @@ from engine.postings import Postings
 from engine.sharded_lexical import ShardedLexical, local_lexical
 from index import ClusteredIndex
 from index.list_map import ListMap
-from index.shards import ShardedIndex, carve, local_rows, local_search, merge_topk, shard_of_lists
+from index.shards import ROWS_A_CALL, ShardedIndex, carve, local_rows, local_search, merge_topk, shard_of_lists
 from tests.conftest import AUTH
 from tests.helpers import TOPICS
 
@@ -69,6 +69,10 @@ def test_a_carved_index_holds_exactly_its_lists_and_searches_them_identically() 
             expect, got = whole.neighbours(q, 4, nprobe, through), sharded.neighbours(q, 4, nprobe, through)
             assert np.array_equal(expect[1], got[1]) and np.allclose(expect[0], got[0]), (nprobe, through)
     assert sharded.calls == [1 + 3 * 3] * 3  # one call a shard for all 20 rows of each probe
+    many = rng.normal(size=(600, 8)).astype(np.float32)  # sent in calls of at most ROWS_A_CALL rows
+    calls = list(sharded.calls)
+    assert np.array_equal(sharded.search_nearest(many, 5, 2)[1], whole.search_nearest(many, 5, 2)[1])
+    assert [c - b for c, b in zip(sharded.calls, calls, strict=True)] == [-(-600 // ROWS_A_CALL)] * 3
 
 
 def test_a_list_map_keeps_the_index_facts_and_writes_without_the_vectors() -> None:
@@ -480,13 +484,18 @@ def test_a_shard_that_does_not_answer_makes_the_answer_partial_never_an_error(
             return ShardedLexical(stats, calls, ["git", "sqlite", "rest"], index)
 
         def overview(self) -> list[dict[str, Any]]:
-            return []
+            names = ["git", "sqlite", "rest"]
+            return [{"shard": n, "vectors": p.ntotal, "position": 0} for n, p in zip(names, self.parts, strict=True)]
 
     states = rt.services.states
     assert client.get("/admin/api/shards", headers=AUTH).json() == {"shard_map": None, "shards": []}
+    assert client.get("/stats", headers=AUTH).json()["shards"] is None
     tier = InProcess()
     states.shards = tier
     states.changed(rt.catalogue.version, frozenset({"index"}))
+    counted = client.get("/stats", headers=AUTH).json()  # each shard's vectors (null without shards)
+    assert [r["shard"] for r in counted["shards"]] == ["git", "sqlite", "rest"]
+    assert sum(r["vectors"] for r in counted["shards"]) == counted["chunks"]
     # A mapping change (no index change) publishes a state whose shards are asked at its catalogue
     # version: a shard that a list just moved to reads it before it answers (app.ray_shards).
     moved = client.post(

@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app.deps import IdPath, Limit, Offset, ReaderDep, RuntimeDep
 from app.runtime import Runtime
-from app.schemas import PAGE_DEFAULT, JobOut, Page, SearchIn, SearchOut, StatsOut
+from app.schemas import PAGE_DEFAULT, JobOut, Page, SearchIn, SearchOut, ShardVectorsOut, StatsOut
 from app.services.search import run_search
 
 router = APIRouter()
@@ -62,7 +62,9 @@ def readyz(request: Request) -> JSONResponse:
 
 @router.get("/stats", response_model=StatsOut, tags=["system"], dependencies=[ReaderDep])
 def stats(rt: RuntimeDep) -> StatsOut:
-    return StatsOut(**rt.stats())
+    tier = rt.services.states.shards
+    shards = None if tier is None else [ShardVectorsOut.model_validate(row) for row in tier.overview()]
+    return StatsOut(**rt.stats(), shards=shards)
 
 
 @router.get("/jobs", response_model=Page[JobOut], tags=["jobs"], dependencies=[ReaderDep])
