@@ -13,8 +13,9 @@ here has two cores, so throughput saturates early and the figures say so):
    shard, which lists, how many vectors those lists hold. A confident question touches one
    shard; the fallback every shard that holds one of its nearest lists.
 2. **Hop cost.** The recorded searches are replayed against the Serve deployments (one replica
-   a shard): a bare call (`stats`, no search), the search through the handle, and the same
-   search on the carved part in this process; p50 / p99 of each.
+   a shard): a bare call (`stats`, no search), the same call awaited on an event loop, a plain
+   Ray actor's call (the floor under any Serve hop), the search through the handle, and the
+   same search on the carved part in this process; p50 / p99 of each.
 3. **Throughput.** The recorded questions (each its shard searches at once) are replayed by
    `--clients` closed-loop threads for `--seconds`, with 1, 2, 3 replicas a shard, and in this
    process on the carved parts for comparison.
@@ -133,8 +134,42 @@ def timed(fn: Callable[[], Any], n: int) -> dict[str, float]:
         t = time.perf_counter()
         fn()
         ms.append((time.perf_counter() - t) * 1000)
-    ms.sort()
-    return {"p50_ms": round(ms[len(ms) // 2], 3), "p99_ms": round(ms[math.ceil(0.99 * n) - 1], 3), "n": n}
+    return summary(ms)
+
+
+def summary(ms: list[float]) -> dict[str, float]:
+    ms, n = sorted(ms), len(ms)
+    return {"p50_ms": round(ms[n // 2], 3), "p99_ms": round(ms[math.ceil(0.99 * n) - 1], 3), "n": n}
+
+
+def floors(handles: Sequence[Any], n: int) -> dict[str, Any]:
+    """How low a hop goes on this machine: the same no-work call awaited on an event loop (Serve's
+    handle without the hand-off from a caller's thread to its loop), and a plain Ray actor's call
+    (Ray core, no Serve router: the floor under any Serve hop)."""
+    import asyncio
+
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class Echo:
+        def ping(self) -> int:
+            return 0
+
+    echo = Echo.remote()  # type: ignore[attr-defined]
+    ray.get(echo.ping.remote())
+
+    async def awaited() -> list[float]:
+        ms = []
+        for i in range(n):
+            t = time.perf_counter()
+            await handles[i % len(handles)].stats.remote()
+            ms.append((time.perf_counter() - t) * 1000)
+        return ms
+
+    out = {"serve_call_awaited_on_a_loop": summary(asyncio.run(awaited()))}
+    out["ray_actor_call"] = timed(lambda: ray.get(echo.ping.remote()), n)
+    ray.kill(echo)
+    return out
 
 
 def hops(handles: Sequence[Any], parts: Sequence[ClusteredIndex], calls: Sequence[Call]) -> dict[str, Any]:
@@ -157,6 +192,7 @@ def hops(handles: Sequence[Any], parts: Sequence[ClusteredIndex], calls: Sequenc
         through_handle()
     return {
         "bare_call": timed(bare, n),
+        **floors(handles, n),
         "search_through_handle": timed(through_handle, n),
         "search_in_process": timed(in_process, n),
     }
@@ -256,9 +292,12 @@ def main() -> None:
                     parts[s].search(q, k, lists)
 
             rates = {"in_process": throughput(in_process, per_question, args.clients, args.seconds)}
+            running = shard_map
             for replicas in (1, 2, 3):
                 scaled = spread(expert_vectors, args.shards, replicas)
-                handles = deploy(scaled, rt.settings.db_url, rt.embedder.dim)
+                if scaled.app_name != running.app_name:  # each map version is its own application
+                    serve.delete(running.app_name)
+                running, handles = scaled, deploy(scaled, rt.settings.db_url, rt.embedder.dim)
                 rates[f"ray_{replicas}_replicas_a_shard"] = throughput(
                     over_ray(searches(handles)), per_question, args.clients, args.seconds
                 )
