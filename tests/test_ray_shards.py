@@ -146,18 +146,25 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
         over_shards = dataclasses.replace(state, index=sharded, lexical=lexical)
         pipeline = rt.pipeline
         compared = 0
-        for mode in ("auto", "fallback"):
-            for question in _questions():
-                pipeline.state = lambda: state
+        # Hybrid (BM25 on the shards too), then dense alone (no BM25 either side) on every other question.
+        dense = (dataclasses.replace(state, lexical=None), dataclasses.replace(over_shards, lexical=None))
+        for mode, (whole_state, sharded_state), questions in [
+            ("auto", (state, over_shards), _questions()),
+            ("fallback", (state, over_shards), _questions()),
+            ("auto", dense, _questions()[::2]),
+            ("fallback", dense, _questions()[::2]),
+        ]:
+            for question in questions:
+                pipeline.state = lambda s=whole_state: s  # type: ignore[misc]
                 expect = pipeline.prepare(AskRequest(question, mode=mode))
-                pipeline.state = lambda: over_shards  # type: ignore[assignment]
+                pipeline.state = lambda s=sharded_state: s  # type: ignore[misc]
                 got = pipeline.prepare(AskRequest(question, mode=mode))
                 assert (got.route.path, got.route.reason) == (expect.route.path, expect.route.reason)
                 assert [c.chunk.id for c in got.citations] == [c.chunk.id for c in expect.citations]
                 assert np.allclose([c.score for c in got.citations], [c.score for c in expect.citations], atol=1e-6)
                 compared += 1
         pipeline.state = rt.services.states.current
-        assert compared >= 100
+        assert compared >= 190
 
         # Served: the runtime's serving state spreads its index over the shards (MOERAG_SHARD_MAP).
         questions = _questions()[::8]
