@@ -195,6 +195,12 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
         # counted on its shard's row.
         served = rt.state().index
         assert isinstance(served, ShardedIndex)
+        # Many rows at once (a router's probe, a new document's fit): one call a shard, as the whole index.
+        x, whole_index = rt.embedder.encode(questions), rt.indexes.index
+        got_nearest, want_nearest = served.search_nearest(x, 6, 8), whole_index.search_nearest(x, 6, 8)
+        assert np.array_equal(got_nearest[1], want_nearest[1]) and got_nearest[2] == want_nearest[2]
+        through = int(np.median(whole_index.assignments()[0]))
+        assert np.array_equal(served.neighbours(x, 3, 8, through)[1], whole_index.neighbours(x, 3, 8, through)[1])
         served.searches[0](rt.embedder.encode(["git rebase"]), 3, lists[0], rt.catalogue.version).result()
         again = client.get("/admin/api/shards", headers=AUTH).json()["shards"]
         assert [r["reasked"] for r in again] == [r["reasked"] + (n == 0) for n, r in enumerate(page["shards"])]
