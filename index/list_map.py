@@ -21,39 +21,27 @@ Floats = npt.NDArray[np.float32]
 Ints = npt.NDArray[np.int64]
 
 
-class ListMap:
-    """Centroids [C, D] and, sorted by id, chunk ids [N] and their lists [N]; `ClusteredIndex`'s
-    facts and writes (`add` ignores the vectors), no search."""
+class ListFacts:
+    """One version's centroids [C, D] and, sorted by id, chunk ids [N], their lists [N] and the
+    vectors per list [C]: `ClusteredIndex`'s facts, read-only (`ListMap` adds the writes,
+    `index.shards.ShardedIndex` the searches over shards)."""
 
-    codec = "none"  # stores no vectors
-
-    def __init__(self, centroids: Floats, version: str, ids: Ints | None = None, lists: Ints | None = None) -> None:
+    def __init__(self, centroids: Floats, version: str, view: tuple[Ints, Ints, Ints]) -> None:
         self._centroids = np.ascontiguousarray(centroids, dtype=np.float32)  # [C, D]
         self._centroids.setflags(write=False)
         self.version = version
         self.writes = 0
-        ids = np.zeros(0, dtype=np.int64) if ids is None else np.asarray(ids, dtype=np.int64)
-        lists = np.zeros(0, dtype=np.int64) if lists is None else np.asarray(lists, dtype=np.int64)
-        order = np.argsort(ids, kind="stable")
-        self._set(ids[order], lists[order])
+        self._view = view  # (ids [N] sorted, lists [N], sizes [C]), replaced whole: read as one version
 
-    @classmethod
-    def of(cls, index: ClusteredIndex) -> ListMap:
-        """`index`'s lists and assignments, without its vectors."""
-        ids, lists = index.assignments()
-        return cls(index.centroids(), index.version, ids, lists)
-
-    def _set(self, ids: Ints, lists: Ints) -> None:
-        if lists.size and (lists.min() < 0 or lists.max() >= self.nlist):
-            raise ValueError(f"cluster out of range 0..{self.nlist - 1}")
-        ids.setflags(write=False)
-        lists.setflags(write=False)
-        sizes = np.bincount(lists, minlength=self.nlist).astype(np.int64)  # [C]
-        sizes.setflags(write=False)
-        self._view = (ids, lists, sizes)  # replaced whole: read as one version
-        self.writes += 1
-
-    # ---- facts, as ClusteredIndex --------------------------------------------------------------
+    @staticmethod
+    def view_of(ids: Ints, lists: Ints, nlist: int) -> tuple[Ints, Ints, Ints]:
+        """(ids, lists) sorted by id -> the read-only view, with the vectors per list counted."""
+        if lists.size and (lists.min() < 0 or lists.max() >= nlist):
+            raise ValueError(f"cluster out of range 0..{nlist - 1}")
+        sizes = np.bincount(lists, minlength=nlist).astype(np.int64)  # [C]
+        for a in (ids, lists, sizes):
+            a.setflags(write=False)
+        return ids, lists, sizes
 
     @property
     def dim(self) -> int:
@@ -104,6 +92,28 @@ class ListMap:
 
     def nearest_lists(self, q: Floats, clusters: Iterable[int], nprobe: int) -> Ints:
         return nearest_of(self._centroids, q, self._valid_lists(clusters), nprobe)
+
+
+class ListMap(ListFacts):
+    """`ListFacts` that follow writes as `ClusteredIndex` takes them (`add` ignores the vectors); no search."""
+
+    codec = "none"  # stores no vectors
+
+    def __init__(self, centroids: Floats, version: str, ids: Ints | None = None, lists: Ints | None = None) -> None:
+        ids = np.zeros(0, dtype=np.int64) if ids is None else np.asarray(ids, dtype=np.int64)
+        lists = np.zeros(0, dtype=np.int64) if lists is None else np.asarray(lists, dtype=np.int64)
+        order = np.argsort(ids, kind="stable")
+        super().__init__(centroids, version, self.view_of(ids[order], lists[order], len(centroids)))
+
+    @classmethod
+    def of(cls, index: ClusteredIndex) -> ListMap:
+        """`index`'s lists and assignments, without its vectors."""
+        ids, lists = index.assignments()
+        return cls(index.centroids(), index.version, ids, lists)
+
+    def _set(self, ids: Ints, lists: Ints) -> None:
+        self._view = self.view_of(ids, lists, self.nlist)
+        self.writes += 1
 
     # ---- writes, as ClusteredIndex --------------------------------------------------------------
 

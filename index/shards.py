@@ -22,8 +22,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from index.list_map import ListMap
-from index.store import Ask, ClusteredIndex, SearchIndex, nearest_of
+from index.list_map import ListFacts, ListMap
+from index.store import Ask, ClusteredIndex, SearchIndex
 
 log = logging.getLogger(__name__)
 Floats = npt.NDArray[np.float32]
@@ -174,7 +174,7 @@ def local_rows(part: ClusteredIndex) -> ShardRows:
     return rows
 
 
-class ShardedIndex:
+class ShardedIndex(ListFacts):
     """The read API of `ClusteredIndex` over shards: vectors live in the shards, searched through
     `searches[s]`; centroids and the id -> list assignment are kept here.
 
@@ -191,16 +191,13 @@ class ShardedIndex:
         names: Sequence[str] | None = None,
         rows: Sequence[ShardRows] | None = None,
     ) -> None:
-        self._centroids = skeleton.centroids()  # [C, D]
-        self.version = version if version is not None else skeleton.version
+        # One version's arrays: a ListMap's as they are (no copy, no count), an index's read out.
+        view = (
+            skeleton.view() if isinstance(skeleton, ListMap) else self.view_of(*skeleton.assignments(), skeleton.nlist)
+        )
+        super().__init__(skeleton.centroids(), version if version is not None else skeleton.version, view)
         self.shard_map = shard_map  # the shard map's version, recorded with answers
-        if isinstance(skeleton, ListMap):  # one version's arrays, as they are (no copy, no count)
-            self._ids, self._lists, self._sizes = skeleton.view()  # [N] sorted, [N], [C]
-        else:
-            self._ids, self._lists = skeleton.assignments()  # [N] sorted, [N]
-            self._sizes = np.bincount(self._lists, minlength=len(self._centroids)).astype(np.int64)  # [C]
-        self.writes = 0  # immutable: a new ShardedIndex per change
-        shard = np.full(len(self._centroids), -1, dtype=np.int64)
+        shard = np.full(self.nlist, -1, dtype=np.int64)
         for s, lists in enumerate(lists_of_shard):
             shard[np.asarray(lists, dtype=np.int64)] = s
         if (shard < 0).any():
@@ -211,52 +208,6 @@ class ShardedIndex:
         self.names = list(names) if names is not None else [str(s) for s in range(len(self.searches))]
         self.calls: list[int] = [0] * len(self.searches)  # searches sent to each shard
         self.reasked = 0  # shard answers asked again to bring them to one cut
-
-    # ---- facts, as ClusteredIndex ------------------------------------------------------------
-
-    @property
-    def dim(self) -> int:
-        return int(self._centroids.shape[1])
-
-    @property
-    def nlist(self) -> int:
-        return len(self._centroids)
-
-    @property
-    def ntotal(self) -> int:
-        return int(self._ids.size)
-
-    def centroids(self) -> Floats:
-        return self._centroids
-
-    def list_sizes(self) -> Ints:
-        return self._sizes
-
-    def assignments(self) -> tuple[Ints, Ints]:
-        return self._ids, self._lists
-
-    def _valid_lists(self, clusters: Iterable[int]) -> Ints:
-        lists = np.unique(np.fromiter(clusters, dtype=np.int64))
-        return lists[(lists >= 0) & (lists < self.nlist)]
-
-    def scan_size(self, clusters: Iterable[int] | None = None) -> tuple[int, int]:
-        if clusters is None:
-            return self.nlist, self.ntotal
-        lists = self._valid_lists(clusters)
-        return len(lists), int(self._sizes[lists].sum())
-
-    def probe_budget(self, wanted: int) -> int:
-        return max(0, min(wanted, self.nlist // 8))
-
-    def nearest_lists(self, q: Floats, clusters: Iterable[int], nprobe: int) -> Ints:
-        return nearest_of(self._centroids, q, self._valid_lists(clusters), nprobe)
-
-    def clusters_of(self, ids: Ints) -> Ints:
-        ids = np.asarray(ids, dtype=np.int64)
-        if self._ids.size == 0:
-            return np.full(ids.shape, -1, dtype=np.int64)
-        pos = np.minimum(np.searchsorted(self._ids, ids), self._ids.size - 1)
-        return np.where(self._ids[pos] == ids, self._lists[pos], -1)
 
     def shards_of(self, clusters: Iterable[int] | None = None) -> list[int]:
         """The shards a search over `clusters` (None: every list) goes to."""
@@ -379,7 +330,7 @@ class ShardedIndex:
         """As `ClusteredIndex.search_nearest`: each row searches its own `nprobe` nearest lists."""
         lists = self._nearest_each(q, nprobe)
         scores, ids = self.search_rows(q, k, lists)
-        return scores, ids, sum(int(self._sizes[w].sum()) for w in lists)
+        return scores, ids, sum(int(self.list_sizes()[w].sum()) for w in lists)
 
     def neighbours(self, q: Floats, k: int, nprobe: int, through: int | None = None) -> tuple[Floats, Ints]:
         """As `ClusteredIndex.neighbours`: each row's k nearest in its `nprobe` nearest lists (ids <= `through`)."""
