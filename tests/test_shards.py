@@ -622,6 +622,15 @@ def test_a_server_over_shards_keeps_the_lists_without_the_vectors(client: TestCl
     got, want = lean.place_document(vectors, "lean-new.md"), rt.indexes.place_document(vectors, "lean-new.md")
     assert np.array_equal(got.lists, want.lists) and got.fits == pytest.approx(want.fits)
     assert want.document_fit is not None and got.document_fit == pytest.approx(want.document_fit)
+
+    def down(*args: Any) -> Any:
+        raise TimeoutError("shard sqlite did not answer in 5 s")
+
+    lean.searchable = lambda: ShardedIndex(
+        lean.index, lists, [local_search(p) for p in parts], rows=[local_rows(parts[0]), down, local_rows(parts[2])]
+    )
+    unknown = lean.place_document(vectors, "lean-new.md")  # a shard down: the fit is unknown, not partial
+    assert unknown.document_fit is None and np.array_equal(unknown.lists, want.lists)
     written = lean.snapshots(whole.version)
     lean.checkpoint()  # nothing to write; the log it followed may be compacted (after the retention)
     assert lean.snapshots(whole.version) == written and lean.written == lean.position

@@ -26,6 +26,7 @@ from index import ClusteredIndex, IndexCorrupt
 from index.fit import document_fit, fits
 from index.list_map import ListMap
 from index.placement import leakage, outside, place
+from index.shards import shard_failures
 
 log = logging.getLogger(__name__)
 
@@ -309,8 +310,9 @@ class IndexManager:
             expert = expert_documents.expert_for(selectors, document_id, source, meta)
             pins = {0: expert} if expert is not None else {}
             lists = place(vectors, owners, self.index.centroids(), self.groups(), pins, set(selectors))
-        fit = document_fit(self.search_index(), vectors, through) if through is not None else None
-        return Placement(lists, self.fits_of(vectors, lists), fit)
+        with shard_failures() as missed:  # over shards: a fit that misses a shard's chunks is unknown
+            fit = document_fit(self.search_index(), vectors, through) if through is not None else None
+        return Placement(lists, self.fits_of(vectors, lists), None if missed else fit)
 
     def fits_of(self, vectors: np.ndarray, lists: np.ndarray) -> list[float | None]:
         """[N] each vector's fit in its list of the live index (index.fit; None: unknown, one list)."""
