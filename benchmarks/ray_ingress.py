@@ -12,6 +12,8 @@ questions are asked over HTTP:
 
 - one at a time, each question through the three in turn: latency p50 / p99 (the proxy's hop,
   the shards' hops), and whether the answers agree with the ingress's (route, first citation);
+- each server process's resident memory after them (Linux /proc: the model in all three; the
+  index and BM25 in the ones that hold them);
 - `--clients` closed-loop clients for `--seconds`: questions a second through each, then through
   the ingress with two replicas (two cores saturate: say so).
 
@@ -143,6 +145,9 @@ def main() -> None:
         for http in clients.values():
             http.close()
         result["one_at_a_time"] = {name: pct(ms) for name, ms in lat.items()}
+        # What each server process holds after the questions (its model included, alike in all three).
+        pids = {name: httpx.get(f"{url}/readyz", timeout=10).json()["pid"] for name, url in urls.items()}
+        result["rss_mib_after_the_questions"] = {name: rss_mib(pid) for name, pid in pids.items()}
         result["same_route_and_first_citation_as_the_ingress"] = agree
         print(json.dumps(result), flush=True)
         rates = {name: closed_loop(url, questions, args.clients, args.seconds) for name, url in urls.items()}
@@ -170,6 +175,15 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "ray-ingress.json").write_text(json.dumps(result, indent=2) + "\n")
+
+
+def rss_mib(pid: int) -> float | None:
+    """A process's resident memory (Linux /proc), MiB; None where it cannot be read."""
+    try:
+        line = next(ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith("VmRSS:"))
+    except (OSError, StopIteration):
+        return None
+    return round(int(line.split()[1]) / 1024, 1)
 
 
 if __name__ == "__main__":
