@@ -55,8 +55,13 @@ def _ray_command(*args: str) -> None:
 
 
 def cmd_up(args: argparse.Namespace) -> None:
+    from sqlalchemy import select
+    from sqlalchemy.orm import Session
+
     from app import ray_client, ray_shards, shard_map
     from app.db import make_engine
+    from app.models import IndexState
+    from app.services.experts import profiles
 
     ray_shards.require()
     settings = settings_from(args)
@@ -64,6 +69,8 @@ def cmd_up(args: argparse.Namespace) -> None:
     engine = make_engine(settings.db_url)
     try:
         dim = ray_shards.store_dim(engine)
+        with Session(engine) as s:  # the map against the store's experts, before anything is deployed
+            shards.lists_of_shards(profiles(s), s.scalar(select(IndexState.nlist)) or 1)
     finally:
         engine.dispose()
     import ray

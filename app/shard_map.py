@@ -97,7 +97,9 @@ class ShardMap:
         by_name = {p.name: p for p in experts.values()}
         unknown = sorted({e for s in self.shards for e in s.experts} - set(by_name))
         if unknown:
-            raise InvalidSetting(f"the shard map names experts the store does not have: {unknown}")
+            raise InvalidSetting(
+                f"the shard map names experts the store does not have: {unknown}; it has: {sorted(by_name)}"
+            )
         shard_of_expert = {by_name[e].id: i for i, s in enumerate(self.shards) for e in s.experts}
         owners: list[int | None] = [None] * nlist
         for p in experts.values():

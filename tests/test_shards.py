@@ -296,6 +296,25 @@ def test_the_shard_map_is_checked_when_read_and_when_applied(tmp_path: Any) -> N
         example.lists_of_shards(experts, 4)
 
 
+def test_ray_up_checks_the_map_against_the_store_before_it_starts_anything(
+    client: TestClient, routed: dict[str, Any], tmp_path: Any
+) -> None:
+    """A map naming experts the store does not have: `moerag ray up` says which it has, before
+    Ray or Serve is started (Serve would only report that a deployment failed)."""
+    pytest.importorskip("ray")
+    import json
+
+    from app.cli import main
+
+    rt = client.app.state.runtime  # type: ignore[attr-defined]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(json.dumps({"shards": [{"name": "x", "experts": ["nosuch", "git"], "default": True}]}))
+    with pytest.raises(SystemExit) as exc:
+        main(["--data-dir", str(rt.settings.resolved_data_dir), "ray", "up", "--config", str(bad)])
+    message = str(exc.value)
+    assert "invalid_setting" in message and "does not have: ['nosuch']; it has: [" in message and "'git'" in message
+
+
 def test_shard_replicas_built_from_sql_follow_the_index_log_for_their_lists(
     client: TestClient, routed: dict[str, Any]
 ) -> None:
