@@ -272,20 +272,17 @@ class ClusteredIndex:
         probe = np.full((len(q), self.nlist), -1, dtype=np.int64)  # [Q, C], -1 = no list
         for i, v in enumerate(valid):
             probe[i, : v.size] = v
-        if through is None:
-            with self._lock.read():
-                scores, ids = self._ivf.search_preassigned(q, k, probe, None)
-        else:  # the C call: FAISS's Python wrapper takes no search parameters (the id filter)
-            scores, ids = np.empty((len(q), k), dtype=np.float32), np.empty((len(q), k), dtype=np.int64)
-            near = np.zeros(probe.shape, dtype=np.float32)  # [Q, C]
-            selector = faiss.IDSelectorRange(0, through + 1)  # alive for the call
-            ivf_params: Any = faiss.SearchParametersIVF
-            params = ivf_params(sel=selector, nprobe=self.nlist)
-            with self._lock.read():
-                ptr = faiss.swig_ptr
-                self._ivf.search_preassigned_c(
-                    len(q), ptr(q), k, ptr(probe), ptr(near), ptr(scores), ptr(ids), False, params
-                )
+        # FAISS's C call: its Python wrapper takes no search parameters (the id filter).
+        scores, ids = np.empty((len(q), k), dtype=np.float32), np.empty((len(q), k), dtype=np.int64)
+        near = np.zeros(probe.shape, dtype=np.float32)  # [Q, C] no distances to the lists: unused here
+        selector = faiss.IDSelectorRange(0, through + 1) if through is not None else None  # alive for the call
+        ivf_params: Any = faiss.SearchParametersIVF
+        params = ivf_params(sel=selector, nprobe=self.nlist) if selector is not None else None
+        ptr = faiss.swig_ptr
+        with self._lock.read():
+            self._ivf.search_preassigned_c(
+                len(q), ptr(q), k, ptr(probe), ptr(near), ptr(scores), ptr(ids), False, params
+            )
         scores[[i for i, v in enumerate(valid) if v.size == 0]] = -np.inf  # no list to scan, as `search` says it
         return scores, ids
 

@@ -68,8 +68,7 @@ class IndexManager:
         self.model = model
         self.write_lock = threading.RLock()
         self.codec = settings.index_codec  # how the index stores vectors (flat, sq8)
-        # vectors=False (a server over expert shards, which hold the vectors): the replica is a ListMap
-        # built from SQL and followed alike, never a snapshot; what reads vectors searches `searchable()`.
+        # vectors=False (the shards hold them): a ListMap from SQL, never a snapshot; vectors via `searchable()`.
         self.vectors = vectors
         self.index: ClusteredIndex | ListMap = ClusteredIndex.single(dim, "unopened", self.codec)
         self.searchable: Callable[[], Any] | None = None
@@ -397,4 +396,5 @@ class IndexManager:
             position = self.position
         if not self.vectors and self.snapshot_writer():
             self.store.write(fresh.version, position, fresh.serialized())
+            self._remove_stale_files()  # the old clustering's snapshots and parts
         self.checkpoint()
