@@ -12,6 +12,7 @@ from app.settings import Settings
 def cmd_serve(args: argparse.Namespace) -> None:
     import uvicorn
 
+    from app.connections import uvicorn_options
     from app.main import create_app
 
     settings = settings_from(args)
@@ -32,6 +33,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         log_level=settings.log_level.lower(),
         access_log=settings.access_log,
         **settings.uvicorn_proxy_options(),
+        **uvicorn_options(settings),
     )
 
 
@@ -40,6 +42,7 @@ def _serve_workers(args: argparse.Namespace, settings: Settings, url: str) -> No
     process supervises them and holds the data dir (its lock names this address for the CLI)."""
     import uvicorn
 
+    from app.connections import uvicorn_options
     from app.locking import DataDirBusy, DataDirLock
 
     if settings.db_url.startswith("sqlite"):
@@ -66,7 +69,7 @@ def _serve_workers(args: argparse.Namespace, settings: Settings, url: str) -> No
     os.environ["MOERAG_WORKER_OF"] = str(os.getpid())
     try:
         uvicorn.run(
-            "app.main:worker_app",
+            "app.worker:app",
             factory=True,
             workers=args.workers,
             host=args.host,
@@ -74,6 +77,7 @@ def _serve_workers(args: argparse.Namespace, settings: Settings, url: str) -> No
             log_level=settings.log_level.lower(),
             access_log=settings.access_log,
             **settings.uvicorn_proxy_options(),
+            **uvicorn_options(settings),
         )
     finally:
         lock.release()

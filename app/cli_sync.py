@@ -70,7 +70,7 @@ def _sync_once(args: argparse.Namespace, settings: Settings, source: dict[str, A
                 return dict(api.follow_job(job, progress)["result"])
         from app.services import jobs
         from app.services.sync import sync_folder
-        from app.services.sync_sources import sync_git, sync_site
+        from app.services.sync_sources import FetchLimits, sync_git, sync_site
         from engine.errors import MoeragError
 
         with local_runtime(settings) as rt:
@@ -80,7 +80,8 @@ def _sync_once(args: argparse.Namespace, settings: Settings, source: dict[str, A
                     result = sync_git(rt.ingestor, rt.sessions, source["git"], source["branch"], cache, progress)
                 elif "site" in source:
                     pages, depth = source["max_pages"], source["max_depth"]
-                    result = sync_site(rt.ingestor, rt.sessions, source["site"], pages, progress, depth)
+                    limits = FetchLimits.of(settings)
+                    result = sync_site(rt.ingestor, rt.sessions, source["site"], pages, progress, depth, limits=limits)
                 else:
                     result = sync_folder(rt.ingestor, rt.sessions, source["folder"], progress)
             except MoeragError as exc:

@@ -41,6 +41,7 @@ STATUS: dict[str, int] = {
     "expert_not_found": 404,
     "model_not_found": 404,
     "unsupported_media_type": 415,
+    "method_not_allowed": 405,
     "too_large": 413,
     "unauthorized": 401,
     "csrf": 403,

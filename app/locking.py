@@ -22,6 +22,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -88,11 +89,12 @@ _PR_SET_PDEATHSIG = 1
 _WATCH_SECONDS = 0.5
 
 
-def die_with_parent(parent: int, grace_seconds: float = 10.0) -> None:
+def die_with_parent(parent: int, grace_seconds: float = 3.0) -> None:
     """SIGTERM this process (a graceful stop) when `parent` is gone, SIGKILL it `grace_seconds`
-    later if it still lives. The kernel sends the SIGTERM at once where it can (Linux's
-    PR_SET_PDEATHSIG); a thread watching the parent pid covers the rest (a parent already gone
-    before this call, other systems) and the grace."""
+    later if it still lives (a worker still loading its model would finish that first; what a
+    kill interrupts, SQL and the index log recover, as after any crash). The kernel sends the
+    SIGTERM at once where it can (Linux's PR_SET_PDEATHSIG); a thread watching the parent pid
+    covers the rest (a parent already gone before this call, other systems) and the grace."""
     with contextlib.suppress(OSError, AttributeError):  # not Linux: the watch alone
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
@@ -103,6 +105,36 @@ def die_with_parent(parent: int, grace_seconds: float = 10.0) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(grace_seconds)
         os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="moerag-parent-watch", daemon=True).start()
+
+
+def _prctl() -> Callable[[int, int], int] | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux
+        return None
+
+
+_PRCTL = _prctl()  # looked up before any fork: a child between fork and exec only calls it
+
+
+def dies_with_caller() -> None:
+    """A `preexec_fn` for a short-lived child (git): SIGKILL it when the thread that started it, and
+    so this process, is gone. `subprocess.run` holds that thread until the child ends."""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def exit_with_parent(parent: int) -> None:
+    """Make this helper process (a BM25 rebuild worker) end at once when `parent` is gone: a
+    thread watching the parent pid. Not the kernel's parent-death signal: that fires when the
+    parent *thread* that started the helper ends, and a pool starts its workers from any thread."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(_WATCH_SECONDS)
+        os._exit(1)
 
     threading.Thread(target=watch, name="moerag-parent-watch", daemon=True).start()
 

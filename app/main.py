@@ -21,10 +21,10 @@ from app import errors, mcp_server
 from app.body_limit import BodyLimit, limit_for
 from app.deps import optional_read_security
 from app.limits import state_question_limits
-from app.locking import die_with_parent
 from app.routes import admin, ask, console, conversations, documents, openai_compat, system
 from app.runtime import Runtime, use_serving_threads
 from app.schemas import ERROR_RESPONSES
+from app.services.ratelimit import AnswerGate
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,9 @@ def create_app(
     thread, so the port answers from the first second (/readyz 503 "preparing" meanwhile).
     """
     rt = runtime or Runtime(settings or Settings())
-    agents = mcp_server.LazyMcp(rt)
+    # the rate limit and the answer slots of every door that answers
+    answer_gate = AnswerGate(rt.ask_limiter, rt.settings.trusted_proxies, rt.settings.ask_concurrency)
+    agents = mcp_server.LazyMcp(rt, answer_gate)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -75,6 +77,7 @@ def create_app(
         static_url="/docs-static",
     )
     app.state.runtime = rt
+    app.state.answer_gate = answer_gate
     build_spec = app.openapi
 
     def openapi() -> dict[str, Any]:
@@ -173,12 +176,10 @@ def worker_app() -> FastAPI:
     232 of the first requests against 4 workers); starting in the lifespan, it does not accept
     until ready, and the kernel hands connections to the ready ones.
 
-    It dies with the supervisor: a killed supervisor left its workers serving as orphans, the
-    port taken and the data dir's lock free."""
-    settings = Settings()
-    if settings.worker_of:
-        die_with_parent(settings.worker_of)
-    return create_app(settings, start_in_background=False)
+    It dies with the supervisor (app.worker, its entry, sees to it before this module loads): a
+    killed supervisor left its workers serving as orphans, the port taken and the data dir's lock
+    free."""
+    return create_app(Settings(), start_in_background=False)
 
 
 def _start_quietly(rt: Runtime, prepare: Callable[[], None] | None = None) -> None:

@@ -1,7 +1,8 @@
 """moerag for agents: an MCP server on the official `mcp` SDK.
 
 Tools `ask`, `search`, `list_experts` and `get_chunk` answer as `/ask`, `/search`,
-`/admin/api/experts` and `/chunks/{id}` do (the same services, checks and query log); the
+`/admin/api/experts` and `/chunks/{id}` do (the same services, checks and query log; `ask` behind
+the same per-client rate limit and answer slots as `/ask`, app.services.ratelimit.AnswerGate); the
 documents are resources (`moerag://documents`, `moerag://documents/{document_id}`). Served over
 stdio by `moerag mcp` and over streamable HTTP at `/mcp` on the server, where the read token
 (MOERAG_READ_TOKEN), when set, is required as `Authorization: Bearer`.
@@ -13,20 +14,21 @@ import importlib
 import json
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.deps import check_reader
 from app.errors import ApiError, error_body
-from app.schemas import AskIn, SearchIn
+from app.schemas import INT64_MAX, AskIn, SearchIn
 from app.services import library
 from app.services.answering import answer_json
+from app.services.ratelimit import AnswerGate
 from app.services.search import run_search
 from engine.errors import MoeragError
 
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     from app.runtime import Runtime
 
 PATH = "/mcp"  # where the server mounts the streamable HTTP transport
+ChunkId = Annotated[int, Field(ge=0, le=INT64_MAX, description="A chunk's id (search and ask name them).")]
 DOCUMENTS_LISTED = 500  # the `moerag://documents` resource lists the first this many
 
 
@@ -53,10 +56,13 @@ def _anticipated(kind: type[Exception]) -> Iterator[None]:
         raise kind(f"invalid_request: {problems}") from None
 
 
-def build(rt: Runtime) -> MCPServer:
-    """The MCP server over one runtime (started, or starting: tools wait for nothing and say so)."""
-    from mcp.server.mcpserver import MCPServer
+def build(rt: Runtime, door: AnswerGate | None = None) -> MCPServer:
+    """The MCP server over one runtime (started, or starting: tools wait for nothing and say so);
+    `door`: the app's answer gate (none: its own, as `moerag mcp` over stdio has)."""
+    from mcp.server.mcpserver import Context, MCPServer
     from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
+
+    door = door or AnswerGate(None, "", rt.settings.ask_concurrency)  # stdio: one local agent, no clients
 
     server = MCPServer(
         "moerag",
@@ -77,14 +83,18 @@ def build(rt: Runtime) -> MCPServer:
             raise ApiError("expert_not_found", f"no expert named {name!r}; list_experts names them")
         return found[0]
 
-    @server.tool()
-    async def ask(question: str, expert: str | None = None, k: int | None = None) -> dict[str, Any]:
+    async def ask(question: str, expert: str | None = None, k: int | None = None, ctx: Any = None) -> dict[str, Any]:
         """Answer a question from the documents: the answer with numbered citations [n], the
         passages cited, and the route (the expert that answered, or the whole store, and why).
         `expert`: ask this expert (a name from list_experts); `k`: passages to cite."""
         with _anticipated(ToolError):
+            request = ctx.request_context.request if ctx is not None else None
+            await door.check_rate(request if isinstance(request, Request) else None)  # stdio: no client
             body = AskIn(query=question, k=k, mode="expert" if expert else "auto", expert=expert_id(expert))
-            return json.loads(await anyio.to_thread.run_sync(answer_json, ready(), body))
+            return json.loads(await anyio.to_thread.run_sync(answer_json, ready(), body, limiter=door.slots))
+
+    ask.__annotations__["ctx"] = Context  # the SDK finds the parameter it fills by this type
+    server.tool()(ask)
 
     @server.tool()
     async def search(query: str, k: int = 5, expert: str | None = None) -> dict[str, Any]:
@@ -104,7 +114,7 @@ def build(rt: Runtime) -> MCPServer:
         return [{"id": p.id, "name": p.name, "clusters": list(p.clusters)} for _, p in sorted(profiles.items())]
 
     @server.tool()
-    async def get_chunk(chunk_id: int) -> dict[str, Any]:
+    async def get_chunk(chunk_id: ChunkId) -> dict[str, Any]:
         """One passage in full with its document, heading, expert and the passages before and after it."""
         with _anticipated(ToolError):
             view = await anyio.to_thread.run_sync(library.chunk_view, ready().sessions, chunk_id)
@@ -122,6 +132,8 @@ def build(rt: Runtime) -> MCPServer:
     async def document(document_id: str) -> str:
         """A document's text, its chunks in order."""
         with _anticipated(ResourceNotFoundError):
+            if not document_id.isdigit() or int(document_id) > INT64_MAX:
+                raise ApiError("not_found", f"no document {document_id[:40]!r}")
             doc = await anyio.to_thread.run_sync(library.document, ready().sessions, int(document_id))
         return "\n\n".join(c.text for c in doc.chunks)
 
@@ -133,8 +145,8 @@ class LazyMcp:
     is not paid by every server start. `running()` spans the app's life (its lifespan enters it);
     the session manager runs in its task group from the first request on."""
 
-    def __init__(self, rt: Runtime) -> None:
-        self.rt = rt
+    def __init__(self, rt: Runtime, door: AnswerGate) -> None:
+        self.rt, self.door = rt, door
         self._app: ASGIApp | None = None
         self._lock = anyio.Lock()
         self._tasks: TaskGroup | None = None
@@ -161,7 +173,7 @@ class LazyMcp:
         await anyio.to_thread.run_sync(importlib.import_module, "mcp.server.mcpserver")  # off the event loop
         from mcp.server.transport_security import TransportSecuritySettings
 
-        server = build(self.rt)
+        server = build(self.rt, self.door)
         app = server.streamable_http_app(
             streamable_http_path=PATH,
             stateless_http=True,  # no session state in one process: any worker of `serve --workers N` answers
@@ -182,7 +194,9 @@ class LazyMcp:
 class ReadTokenGate:
     """The HTTP transport behind the read rule of every other read (app.deps.check_reader): the
     read token, the admin token or a console session when MOERAG_READ_TOKEN is set; a 401 in
-    moerag's error shape otherwise."""
+    moerag's error shape otherwise. POST only: the server is stateless and sends nothing unasked,
+    so a GET (a stream for server messages, which never came and was never closed) is a 405, as
+    the transport's specification allows."""
 
     def __init__(self, app: ASGIApp, rt: Runtime) -> None:
         self.app, self.rt = app, rt
@@ -191,6 +205,8 @@ class ReadTokenGate:
         if scope["type"] == "http":
             request = Request(scope)
             try:
+                if request.method != "POST":
+                    raise ApiError("method_not_allowed", "the MCP endpoint takes POST only", headers={"Allow": "POST"})
                 await check_reader(request, self.rt, request.headers.get("authorization"))
             except ApiError as exc:
                 await JSONResponse(error_body(exc.code, exc.message), exc.status, headers=exc.headers)(

@@ -305,7 +305,7 @@ class Runtime:
                     "train": train_job(routers),
                     "refit": Refit(indexes, routers, content_fit.new_topics).job,
                     "scope": scope_handler(indexes, routers),
-                    "sync": sync_handler(ingestor, s.resolved_data_dir / "sources"),
+                    "sync": sync_handler(ingestor, s.resolved_data_dir / "sources", s),
                 },
                 exclusive=self.engine.dialect.name == "sqlite",  # else other processes may run jobs too
                 lease_seconds=s.job_lease_seconds,

@@ -182,7 +182,9 @@ class SyncIn(BaseModel):
         None, min_length=1, max_length=4096, description="An absolute folder under MOERAG_SYNC_ROOTS, on the server."
     )
     git: str | None = Field(None, min_length=1, max_length=2048, description="A repository URL under MOERAG_SYNC_URLS.")
-    branch: str | None = Field(None, min_length=1, max_length=255, pattern=r"^[\w./-]+$", description="git: the branch")
+    branch: str | None = Field(
+        None, min_length=1, max_length=255, pattern=r"^[\w.][\w./-]*$", description="git: the branch"
+    )
     site: str | None = Field(None, min_length=1, max_length=2048, description="A start page under MOERAG_SYNC_URLS.")
     max_pages: int = Field(200, ge=1, le=10_000, description="site: pages to crawl at most")
     max_depth: int = Field(5, ge=0, le=100, description="site: links followed from the start page at most")

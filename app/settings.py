@@ -229,6 +229,22 @@ class Settings(BaseSettings):
         description="URL prefixes (whitespace-separated) `POST /admin/api/sync` may fetch: git repositories and web "
         "sites under them. Empty: the server fetches no URL it is sent (`moerag sync` without a server needs none).",
     )
+    header_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="A connection whose request headers are not complete this long after it opened "
+        "(or after its last response) is closed.",
+    )
+    keep_alive_seconds: float = Field(5.0, gt=0, description="An idle keep-alive connection is closed after this.")
+    sync_page_bytes: int = Field(
+        20 * 1024 * 1024, ge=1024, description="A synced web page larger than this is refused, counted as it streams."
+    )
+    sync_page_seconds: float = Field(
+        30.0, gt=0, description="A synced web page's whole fetch, redirects included; a slower one is cut and reported."
+    )
+    sync_seconds: float = Field(
+        3600.0, gt=0, description="A site sync's whole crawl; the pages it did not reach by then are kept, not deleted."
+    )
     openai_base_url: str | None = Field(None, description="OpenAI-compatible server, e.g. http://127.0.0.1:8080/v1")
     openai_model: str = "default"
     default_generator: str = Field(

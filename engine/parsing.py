@@ -8,6 +8,7 @@ text, so chunks can cite exact spans.
 from __future__ import annotations
 
 import io
+import os
 import re
 from pathlib import Path, PurePath
 from typing import TYPE_CHECKING
@@ -35,15 +36,32 @@ _EXTENSIONS = {
 SUFFIXES = frozenset(_EXTENSIONS)  # the file types a folder walk takes (`moerag ingest`, `moerag sync`)
 
 
+def walk_documents(folder: Path) -> tuple[list[Path], list[Path]]:
+    """(every file under `folder` of a type moerag reads, every symbolic link skipped), in path order;
+    hidden entries skipped. A link is never followed, to a file or a folder: what it points at may
+    lie outside `folder` (a synced repository's `token.txt -> ../../admin_token`)."""
+    files: list[Path] = []
+    links: list[Path] = []
+    for top, dirs, names in os.walk(folder, followlinks=False):
+        here = Path(top)
+        for name in sorted(dirs):
+            if (here / name).is_symlink() and not name.startswith("."):
+                links.append(here / name)  # os.walk lists a linked folder but does not enter it
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not (here / d).is_symlink())
+        for name in sorted(names):
+            path = here / name
+            if name.startswith(".") or path.suffix.lower() not in SUFFIXES:
+                continue
+            if path.is_symlink():
+                links.append(path)
+            elif path.is_file():  # not a FIFO or a device: reading one would block or never end
+                files.append(path)
+    return sorted(files), sorted(links)
+
+
 def document_files(folder: Path) -> list[Path]:
-    """Every file under `folder` of a type moerag reads, in path order; hidden entries skipped."""
-    return [
-        f
-        for f in sorted(folder.rglob("*"))
-        if f.is_file()
-        and f.suffix.lower() in SUFFIXES
-        and not any(part.startswith(".") for part in f.relative_to(folder).parts)
-    ]
+    """The files `walk_documents` takes under `folder`, in path order (symbolic links left out)."""
+    return walk_documents(folder)[0]
 
 
 _MIME_KINDS = {v: k for k, v in MIME_BY_KIND.items()} | {"application/xhtml+xml": "html"}

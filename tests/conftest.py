@@ -165,7 +165,8 @@ def sample_server(tmp_path_factory: pytest.TempPathFactory, sample_store: Sample
     from tests.server import Server
 
     base = tmp_path_factory.mktemp("sample-server")
-    server = Server(copy_sample(sample_store, base / "data"), TOKEN, base / "server.log", MOERAG_READ_TOKEN=READ_TOKEN)
+    data = copy_sample(sample_store, base / "data")
+    server = Server(data, TOKEN, base / "server.log", MOERAG_READ_TOKEN=READ_TOKEN, MOERAG_HEADER_SECONDS="2")
     try:
         server.start()
         yield server

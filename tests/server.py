@@ -14,6 +14,41 @@ from pathlib import Path
 import httpx
 
 
+def alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (a dead child not yet reaped by its new parent)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process `pid` started, and theirs (read from /proc: Linux)."""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text(encoding="ascii")
+            except OSError:  # gone meanwhile
+                continue
+            parents.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return [p for p in found if alive(p)]
+
+
+def wait_gone(pids: list[int], seconds: float) -> list[int]:
+    """The processes of `pids` still alive after `seconds` (each polled until then)."""
+    deadline = time.monotonic() + seconds
+    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return [p for p in pids if alive(p)]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -44,3 +44,22 @@ def test_a_read_token_closes_every_read(client) -> None:  # type: ignore[no-unty
     assert client.get("/healthz").status_code == 200  # probes stay open
     r = client.post("/documents", json={"text": "x"}, headers={"Authorization": "Bearer reader"})
     assert r.status_code == 401  # the read token never writes
+
+
+def test_readyz_tells_readiness_to_all_and_details_to_readers(client) -> None:  # type: ignore[no-untyped-def]
+    """Issue 52 #6: with a read token set, /readyz named the titles and sources of recent documents
+    (the router's drift summary) to anyone. Readiness stays open; the details are a read."""
+    from pydantic import SecretStr
+
+    from tests.conftest import AUTH
+
+    title = "Quarterly salaries of the finance team"
+    assert client.post("/documents", json={"text": f"# {title}\n\nNumbers. " * 30}, headers=AUTH).status_code == 201
+    open_body = client.get("/readyz").json()
+    assert open_body["status"] == "ready" and "router" in open_body  # reads are open: details for all
+    client.app.state.runtime.settings.read_token = SecretStr("reader")
+    anonymous = client.get("/readyz")
+    assert anonymous.status_code == 200 and set(anonymous.json()) == {"status", "pid"}, anonymous.text
+    assert "finance" not in anonymous.text
+    reader = client.get("/readyz", headers={"Authorization": "Bearer reader"}).json()
+    assert {"router", "index", "serving"} <= set(reader)

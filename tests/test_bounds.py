@@ -123,15 +123,15 @@ def test_ask_rate_limit_per_client(db_url: str) -> None:
 def test_ask_over_the_limit_is_429_with_retry_after(client: TestClient) -> None:
     from app.services.ratelimit import RateLimiter
 
-    rt = client.app.state.runtime  # type: ignore[attr-defined]
-    rt.ask_limiter = RateLimiter(rt.engine, per_minute=6, burst=1)
+    rt, gate = client.app.state.runtime, client.app.state.answer_gate  # type: ignore[attr-defined]
+    gate.limiter = RateLimiter(rt.engine, per_minute=6, burst=1)  # the limit every answering door shares
     try:
         assert client.post("/ask", json={"question": "x", "generate": False}).status_code != 429
         r = client.post("/ask", json={"question": "x", "generate": False})
         assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limited"
         assert int(r.headers["retry-after"]) >= 1
     finally:
-        rt.ask_limiter = None
+        gate.limiter = None
 
 
 def _keys(node: object) -> set[str]:

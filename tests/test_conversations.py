@@ -132,7 +132,9 @@ def test_turns_survive_a_restart_and_are_deleted_on_both_databases(
         assert [t["query_id"] for t in turns] == [a["query_id"] for a in asked]
         follow = _ask(c, query="and rebases?", conversation_id="kept")
         assert follow["standalone_question"] == f"{FIRST} and merges? why? and rebases?"
-        assert c.delete("/conversations/kept").status_code == 204
+        refused = c.delete("/conversations/kept")  # forgetting a conversation is a write: the admin token
+        assert refused.status_code == 401 and c.get("/conversations/kept").status_code == 200, refused.text
+        assert c.delete("/conversations/kept", headers=AUTH).status_code == 204
         assert c.get("/conversations/kept").status_code == 404
-        assert c.delete("/conversations/kept").status_code == 404
+        assert c.delete("/conversations/kept", headers=AUTH).status_code == 404
         assert c.post("/ask", json={"query": "x", "conversation_id": "not a valid id"}).status_code == 422

@@ -14,7 +14,7 @@ import pytest
 from index import ClusteredIndex
 from tests.conftest import SampleStore
 from tests.helpers import topic_doc
-from tests.server import Server
+from tests.server import Server, descendants, wait_gone
 
 pytestmark = pytest.mark.slow
 
@@ -143,3 +143,25 @@ def test_serve_sample_answers_readyz_while_it_prepares(sample_store: SampleStore
     statuses = sample_store.readyz
     assert statuses[0] == "preparing" and statuses[-1] == "ready", statuses
     assert "ingesting the sample corpus" in sample_store.log
+
+
+def test_a_sigkilled_server_leaves_no_process_behind(tmp_path: Path) -> None:
+    """Issue 52 #5: the BM25 rebuild worker and multiprocessing's resource tracker outlived a
+    SIGKILLed server (18 leftovers from 12 kills), holding its log file. Now every process the
+    server started is gone within 5 s."""
+    server = Server(tmp_path / "data", "tok", tmp_path / "server.log", MOERAG_CHECKPOINT_SECONDS="0.2")
+    client = server.start(180)
+    assert server.proc is not None
+    try:
+        upload = {"file": ("a.md", topic_doc("git", 1).encode(), "text/markdown")}
+        assert client.post("/documents", files=upload).status_code == 201
+        deadline = time.monotonic() + 60
+        started = descendants(server.proc.pid)
+        while len(started) < 2 and time.monotonic() < deadline:  # a rebuild worker and the tracker
+            time.sleep(0.1)
+            started = descendants(server.proc.pid)
+        assert len(started) >= 2, started
+        server.kill()
+        assert wait_gone(started, 5.0) == [], "processes outlived their SIGKILLed server"
+    finally:
+        server.stop()

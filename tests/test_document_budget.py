@@ -3,6 +3,7 @@ document does not hold up small uploads or searches."""
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 
@@ -19,8 +20,15 @@ from tests.helpers import TOPICS
 
 @pytest.mark.parametrize(
     "text",
-    ["a " * 2_500_000, "a" * 5_000_000, "the quick brown fox " * 200_000, ("abcd " * 30_000) + varied_text(20_000)],
-    ids=["one-word", "one-run", "four-words", "a-degenerate-stretch"],
+    [
+        "a " * 2_500_000,
+        "a" * 5_000_000,
+        "the quick brown fox " * 200_000,
+        ("abcd " * 30_000) + varied_text(20_000),
+        " ".join(random.Random(7).choice([f"term{i}" for i in range(50)]) for _ in range(150_000)),  # 1 MB
+        " ".join(random.Random(8).choice([f"word{i}" for i in range(250)]) for _ in range(150_000)),
+    ],
+    ids=["one-word", "one-run", "four-words", "a-degenerate-stretch", "salad-of-50-words", "salad-of-250-words"],
 )
 def test_degenerate_text_is_refused_at_once(text: str) -> None:
     t = time.perf_counter()

@@ -69,7 +69,7 @@ def test_stop_cancels_at_the_next_report_and_the_job_resumes_where_it_was(tmp_pa
     t = time.monotonic()
     runner.stop()
     assert time.monotonic() - t < 2  # cancelled at the next report, not waited out
-    assert runner._thread is None
+    assert runner._threads == []
     stopped = status(maker, job.id)
     assert stopped.status == "queued" and 20 <= stopped.done < 200
     assert stopped.result == {"partial": {"next": stopped.done}}

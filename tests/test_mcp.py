@@ -108,3 +108,71 @@ def test_agents_ask_and_search_over_stdio(tmp_path: Path, sample_store: SampleSt
     seen = anyio.run(_tour, Client(params))
     assert seen["tools"] >= TOOLS and seen["ask"]["route"]["path"] in ("expert", "fallback")
     assert seen["forced"]["route"]["path"] == "expert"
+
+
+def test_mcp_ask_shares_the_rate_limit_of_ask(client: Any) -> None:
+    """Issue 52 #6: MCP's `ask` ignored the per-client rate limit (30 of 30 answered while `/ask`
+    gave 26 × 429). It now takes from the same bucket: once spent, the tool says `rate_limited`
+    and `/ask` answers 429."""
+    from app.services.ratelimit import RateLimiter
+    from tests.conftest import AUTH
+
+    # 20 a minute, a burst of 4, on the one gate every door of the app passes
+    client.app.state.answer_gate.limiter = RateLimiter(client.app.state.runtime.engine, 20)
+    assert client.post("/documents", json={"text": "# Git\n\nBranches and merges are cheap. " * 20}, headers=AUTH)
+    headers = {"Accept": "application/json, text/event-stream"}
+    answers = []
+    for i in range(6):
+        call = {"name": "ask", "arguments": {"question": "what is a git branch?"}}
+        r = client.post(
+            "/mcp", json={"jsonrpc": "2.0", "id": i, "method": "tools/call", "params": call}, headers=headers
+        )
+        data = json.loads(next(line[5:] for line in r.text.splitlines() if line.startswith("data:")))
+        answers.append(data["result"])
+    limited = [a for a in answers if a.get("isError") and "rate_limited" in a["content"][0]["text"]]
+    assert len(limited) == 2 and not any(a.get("isError") for a in answers[:4]), answers
+    assert client.post("/ask", json={"query": "what is a git branch?"}).status_code == 429
+
+
+def test_silent_and_half_sent_connections_are_closed_and_get_mcp_is_refused(live: Server) -> None:
+    """Issue 52 #7: idle and half-sent sockets and `GET /mcp` streams were never closed. A socket
+    that sends nothing, or stops mid-headers, is closed MOERAG_HEADER_SECONDS (2 here) after it
+    opened; a request on time is answered; GET /mcp is a 405."""
+    import socket
+    import time
+
+    host, port = live.url.removeprefix("http://").split(":")
+
+    def closed_after(first: bytes) -> float:
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            t = time.monotonic()
+            s.sendall(first)
+            while s.recv(4096):  # the server's close reads as b""
+                pass
+            return time.monotonic() - t
+
+    assert 1.5 < closed_after(b"") < 10
+    assert 1.5 < closed_after(b"GET /healthz HTTP/1.1\r\nHost: x\r\n") < 10  # headers never finished
+    r = httpx.get(f"{live.url}/mcp", headers={"Authorization": f"Bearer {READ_TOKEN}"}, timeout=10)
+    assert r.status_code == 405 and r.headers["allow"] == "POST", r.text
+    assert httpx.get(f"{live.url}/healthz", timeout=10).status_code == 200
+
+
+def test_mcp_ids_beyond_int64_are_refused_at_once(client: Any) -> None:
+    """Issue 52 #7: a chunk id beyond int64 reached SQL (an unhandled exception, ~2 s of CPU and
+    ~240 log lines a call); it is now refused by the tool's schema, and a document resource's
+    id likewise."""
+    import time
+
+    headers = {"Accept": "application/json, text/event-stream"}
+
+    def rpc(method: str, params: dict[str, Any]) -> Any:
+        r = client.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params}, headers=headers)
+        return json.loads(next(line[5:] for line in r.text.splitlines() if line.startswith("data:")))
+
+    t = time.monotonic()
+    chunk = rpc("tools/call", {"name": "get_chunk", "arguments": {"chunk_id": 2**70}})["result"]
+    assert chunk["isError"] and "less than or equal" in chunk["content"][0]["text"], chunk
+    document = rpc("resources/read", {"uri": f"moerag://documents/{2**70}"})
+    assert "error" in document and "no document" in document["error"]["message"], document
+    assert time.monotonic() - t < 2.0

@@ -44,7 +44,11 @@ def test_the_api_keeps_its_contract_under_fuzzing(tmp_path: Path, with_token: bo
     # /documents passed schemathesis's 10 s read timeout once while the suite's other workers kept
     # both cores busy (a low-priority thread yields to every other busy process, not only to the
     # server's questions). What this test checks is the contract, not that scheduling.
-    server = Server(tmp_path / "data", TOKEN, tmp_path / "server.log", MOERAG_BACKGROUND_NICENESS="0")
+    # Sync roots and URL prefixes set, so a fuzzed sync reaches the checks on its folder and URL
+    # (a NUL, a 4,096-character path: once a plain-text 500) rather than "not configured".
+    (tmp_path / "synced").mkdir()
+    sync = {"MOERAG_SYNC_ROOTS": str(tmp_path / "synced"), "MOERAG_SYNC_URLS": "http://127.0.0.1:9/"}
+    server = Server(tmp_path / "data", TOKEN, tmp_path / "server.log", MOERAG_BACKGROUND_NICENESS="0", **sync)
     try:
         client = server.start()
         client.post("/documents", json={"text": "SQLite keeps a database in one file.", "title": "sqlite"})

@@ -566,7 +566,9 @@ def test_a_remote_embedder_sends_a_batch_in_calls_the_replica_can_take_and_says_
                                  "documents": Call(embedder.encode)})()  # fmt: skip
     remote = RemoteEmbedder(handle)
     texts = [f"how do I use feature {n}?" for n in range(10)]
-    assert np.allclose(remote.encode_questions(texts), embedder.encode_questions(texts), atol=1e-6) and sent == [
+    # batches of 4 are padded otherwise than one of 10: bfloat16 (a CPU with bf16 units) moves ~1e-3
+    atol = 1e-6 if embedder.dtype_name == "float32" else 1e-2
+    assert np.allclose(remote.encode_questions(texts), embedder.encode_questions(texts), atol=atol) and sent == [
         4,
         4,
         2,

@@ -109,8 +109,19 @@ def test_a_site_is_crawled_within_its_folder_and_followed(site: tuple[str, Path]
     counts = {k: second[k] for k in ("added", "updated", "unchanged", "deleted")}
     assert counts == {"added": 0, "updated": 1, "unchanged": 2, "deleted": 0}, second
     (root / "guide" / "index.html").write_text("<h1>Guide</h1><p>only this page now</p>")
-    third = sync_site(runtime.ingestor, runtime.sessions, start)
-    assert (third["updated"], third["deleted"]) == (1, 2), third  # pages no longer linked leave
+    third = sync_site(runtime.ingestor, runtime.sessions, start)  # pages no longer linked are visited
+    assert (third["updated"], third["unchanged"], third["deleted"]) == (1, 2, 0), third
+    assert set(_sources(runtime, scope)) == {scope + "index.html", scope + "wal.html", scope + "apt.html"}
+
+    cut = sync_site(runtime.ingestor, runtime.sessions, start, max_pages=1)  # a budget cut deletes nothing
+    assert (cut["pages"], cut["deleted"], cut["unvisited"]) == (1, 0, 2), cut
+    assert "page budget" in cut["stopped"] and len(_sources(runtime, scope)) == 3
+    other = sync_site(runtime.ingestor, runtime.sessions, scope.replace("/guide/", "/"), max_pages=1)
+    assert (other["deleted"], other["unvisited"]) == (0, 3), other  # nor does another start page's crawl
+    (root / "guide" / "apt.html").unlink()  # a page that answers 404 is gone
+    fourth = sync_site(runtime.ingestor, runtime.sessions, start)
+    assert (fourth["deleted"], fourth["unvisited"]) == (1, 0), fourth
+    assert set(_sources(runtime, scope)) == {scope + "index.html", scope + "wal.html"}
 
 
 def test_the_server_fetches_only_under_its_sync_urls(client: TestClient, site: tuple[str, Path]) -> None:
@@ -147,11 +158,12 @@ def test_a_site_honours_robots_txt_its_sitemap_and_the_depth_bound(site: tuple[s
     )
     mapped = sync_site(runtime.ingestor, runtime.sessions, scope + "index.xml")
     counts = {k: mapped[k] for k in ("pages", "added", "unchanged", "deleted", "failed")}
-    assert counts == {"pages": 2, "added": 1, "unchanged": 1, "deleted": 1, "failed": 0}, mapped  # links not followed
-    assert set(_sources(runtime, scope)) == {scope + "index.html", scope + "apt.html"}
+    # links not followed; the stored page the sitemap leaves out is visited and kept
+    assert counts == {"pages": 3, "added": 1, "unchanged": 2, "deleted": 0, "failed": 0}, mapped
+    assert set(_sources(runtime, scope)) == {scope + "index.html", scope + "apt.html", scope + "wal.html"}
 
     shallow = sync_site(runtime.ingestor, runtime.sessions, start, max_depth=0)
-    assert (shallow["pages"], shallow["deleted"]) == (1, 1), shallow
+    assert (shallow["pages"], shallow["deleted"], shallow["unchanged"]) == (3, 0, 3), shallow
     with pytest.raises(SourceUnavailable, match="not XML"):
         (root / "guide" / "bad.xml").write_text("<urlset><url>unclosed")
         sync_site(runtime.ingestor, runtime.sessions, scope + "bad.xml")

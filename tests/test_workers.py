@@ -22,7 +22,7 @@ import pytest
 from app.db import make_engine
 from app.migrate import downgrade
 from tests.helpers import TOPICS, topic_doc
-from tests.server import Server
+from tests.server import Server, alive, descendants, wait_gone
 
 PG_URL = os.environ.get("MOERAG_TEST_PG_URL")
 pytestmark = pytest.mark.skipif(not PG_URL, reason="MOERAG_TEST_PG_URL not set")
@@ -195,15 +195,6 @@ def test_workers_share_one_catalogue_and_survive_a_killed_worker(tmp_path: Path)
         server.stop()
 
 
-def _alive(pid: int) -> bool:
-    """A process that exists and is not a zombie (a dead child not yet reaped by its new parent)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _rotating_questions(url: str, n: int = 30) -> Counter[int]:
     with httpx.Client(base_url=url, timeout=60) as c:
         return Counter(
@@ -244,9 +235,9 @@ def test_a_killed_supervisor_takes_its_workers_and_the_forwarded_header_needs_a_
             DataDirLock(data).acquire()
         os.kill(stopped, signal.SIGCONT)
         deadline = time.monotonic() + 15
-        while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+        while any(alive(p) for p in workers) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not any(_alive(p) for p in workers), "workers outlived their supervisor"
+        assert not any(alive(p) for p in workers), "workers outlived their supervisor"
         with socket.socket() as s:  # the port is free again
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("127.0.0.1", server.port))
@@ -260,3 +251,33 @@ def test_a_killed_supervisor_takes_its_workers_and_the_forwarded_header_needs_a_
         server.stop()
         if restarted is not None:
             restarted.stop()
+
+
+def test_a_killed_worker_and_a_killed_supervisor_leave_no_process_behind(tmp_path: Path) -> None:
+    """Issue 52 #5: a SIGKILLed worker's BM25 rebuild worker outlived it; after SIGKILL of the
+    worker, then of the supervisor, no process either started is alive 5 s later."""
+    assert PG_URL
+    engine = make_engine(PG_URL)
+    downgrade(engine, "base")
+    engine.dispose()
+    server = Server(tmp_path / "data", "tok", tmp_path / "server.log", MOERAG_DATABASE_URL=PG_URL)
+    client = server.start(180, "--workers", str(WORKERS))
+    assert server.proc is not None
+    try:
+        for i, topic in enumerate(list(TOPICS)[:2]):
+            upload = {"file": (f"{topic}.md", topic_doc(topic, i).encode(), "text/markdown")}
+            assert client.post("/documents", files=upload).status_code == 201
+        workers = set(every_worker(client, lambda body: True, True))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(descendants(w) for w in workers):
+            time.sleep(0.1)  # a worker's checkpoint starts its BM25 rebuild worker
+        worker = next(w for w in workers if descendants(w))
+        its_own = descendants(worker)
+        os.kill(worker, signal.SIGKILL)
+        assert wait_gone(its_own, 5.0) == [], "a killed worker's processes outlived it"
+
+        everything = descendants(server.proc.pid)
+        server.kill()
+        assert wait_gone(everything, 5.0) == [], "processes outlived their SIGKILLed supervisor"
+    finally:
+        server.stop()

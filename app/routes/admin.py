@@ -35,7 +35,7 @@ from app.services import expert_documents
 from app.services import experts as expert_service
 from app.services import questions as question_service
 from app.services import sync as sync_service
-from app.services.sync_sources import allowed_url
+from app.services.sync_bounds import allowed_url
 from engine.errors import InputError, NotFound
 
 router = APIRouter(prefix="/admin/api", tags=["admin"], dependencies=[AdminDep])
@@ -47,7 +47,9 @@ router = APIRouter(prefix="/admin/api", tags=["admin"], dependencies=[AdminDep])
 @router.post("/sync", response_model=JobOut, status_code=202)
 def sync(body: SyncIn, rt: RuntimeDep) -> JobOut:
     """Mirror a folder, a git repository or a web site into the store (a job): new files in,
-    changed ones updated, removed ones deleted."""
+    changed ones updated, files gone from the folder or the commit deleted, pages only when they
+    answer 404 or 410. Symbolic links are skipped and reported; every URL, redirects included,
+    must lie under MOERAG_SYNC_URLS."""
     if body.folder is not None:
         params: dict[str, object] = {"folder": sync_service.allowed_folder(body.folder, rt.settings.sync_roots)}
     elif body.git is not None:

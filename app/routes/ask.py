@@ -12,7 +12,7 @@ from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app.deps import ReaderDep, RuntimeDep
-from app.routes.flow import LogOnce, answer_slots, check_rate, threaded_stream
+from app.routes.flow import LogOnce, gate, threaded_stream
 from app.runtime import Runtime
 from app.schemas import AskIn, AskOut
 from app.services.answering import Asked, answer_json, citations, prepare
@@ -61,8 +61,9 @@ async def ask(
 
 
 async def _ask(body: AskIn, request: Request, rt: Runtime) -> Response:
-    await check_rate(request, rt)
-    slots = answer_slots(request, rt)
+    door = gate(request)
+    await door.check_rate(request)
+    slots = door.slots
     # Old field names still work for one release; the response says they are deprecated.
     headers = (
         {"Deprecation": "true", "X-Deprecated-Fields": ", ".join(body.deprecated_names)}

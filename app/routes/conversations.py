@@ -1,4 +1,5 @@
-"""Conversations (`/ask` and `/v1/chat/completions` with a `conversation_id`): list, read, delete."""
+"""Conversations (`/ask` and `/v1/chat/completions` with a `conversation_id`): list, read, delete.
+Reading is a read (MOERAG_READ_TOKEN where set); forgetting one is a write (the admin token)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Response
 
-from app.deps import Limit, Offset, ReaderDep, RuntimeDep
+from app.deps import AdminDep, Limit, Offset, ReaderDep, RuntimeDep
 from app.schemas import PAGE_DEFAULT, ConversationOut, ConversationSummary, Page, TurnOut
 from app.services import conversations
 
@@ -29,7 +30,7 @@ def get_conversation(conversation_id: ConversationPath, rt: RuntimeDep) -> Conve
     return ConversationOut(id=conversation_id, turns=[TurnOut.model_validate(t) for t in turns])
 
 
-@router.delete("/{conversation_id}", status_code=204, response_class=Response)
+@router.delete("/{conversation_id}", status_code=204, response_class=Response, dependencies=[AdminDep])
 def delete_conversation(conversation_id: ConversationPath, rt: RuntimeDep) -> Response:
     """Forget the conversation's turns (the questions stay in the query log, as every question does)."""
     conversations.remove(rt.sessions, conversation_id)

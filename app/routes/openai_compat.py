@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
 from app.deps import ReaderDep, RuntimeDep
-from app.routes.flow import answer_slots, check_rate, threaded_stream
+from app.routes.flow import gate, threaded_stream
 from app.schemas_openai import ChatCompletionOut, ChatIn, ModelList
 from app.services import chat
 
@@ -28,8 +28,9 @@ def models(rt: RuntimeDep) -> ModelList:
 @router.post("/chat/completions", response_model=ChatCompletionOut, responses={200: {"content": _STREAM}})
 async def chat_completions(body: ChatIn, request: Request, rt: RuntimeDep) -> Response:
     """The last user message answered from the knowledge base; citations and route in `moerag`."""
-    await check_rate(request, rt)
-    slots = answer_slots(request, rt)
+    door = gate(request)
+    await door.check_rate(request)
+    slots = door.slots
     rt.asking += 1  # on the event loop: no other thread writes it
     try:
         if body.stream:

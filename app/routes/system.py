@@ -8,7 +8,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
-from app.deps import IdPath, Limit, Offset, ReaderDep, RuntimeDep
+from app.deps import IdPath, Limit, Offset, ReaderDep, RuntimeDep, check_reader
+from app.errors import ApiError
 from app.runtime import Runtime
 from app.schemas import PAGE_DEFAULT, JobOut, Page, SearchIn, SearchOut, ShardVectorsOut, StatsOut
 from app.services.search import run_search
@@ -29,35 +30,43 @@ def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz", tags=["system"])
-def readyz(request: Request) -> JSONResponse:
-    """Model, database and index loaded: 200; otherwise 503 with what is missing."""
+async def readyz(request: Request) -> JSONResponse:
+    """Model, database and index loaded: 200; otherwise 503 with what is missing. Readiness is open;
+    the details (the index, the router's staleness with the documents it names) are a read, behind
+    MOERAG_READ_TOKEN where it is set."""
     rt: Runtime = request.app.state.runtime
     if not rt.ready:
         body = {"status": "failed" if rt.error else rt.phase, "error": rt.error}
         return JSONResponse(body, 503, headers={"Retry-After": "2"})
+    try:
+        await check_reader(request, rt, request.headers.get("authorization"))
+    except ApiError:
+        return JSONResponse({"status": "ready", "pid": os.getpid()})
+    return JSONResponse(await run_in_threadpool(_details, rt))
+
+
+def _details(rt: Runtime) -> dict[str, object]:
     idx = rt.indexes.index
-    return JSONResponse(
-        {
-            "status": "ready",
-            "pid": os.getpid(),  # which process answered (several workers share one port)
-            "model": {"name": rt.embedder.name, "dim": rt.embedder.dim, "dtype": rt.embedder.dtype_name},
-            "database": rt.engine.dialect.name,
-            "kernels": rt.kernel_backend,
-            "scoped_kernel": rt.scoped_kernel,  # the split kernel, or why the serial one answers
-            "index": {
-                "version": idx.version,
-                "clusters": idx.nlist,
-                "vectors": idx.ntotal,
-                "codec": idx.codec,  # none: the vectors live on the expert shards (MOERAG_SHARD_MAP)
-                "opened": rt.index_status,
-            },
-            "router": rt.routers.staleness(),  # stale: the mapping changed since it was trained
-            "catalogue_version": rt.catalogue.version,  # the last change this process applied
-            # what a question starting now reads (app.services.serving), and what building it took
-            "serving": rt.state().versions | {"build_ms": rt.services.states.build_ms},
-            "question_model": rt.question_model,
-        }
-    )
+    return {
+        "status": "ready",
+        "pid": os.getpid(),  # which process answered (several workers share one port)
+        "model": {"name": rt.embedder.name, "dim": rt.embedder.dim, "dtype": rt.embedder.dtype_name},
+        "database": rt.engine.dialect.name,
+        "kernels": rt.kernel_backend,
+        "scoped_kernel": rt.scoped_kernel,  # the split kernel, or why the serial one answers
+        "index": {
+            "version": idx.version,
+            "clusters": idx.nlist,
+            "vectors": idx.ntotal,
+            "codec": idx.codec,  # none: the vectors live on the expert shards (MOERAG_SHARD_MAP)
+            "opened": rt.index_status,
+        },
+        "router": rt.routers.staleness(),  # stale: the mapping changed since it was trained
+        "catalogue_version": rt.catalogue.version,  # the last change this process applied
+        # what a question starting now reads (app.services.serving), and what building it took
+        "serving": rt.state().versions | {"build_ms": rt.services.states.build_ms},
+        "question_model": rt.question_model,
+    }
 
 
 @router.get("/stats", response_model=StatsOut, tags=["system"], dependencies=[ReaderDep])

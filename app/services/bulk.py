@@ -18,6 +18,7 @@ from app.models import Job
 from app.services.documents import Ingestor, Upload
 from app.services.jobs import JobContext
 from app.services.sync import sync_folder
+from app.settings import Settings
 from engine.errors import EmptyDocument
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -98,20 +99,26 @@ def _read(f: dict[str, Any]) -> Upload:
     )
 
 
-def sync_handler(ingestor: Ingestor, cache: Path) -> Callable[[JobContext], dict[str, Any]]:
+def sync_handler(ingestor: Ingestor, cache: Path, settings: Settings) -> Callable[[JobContext], dict[str, Any]]:
     """The `sync` job: params {"folder"}, {"git", "branch"} or {"site", "max_pages", "max_depth"}
-    (app.services.sync, sync_sources; git clones kept in `cache`); an interrupted one runs whole
-    again when resumed (a sync is idempotent: what it did already is unchanged the second time)."""
+    (app.services.sync, sync_sources; git clones kept in `cache`; URLs, redirects included, within
+    MOERAG_SYNC_URLS); an interrupted one runs whole again when resumed (a sync is idempotent: what
+    it did already is unchanged the second time)."""
 
     def run(ctx: JobContext) -> dict[str, Any]:
-        from app.services.sync_sources import sync_git, sync_site
+        from app.services.sync_bounds import Bounds
+        from app.services.sync_sources import FetchLimits, sync_git, sync_site
 
         p, progress = ctx.params, (lambda d, t: ctx.progress(d, t))
+        bounds = Bounds.of(settings.sync_urls)  # none set: every URL refused
         if p.get("git"):
-            return sync_git(ingestor, ingestor.sessions, p["git"], p.get("branch"), cache, progress)
+            return sync_git(ingestor, ingestor.sessions, p["git"], p.get("branch"), cache, progress, bounds)
         if p.get("site"):
             pages, depth = int(p.get("max_pages") or 200), int(p.get("max_depth", 5))
-            return sync_site(ingestor, ingestor.sessions, p["site"], pages, progress, depth)
+            limits = FetchLimits.of(settings)
+            return sync_site(
+                ingestor, ingestor.sessions, p["site"], pages, progress, depth, bounds=bounds, limits=limits
+            )
         return sync_folder(ingestor, ingestor.sessions, p["folder"], progress)
 
     return run

@@ -1,4 +1,8 @@
-"""Long work (bulk ingest, recluster) as persisted jobs run by one worker thread.
+"""Long work (bulk ingest, recluster) as persisted jobs run by worker threads, one per lane.
+
+Jobs of a lane run one at a time, in order; lanes run beside each other. A sync waits on the
+network (a slow page, a large repository), so it has a lane of its own: an ingest, a training
+or a re-fit submitted meanwhile does not wait for it.
 
 Jobs survive a crash: at start-up, jobs left queued or running are queued again. Handlers
 must therefore be idempotent (re-ingesting the same bytes is a no-op, reclustering twice is
@@ -84,9 +88,14 @@ class JobContext:
 Handler = Callable[[JobContext], dict[str, Any]]
 
 
+Lane = tuple[str, frozenset[str] | None]  # (name, its kinds; None: every kind no other lane names)
+LANES: tuple[tuple[str, frozenset[str]], ...] = (("sync", frozenset({"sync"})),)
+
+
 class JobRunner:
-    """Claims queued jobs from SQL and runs them on one thread; any number of runners (processes)
-    may share the job table.
+    """Claims queued jobs from SQL and runs them on a thread per lane (`lanes`: {name: kinds};
+    every other kind runs on the main lane); any number of runners (processes) may share the job
+    table.
 
     A claim is `SELECT ... FOR UPDATE SKIP LOCKED` (PostgreSQL; SQLite has one process) and the
     status change in one transaction. While a job runs, a heartbeat refreshes its `updated_at`;
@@ -104,15 +113,19 @@ class JobRunner:
         poll_seconds: float = 1.0,
         lease_seconds: float = 15.0,
         max_queued: int = 100,
+        lanes: tuple[tuple[str, frozenset[str]], ...] = LANES,
     ) -> None:
         self.sessions = sessions
         self.handlers = handlers
         self.max_queued = max_queued
         self.exclusive, self.poll_seconds, self.lease_seconds = exclusive, poll_seconds, lease_seconds
-        self._wake = threading.Event()
-        self._thread: threading.Thread | None = None
+        named = [(name, kinds & handlers.keys()) for name, kinds in lanes if kinds & handlers.keys()]
+        self.lanes: list[Lane] = [("main", None), *((name, frozenset(kinds)) for name, kinds in named)]
+        self._elsewhere = frozenset().union(*(kinds for _, kinds in named))  # kinds the main lane leaves
+        self._wakes = {name: threading.Event() for name, _ in self.lanes}
+        self._threads: list[threading.Thread] = []
         self._cancel = threading.Event()
-        self._running: int | None = None  # the job this runner holds (its heartbeat)
+        self._running: set[int] = set()  # the jobs this runner holds (their heartbeats)
 
     def submit(self, kind: str, params: dict[str, Any], total: int = 0, *, coalesce: bool = False) -> Job:
         """Queue a job. coalesce: the same kind with the same params already waiting is returned instead
@@ -135,7 +148,8 @@ class JobRunner:
             s.add(job)
             s.flush()
             s.expunge(job)
-        self._wake.set()
+        for wake in self._wakes.values():
+            wake.set()
         return job
 
     def recent(self, offset: int, limit: int) -> tuple[int, list[Job]]:
@@ -153,19 +167,22 @@ class JobRunner:
     def start(self) -> None:
         self._cancel.clear()
         self._requeue_dead(everything=self.exclusive)
-        self._thread = threading.Thread(target=self._work, name="moerag-jobs", daemon=True)
-        self._thread.start()
+        for name, kinds in self.lanes:
+            thread = threading.Thread(target=self._work, args=(name, kinds), name=f"moerag-jobs-{name}", daemon=True)
+            self._threads.append(thread)
+            thread.start()
 
     def stop(self, warn_every: float = 10.0) -> None:
-        """Cancel the running job at its next progress report and wait for the thread to end."""
-        if self._thread is not None:
-            self._cancel.set()
-            self._wake.set()
-            while self._thread.is_alive():
-                self._thread.join(warn_every)
-                if self._thread.is_alive():
-                    log.warning("waiting for the job thread to reach a progress report and stop")
-            self._thread = None
+        """Cancel the running jobs at their next progress report and wait for the threads to end."""
+        self._cancel.set()
+        for wake in self._wakes.values():
+            wake.set()
+        for thread in self._threads:
+            while thread.is_alive():
+                thread.join(warn_every)
+                if thread.is_alive():
+                    log.warning("waiting for the %s job thread to reach a progress report and stop", thread.name)
+        self._threads = []
 
     def _requeue_dead(self, *, everything: bool = False) -> None:
         """Running jobs whose runner died (no heartbeat for `lease_seconds`) are queued again."""
@@ -173,16 +190,22 @@ class JobRunner:
         with self.sessions.begin() as s:
             query = select(Job).where(Job.status == "running").order_by(Job.id)
             if not everything:
-                query = query.where(Job.updated_at < stale, Job.id != (self._running or -1))
+                query = query.where(Job.updated_at < stale, Job.id.not_in(list(self._running)))
             for job in s.scalars(query.with_for_update(skip_locked=True)):
                 log.warning("job %d (%s) was interrupted; resuming it", job.id, job.kind)
                 job.status = "queued"
 
-    def _claim(self) -> tuple[int, str, dict[str, Any], dict[str, Any]] | None:
-        """The oldest queued job, or None; two runners never claim the same one."""
+    def _claim(self, kinds: frozenset[str] | None) -> tuple[int, str, dict[str, Any], dict[str, Any]] | None:
+        """The oldest queued job of the lane's `kinds` (None: of the main lane's), or None; two
+        runners never claim the same one."""
+        lane = Job.kind.in_(kinds) if kinds is not None else Job.kind.not_in(self._elsewhere)
         with self.sessions.begin() as s:
             job_id = s.scalar(
-                select(Job.id).where(Job.status == "queued").order_by(Job.id).limit(1).with_for_update(skip_locked=True)
+                select(Job.id)
+                .where(Job.status == "queued", lane)
+                .order_by(Job.id)
+                .limit(1)
+                .with_for_update(skip_locked=True)
             )
             if job_id is None:
                 return None
@@ -200,25 +223,26 @@ class JobRunner:
                     update(Job).where(Job.id == job_id, Job.status == "running").values(updated_at=datetime.now(UTC))
                 )
 
-    def _work(self) -> None:
+    def _work(self, lane: str, kinds: frozenset[str] | None) -> None:
+        wake = self._wakes[lane]
         while not self._cancel.is_set():
-            claimed = self._claim()
+            claimed = self._claim(kinds)
             if claimed is None:  # idle: sleep until a submit here, or poll for one made elsewhere
-                self._wake.wait(self.poll_seconds)
-                self._wake.clear()
-                if not self._cancel.is_set():
+                wake.wait(self.poll_seconds)
+                wake.clear()
+                if not self._cancel.is_set() and kinds is None:  # one lane looks for dead runners' jobs
                     self._requeue_dead()
                 continue
             done = threading.Event()
             beat = threading.Thread(target=self._heartbeat, args=(claimed[0], done), daemon=True)
-            self._running = claimed[0]
+            self._running.add(claimed[0])
             beat.start()
             try:
                 self._run(*claimed)
             finally:
                 done.set()
                 beat.join()
-                self._running = None
+                self._running.discard(claimed[0])
 
     def _run(self, job_id: int, kind: str, params: dict[str, Any], resumed: dict[str, Any]) -> None:
         ctx = JobContext(job_id, params, self.sessions, resumed=resumed, _cancel=self._cancel)

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.catalogue import read_version
 from app.db import make_engine, make_sessionmaker
+from app.locking import exit_with_parent
 from app.models import Chunk
 from engine.lexical import LexicalIndex
 
@@ -44,6 +45,13 @@ def _build_at(url: str, postings: bool) -> tuple[LexicalIndex, int]:
         return build(make_sessionmaker(engine), postings)
     finally:
         engine.dispose()
+
+
+def _worker_start(niceness: int, parent: int) -> None:
+    """A rebuild worker's start: a lower priority, and an end with the server that started it
+    (a SIGKILLed server would otherwise leave it, and multiprocessing's resource tracker, forever)."""
+    os.nice(niceness)
+    exit_with_parent(parent)
 
 
 class LexicalManager:
@@ -111,7 +119,7 @@ class LexicalManager:
             # no memory held between rebuilds, no process left behind by a parent that dies.
             context = multiprocessing.get_context("spawn")
             self._pool = ProcessPoolExecutor(
-                1, context, initializer=os.nice, initargs=(self.niceness,), max_tasks_per_child=1
+                1, context, initializer=_worker_start, initargs=(self.niceness, os.getpid()), max_tasks_per_child=1
             )
         try:
             return self._pool.submit(_build_at, self._url, self.postings).result()

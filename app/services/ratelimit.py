@@ -1,4 +1,5 @@
-"""Per-client rate limit for /ask, shared by every worker: one GCRA bucket per client in SQL.
+"""Per-client rate limit for every door that answers, shared by every worker: one GCRA bucket per
+client in SQL; and the answer gate those doors pass (`AnswerGate`: the limit and the answer slots).
 
 Off by default (MOERAG_ASK_RATE_PER_MINUTE=0). The generic cell rate algorithm keeps one number a
 client, its theoretical arrival time `tat`: a question at `now` moves it to max(tat, now) + T
@@ -12,14 +13,20 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import time
 from typing import Any
 
+import anyio
 from sqlalchemy import Float, bindparam, case, delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import HTTPConnection
 
+from app.errors import ApiError
 from app.models import RateBucket
+from app.proxies import client_address
 
 _TAT = select(RateBucket.tat).where(RateBucket.client == bindparam("client"))
 _SWEEP_EVERY = 1024  # takes between deletions of spent buckets (a passed tat is the same as no row)
@@ -57,3 +64,38 @@ class RateLimiter:
                 return 0.0
             tat = conn.execute(_TAT, {"client": client}).scalar_one()
         return max(tat, now) + self.interval - now - self.burst * self.interval
+
+
+class AnswerGate:
+    """What every door that answers shares (`/ask`, `/v1/chat/completions`, MCP's `ask`): the
+    per-client rate limit and the answer slots. One per app."""
+
+    def __init__(self, limiter: RateLimiter | None, trusted_proxies: str, concurrency: int) -> None:
+        self.limiter, self.trusted_proxies, self.concurrency = limiter, trusted_proxies, concurrency
+        self._slots: anyio.CapacityLimiter | None = None
+
+    async def check_rate(self, request: HTTPConnection | None) -> None:
+        """429 with Retry-After when this client asks faster than MOERAG_ASK_RATE allows (one SQL
+        upsert, off the loop). No request (MCP over stdio): a local agent, no client to count."""
+        if self.limiter is not None and request is not None:
+            client = client_address(request, self.trusted_proxies)
+            wait = await run_in_threadpool(self.limiter.take, client)
+            if wait:
+                raise ApiError(
+                    "rate_limited",
+                    f"too many questions from this client; retry in {wait:.0f} s",
+                    headers={"Retry-After": str(math.ceil(wait))},
+                )
+
+    @property
+    def slots(self) -> anyio.CapacityLimiter:
+        """Questions being answered at once (`MOERAG_ASK_CONCURRENCY`); the rest wait on the event loop.
+
+        Answering is mostly Python under one GIL: more threads than this only queue for it, and a
+        thread re-taking the GIL after every small torch or FAISS call waits behind all of them
+        (16 clients, 40 threads: p95 211 ms; 4 threads: 160 ms, same throughput). Made on first use,
+        inside the event loop (the loop is single-threaded: no race).
+        """
+        if self._slots is None:
+            self._slots = anyio.CapacityLimiter(self.concurrency or 2 * (os.cpu_count() or 1))
+        return self._slots

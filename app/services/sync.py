@@ -3,13 +3,16 @@ their document id, removed ones deleted, unchanged ones skipped by content hash 
 
 A folder's documents are those whose source is a path under it (what `moerag ingest FOLDER`
 and a sync record: the file's absolute path). A file that fails is reported with its reason and
-the run goes on. The `sync` job (`POST /admin/api/sync`, app.services.bulk) runs it on the
+the run goes on. Files stay inside their root: a symbolic link (to a file or a folder) is skipped
+and reported, never followed, and a file is read only if its real path still lies under the root
+when it is opened (`read_inside`). The `sync` job (`POST /admin/api/sync`, app.services.bulk) runs it on the
 server, which records the result with the job; `moerag sync FOLDER [--every 10m]` runs it here or on that server.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Callable, Collection, Mapping
 from functools import partial
 from pathlib import Path
@@ -22,9 +25,12 @@ from app.errors import ApiError
 from app.models import Document
 from app.services.documents import Ingestor, Upload
 from engine.errors import InputError, MoeragError, NotConfigured
-from engine.parsing import document_files
+from engine.parsing import walk_documents
 
 Progress = Callable[[int, int], None]
+
+
+LINKS_LISTED = 100  # a sync names at most this many of the symbolic links it skipped
 
 
 def allowed_folder(folder: str, roots: str) -> str:
@@ -32,23 +38,42 @@ def allowed_folder(folder: str, roots: str) -> str:
     allowed = [Path(r).expanduser().resolve() for r in roots.split(os.pathsep) if r.strip()]
     if not allowed:
         raise NotConfigured("this server syncs no folder: set MOERAG_SYNC_ROOTS to the folders it may mirror")
+    if "\0" in folder:
+        raise ApiError("invalid_request", "a folder path cannot hold a NUL character")
     path = Path(folder).expanduser()
     if not path.is_absolute():
         raise ApiError("invalid_request", f"{folder!r} is not an absolute path")
-    path = path.resolve()
+    try:
+        path = path.resolve()
+        is_dir = path.is_dir()
+    except OSError as exc:  # a name too long for the file system, a loop of links
+        raise ApiError("invalid_request", f"the folder cannot be opened: {exc.strerror or exc}") from None
     if not any(path == r or r in path.parents for r in allowed):
         raise ApiError("invalid_request", f"{path} is outside MOERAG_SYNC_ROOTS")
-    if not path.is_dir():
+    if not is_dir:
         raise ApiError("invalid_request", f"{path} is not a folder")
     return str(path)
 
 
-def folder_files(folder: Path) -> dict[str, Path]:
-    """{absolute path: file} for the files under `folder` that `moerag ingest` would take."""
-    return {str(p): p for p in document_files(folder)}
+def inside(path: Path, root: Path) -> bool:
+    """Whether `path`'s real location (every link resolved) lies under the real `root`."""
+    real, top = Path(os.path.realpath(path)), Path(os.path.realpath(root))
+    return real == top or top in real.parents
 
 
-def _stored(sessions: Callable[[], Session], prefix: str) -> dict[str, tuple[int, str]]:
+def folder_files(folder: Path) -> tuple[dict[str, Path], list[str]]:
+    """({absolute path: file} for the files under `folder` that `moerag ingest` would take, the
+    symbolic links skipped there as paths relative to `folder`)."""
+    files, links = walk_documents(folder)
+    return {str(p): p for p in files}, [p.relative_to(folder).as_posix() for p in links]
+
+
+def skipped_links(links: list[str]) -> dict[str, Any]:
+    """What a sync reports of the symbolic links it did not follow."""
+    return {"links_skipped": len(links), "links": links[:LINKS_LISTED]}
+
+
+def stored_sources(sessions: Callable[[], Session], prefix: str) -> dict[str, tuple[int, str]]:
     """{source: (document id, content hash)} for the documents whose source starts with `prefix`."""
     with sessions() as s:
         rows = s.execute(
@@ -67,8 +92,10 @@ def sync_folder(
     root = Path(folder).expanduser().resolve()
     if not root.is_dir():
         raise ApiError("invalid_request", f"{root} is not a folder")
-    readers = {source: partial(read_file, path, source) for source, path in folder_files(root).items()}
-    return {"folder": str(root), **mirror(ingestor, sessions, str(root) + os.sep, readers, progress)}
+    files, links = folder_files(root)
+    readers = {source: partial(read_inside, root, path, source) for source, path in files.items()}
+    counts = mirror(ingestor, sessions, str(root) + os.sep, readers, progress)
+    return {"folder": str(root), **counts, **skipped_links(links)}
 
 
 def mirror(
@@ -77,16 +104,20 @@ def mirror(
     prefix: str,
     readers: Mapping[str, Callable[[], Upload]],
     progress: Progress | None = None,
-    keep: Collection[str] = (),
+    gone: Collection[str] | None = None,
 ) -> dict[str, Any]:
     """The store's documents under source `prefix` made those of `readers` ({source: its upload,
-    read when called; InputError: that one fails}), sources in `keep` left as they are even when
-    absent: -> the counts and the failures."""
-    stored = _stored(sessions, prefix)
+    read when called; InputError: that one fails}): -> the counts and the failures.
+
+    `gone`: None when `readers` lists the whole source (a folder, a commit), so a stored document
+    absent from it is deleted; otherwise the sources that said they are gone (a 404 or 410 page),
+    the only ones deleted: the others not read are kept and counted `unvisited`."""
+    stored = stored_sources(sessions, prefix)
     counts = dict.fromkeys(("added", "updated", "deleted", "unchanged", "duplicate", "failed", "chunks"), 0)
     failures: list[dict[str, str]] = []
-    gone = sorted(set(stored) - set(readers) - set(keep))
-    total, done = len(readers) + len(gone), 0
+    absent = set(stored) - set(readers)
+    deleted = sorted(absent if gone is None else absent & set(gone))
+    total, done = len(readers) + len(deleted), 0
 
     def step() -> None:
         nonlocal done
@@ -118,19 +149,29 @@ def mirror(
             counts["added" if outcome.status == "created" else "duplicate"] += 1
             counts["chunks"] += outcome.added
         step()
-    for source in gone:
+    for source in deleted:
         try:
             ingestor.delete(stored[source][0])
             counts["deleted"] += 1
         except MoeragError as exc:  # deleted meanwhile
             failed(source, exc.message)
         step()
-    return {**counts, "failures": failures[:100]}
+    unvisited = {"unvisited": len(absent) - len(deleted)} if gone is not None else {}
+    return {**counts, **unvisited, "failures": failures[:100]}
 
 
-def read_file(path: Path, source: str) -> Upload:
-    """A file as an upload under `source`; an unreadable one is an InputError (that file fails)."""
+def read_inside(root: Path, path: Path, source: str) -> Upload:
+    """The file `path` under `root` as an upload under `source`, read only if it is still a plain
+    file under `root` when opened (not a link, not moved behind one since the walk); otherwise, or
+    unreadable, an InputError (that file fails, the others go on)."""
+    if not inside(path, root):
+        raise InputError(f"the file now lies outside {root} (a symbolic link on its way): not read")
     try:
-        return Upload(data=path.read_bytes(), source=source, filename=path.name)
-    except OSError as exc:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise InputError("not a plain file: not read")
+            data = f.read()
+    except OSError as exc:  # ELOOP: the file became a symbolic link
         raise InputError(f"the file cannot be read: {exc.strerror or exc}") from None
+    return Upload(data=data, source=source, filename=path.name)

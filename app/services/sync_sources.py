@@ -2,8 +2,10 @@
 repository and a web site.
 
 - **git**: cloned (`--depth 1`, the branch given or the default one), later fetched and reset, by
-  the `git` command into `<data dir>/sources/`; its files are what `moerag ingest` takes from a
-  folder. A file's source is `<url>/<path in the repository>`.
+  the `git` command into `<data dir>/sources/`, with symbolic links checked out as plain files and
+  HTTP redirects refused; its files are what `moerag ingest` takes from a folder, less the
+  repository's symbolic links (mode 120000 in the commit), which are skipped and reported. A
+  file's source is `<url>/<path in the repository>`; a file gone from the commit is deleted.
 - **site**: crawled breadth-first from a start page, following links within the start page's
   folder on the same host (`https://docs.example.com/guide/` holds `.../guide/a.html`, not
   `.../blog/`), at most `max_pages` pages of the types moerag ingests, at most `max_depth` links
@@ -13,9 +15,14 @@ repository and a web site.
   allows all, one that answers 5xx or cannot be fetched allows none; `Crawl-delay` is kept, up to
   CRAWL_DELAY_MAX seconds). A page's source is its URL without query or fragment. A page that
   fails to fetch is reported, not fatal; a page robots.txt forbids is counted, not fetched.
+  Pages stored from earlier syncs that the crawl did not reach are visited after it, while the
+  page budget lasts. Only a page that answers 404 or 410 is deleted: one the budget, the time
+  limit or another start page did not reach is kept and counted `unvisited`.
 
-A server fetches only URLs under `MOERAG_SYNC_URLS` (`allowed_url`): a sync is a request the
-server makes on the caller's behalf.
+A server fetches only URLs under `MOERAG_SYNC_URLS`, every redirect hop included, each page
+within MOERAG_SYNC_PAGE_BYTES and MOERAG_SYNC_PAGE_SECONDS, a whole crawl within
+MOERAG_SYNC_SECONDS (app.services.sync_bounds): a sync is a request the server makes on the
+caller's behalf.
 """
 
 from __future__ import annotations
@@ -27,7 +34,8 @@ import subprocess
 import time
 import xml.etree.ElementTree as ET
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 from functools import partial
 from html.parser import HTMLParser
 from pathlib import Path
@@ -38,47 +46,74 @@ from urllib.robotparser import RobotFileParser
 from sqlalchemy.orm import Session
 
 from app.errors import ApiError
+from app.locking import dies_with_caller
 from app.services.documents import Ingestor, Upload
-from app.services.sync import Progress, folder_files, mirror, read_file
+from app.services.sync import Progress, folder_files, mirror, read_inside, skipped_links, stored_sources
+from app.services.sync_bounds import OPEN, Bounds, FetchRefused, PageFetcher
+from app.settings import Settings
 from engine.errors import NotConfigured, SourceUnavailable
 from engine.parsing import SUFFIXES
 
 GIT_SECONDS = 300  # a clone or fetch that takes longer fails the sync
-PAGE_SECONDS = 30  # one page's fetch
-PAGE_BYTES = 20 * 1024 * 1024  # a larger page is reported as failed
 MAX_PAGES = 200  # the default crawl bound
 MAX_DEPTH = 5  # links followed from the start page, by default
 MAX_SITEMAPS = 50  # sitemaps read from one sitemap index
 CRAWL_DELAY_MAX = 5.0  # seconds: a longer robots.txt Crawl-delay is cut to this
 AGENT = "moerag-sync"
-_SCHEMES = ("http://", "https://", "file://", "ssh://", "git@")
+GONE = (404, 410)  # a page that answers these is deleted; any other failure keeps it
 
 
-def allowed_url(url: str, allowed: str) -> str:
-    """`url` if it starts with one of `allowed` (MOERAG_SYNC_URLS, whitespace-separated prefixes)."""
-    prefixes = allowed.split()
-    if not prefixes:
-        raise NotConfigured("this server fetches no URL: set MOERAG_SYNC_URLS to the URL prefixes it may mirror")
-    if not url.startswith(_SCHEMES):
-        raise ApiError("invalid_request", f"{url!r} is not an http(s), file, ssh or git URL")
-    if not any(url.startswith(p) for p in prefixes):
-        raise ApiError("invalid_request", f"{url} is outside MOERAG_SYNC_URLS")
-    return url
+@dataclass(frozen=True)
+class FetchLimits:
+    """What one site sync may spend (MOERAG_SYNC_PAGE_BYTES, MOERAG_SYNC_PAGE_SECONDS, MOERAG_SYNC_SECONDS)."""
+
+    page_bytes: int
+    page_seconds: float
+    sync_seconds: float
+
+    @classmethod
+    def of(cls, settings: Settings) -> FetchLimits:
+        return cls(settings.sync_page_bytes, settings.sync_page_seconds, settings.sync_seconds)
+
+    @classmethod
+    def defaults(cls) -> FetchLimits:
+        """The settings' defaults (the settings are where each limit is stated)."""
+        fields = Settings.model_fields
+        return cls(
+            fields["sync_page_bytes"].default, fields["sync_page_seconds"].default, fields["sync_seconds"].default
+        )
 
 
 # ---- git ----------------------------------------------------------------------------------------
 
 
-def _git(*args: str) -> None:
+def _git(*args: str) -> str:
     if shutil.which("git") is None:
         raise NotConfigured("syncing a git repository needs the `git` command on this machine")
     env = {**os.environ, "GIT_TERMINAL_PROMPT": "0"}  # never wait for a password
+    # Symbolic links become plain files holding their target's name (and are skipped: `_links`);
+    # an HTTP redirect is refused, not followed to a place MOERAG_SYNC_URLS did not allow.
+    safe = ("-c", "core.symlinks=false", "-c", "http.followRedirects=false")
     try:
-        done = subprocess.run(["git", *args], capture_output=True, text=True, timeout=GIT_SECONDS, env=env)
+        done = subprocess.run(
+            ["git", *safe, *args],
+            capture_output=True,
+            text=True,
+            timeout=GIT_SECONDS,
+            env=env,
+            preexec_fn=dies_with_caller,  # a killed server leaves no git behind
+        )
     except subprocess.TimeoutExpired:
         raise SourceUnavailable(f"git {args[0]} took over {GIT_SECONDS} s") from None
     if done.returncode != 0:
         raise SourceUnavailable(f"git {args[0]} failed: {done.stderr.strip()[-500:]}")
+    return done.stdout
+
+
+def _links(root: Path) -> set[str]:
+    """The paths the checked-out commit holds as symbolic links (mode 120000)."""
+    listed = _git("-C", str(root), "ls-files", "-s", "-z")
+    return {entry.split("\t", 1)[1] for entry in listed.split("\0") if entry.startswith("120000 ")}
 
 
 def checkout(url: str, branch: str | None, cache: Path) -> Path:
@@ -101,15 +136,27 @@ def sync_git(
     branch: str | None,
     cache: Path,
     progress: Progress | None = None,
+    bounds: Bounds = OPEN,
 ) -> dict[str, Any]:
-    """Mirror a git repository's files: -> {git, branch, added, updated, ..., failures}."""
+    """Mirror a git repository's files: -> {git, branch, added, updated, ..., links_skipped,
+    failures}. `url` is checked against `bounds` (the server's MOERAG_SYNC_URLS) and normalised."""
+    try:
+        url = bounds.check(url)
+    except ApiError as exc:
+        raise SourceUnavailable(exc.message) from None
+    if branch is not None and branch.startswith("-"):
+        raise SourceUnavailable(f"{branch!r} is not a branch name")
     root = checkout(url, branch, cache)
     prefix = url.rstrip("/") + "/"
+    files, links = folder_files(root)
+    committed = _links(root)  # checked out as plain files holding their targets' names: never read
     readers = {}
-    for path in folder_files(root).values():
-        source = prefix + path.relative_to(root).as_posix()
-        readers[source] = partial(read_file, path, source)
-    return {"git": url, "branch": branch, **mirror(ingestor, sessions, prefix, readers, progress)}
+    for path in files.values():
+        name = path.relative_to(root).as_posix()
+        if name not in committed:
+            readers[prefix + name] = partial(read_inside, root, path, prefix + name)
+    counts = mirror(ingestor, sessions, prefix, readers, progress)
+    return {"git": url, "branch": branch, **counts, **skipped_links(sorted(committed | set(links)))}
 
 
 def _given(upload: Upload) -> Upload:
@@ -145,10 +192,14 @@ def _wanted(url: str, scope: str) -> bool:
     return url.startswith(scope) and (path.endswith("/") or suffix in ("", ".htm", ".html") or suffix in SUFFIXES)
 
 
+def robots_url(start: str) -> str:
+    parts = urlsplit(start)
+    return f"{parts.scheme}://{parts.netloc}/robots.txt"
+
+
 def robots(start: str, get: Callable[[str], Any]) -> RobotFileParser:
     """The start host's robots.txt, read as RFC 9309 says: 4xx allows all, 5xx or no answer none."""
-    parts = urlsplit(start)
-    where = f"{parts.scheme}://{parts.netloc}/robots.txt"
+    where = robots_url(start)
     rules = RobotFileParser(where)
     try:
         r = get(where)
@@ -158,13 +209,6 @@ def robots(start: str, get: Callable[[str], Any]) -> RobotFileParser:
         rules.parse(["User-agent: *", "Disallow: /"])
     elif r.status_code >= 400:
         rules.parse([])
-    else:
-        rules.parse(r.content.decode("utf-8", errors="replace").splitlines())
-    return rules
-    if r.status_code >= 500:
-        rules.disallow_all = True
-    elif r.status_code >= 400:
-        rules.allow_all = True
     else:
         rules.parse(r.content.decode("utf-8", errors="replace").splitlines())
     return rules
@@ -202,45 +246,81 @@ def is_sitemap(url: str) -> bool:
     return urlsplit(url).path.lower().endswith(".xml")
 
 
+@dataclass
+class Crawl:
+    """What a crawl read: the pages, the failures, the pages robots.txt forbade, the pages that
+    said they are gone (404, 410) and why it stopped early (the page budget, the time limit)."""
+
+    pages: dict[str, Upload] = field(default_factory=dict)
+    failures: list[dict[str, str]] = field(default_factory=list)
+    forbidden: int = 0
+    gone: set[str] = field(default_factory=set)
+    stopped: str | None = None
+
+
 def crawl(
-    start: str, max_pages: int, get: Callable[[str], Any], max_depth: int = MAX_DEPTH
-) -> tuple[dict[str, Upload], list[dict[str, str]], int]:
-    """Breadth-first from `start` within its folder, or the pages of the sitemap `start`:
-    ({url: its upload}, [{source, error}], pages robots.txt forbade).
-    `get(url)` is an httpx-like GET (a response with status_code, headers, content, url)."""
+    start: str,
+    max_pages: int,
+    get: Callable[[str], Any],
+    max_depth: int = MAX_DEPTH,
+    *,
+    known: Collection[str] = (),
+    seconds: float | None = None,
+    progress: Progress | None = None,
+    rules: RobotFileParser | None = None,
+) -> Crawl:
+    """Breadth-first from `start` within its folder, or the pages of the sitemap `start`, then the
+    `known` pages (stored earlier) it did not reach, at most `max_pages` fetched, within `seconds`.
+    `get(url)` is an httpx-like GET (a response with status_code, headers, content, url); it may
+    raise (that page fails, FetchRefused included). `rules`: the host's robots.txt, read with `get`
+    when not given."""
     scope = _scope(start)
-    rules = robots(start, get)
+    deadline = None if seconds is None else time.monotonic() + seconds
+    rules = rules or robots(start, get)
     delay = min(float(rules.crawl_delay(AGENT) or 0), CRAWL_DELAY_MAX)
     listed = is_sitemap(start)
     first = (
         [u for u in map(_page_url, sitemap_pages(start, get)) if _wanted(u, scope)] if listed else [_page_url(start)]
     )
+    revisits = [u for u in known if _wanted(u, scope)]
     queue, seen = deque((u, 0) for u in dict.fromkeys(first)), set(first)
-    pages: dict[str, Upload] = {}
-    failures: list[dict[str, str]] = []
-    forbidden, fetched = 0, 0
-    while queue and len(pages) < max_pages:
+    out, fetched = Crawl(), 0
+    while queue or revisits:
+        if not queue:  # the links are exhausted: the stored pages it did not reach, once each
+            url = revisits.pop(0)
+            if url in seen:
+                continue
+            seen.add(url)
+            queue.append((url, max_depth))
+        if fetched >= max_pages:
+            out.stopped = f"the page budget ({max_pages}) was spent"
+            break
+        if deadline is not None and time.monotonic() > deadline:
+            out.stopped = f"the time limit ({seconds:g} s) was reached"
+            break
         url, depth = queue.popleft()
         if not rules.can_fetch(AGENT, url):
-            forbidden += 1
+            out.forbidden += 1
             continue
         if delay and fetched:
             time.sleep(delay)
         fetched += 1
+        if progress is not None:
+            progress(fetched, max_pages)
         try:
             r = get(url)
-        except Exception as exc:  # any transport error: that page fails, the crawl goes on
-            failures.append({"source": url, "error": f"fetch failed: {type(exc).__name__}: {exc}"})
+        except Exception as exc:  # any transport error or refusal: that page fails, the crawl goes on
+            why = str(exc) if isinstance(exc, FetchRefused) else f"fetch failed: {type(exc).__name__}: {exc}"
+            out.failures.append({"source": url, "error": why})
             continue
         if r.status_code != 200:
-            failures.append({"source": url, "error": f"HTTP {r.status_code}"})
-            continue
-        if len(r.content) > PAGE_BYTES:
-            failures.append({"source": url, "error": f"larger than {PAGE_BYTES} bytes"})
+            out.failures.append({"source": url, "error": f"HTTP {r.status_code}"})
+            if r.status_code in GONE:
+                out.gone.add(url)
             continue
         kind = r.headers.get("content-type", "").split(";")[0].strip() or None
         name = Path(urlsplit(url).path).name or "index.html"
-        pages[url] = Upload(data=r.content, source=url, filename=name, content_type=kind)
+        out.pages[url] = Upload(data=r.content, source=url, filename=name, content_type=kind)
         if not listed and depth < max_depth and kind in ("text/html", "application/xhtml+xml"):
             links = _Links()
             links.feed(r.content.decode(r.encoding or "utf-8", errors="replace"))
@@ -249,7 +329,7 @@ def crawl(
                 if target not in seen and _wanted(target, scope):
                     seen.add(target)
                     queue.append((target, depth + 1))
-    return pages, failures, forbidden
+    return out
 
 
 def sync_site(
@@ -259,20 +339,37 @@ def sync_site(
     max_pages: int = MAX_PAGES,
     progress: Progress | None = None,
     max_depth: int = MAX_DEPTH,
+    *,
+    bounds: Bounds = OPEN,
+    limits: FetchLimits | None = None,
 ) -> dict[str, Any]:
     """Mirror a site's pages under the start page's folder: -> {site, pages, robots_forbidden,
-    added, ..., failures}."""
+    added, ..., deleted (pages that answered 404/410), unvisited (stored pages kept unread),
+    stopped, failures}. Every URL fetched, redirects included, lies within `bounds`."""
     import httpx
 
-    with httpx.Client(timeout=PAGE_SECONDS, follow_redirects=True, headers={"User-Agent": AGENT}) as http:
-        pages, unreachable, forbidden = crawl(start, max_pages, http.get, max_depth)
-    if not pages:
-        why = f"robots.txt forbids {forbidden} page(s) to {AGENT}" if forbidden else f"{unreachable[:3]}"
+    try:
+        start = bounds.check(start)
+    except ApiError as exc:
+        raise SourceUnavailable(exc.message) from None
+    scope, limits = _scope(start), limits or FetchLimits.defaults()
+    known = sorted(stored_sources(sessions, scope))
+    with httpx.Client(headers={"User-Agent": AGENT}) as http:
+        get = PageFetcher(http, bounds, max_bytes=limits.page_bytes, seconds=limits.page_seconds)
+        # the host's robots.txt is read even where MOERAG_SYNC_URLS allows only a folder of it
+        where = robots_url(start)
+        rules = robots(
+            start, PageFetcher(http, bounds.also(where), max_bytes=limits.page_bytes, seconds=limits.page_seconds)
+        )
+        found = crawl(
+            start, max_pages, get, max_depth, known=known, seconds=limits.sync_seconds, progress=progress, rules=rules
+        )
+    if not found.pages and not found.gone:
+        why = f"robots.txt forbids {found.forbidden} page(s) to {AGENT}" if found.forbidden else f"{found.failures[:3]}"
         raise SourceUnavailable(f"no page of {start} could be fetched: {why}")
-    # A page that did not answer this time is kept, not deleted: only pages the crawl reached count.
-    readers = {url: partial(_given, upload) for url, upload in pages.items()}
-    kept = {f["source"] for f in unreachable}
-    result = mirror(ingestor, sessions, _scope(start), readers, progress, keep=kept)
-    result["failed"] += len(unreachable)
-    result["failures"] = (unreachable + result["failures"])[:100]
-    return {"site": start, "pages": len(pages), "robots_forbidden": forbidden, **result}
+    readers = {url: partial(_given, upload) for url, upload in found.pages.items()}
+    result = mirror(ingestor, sessions, scope, readers, progress, gone=found.gone)
+    result["failed"] += len(found.failures)
+    result["failures"] = (found.failures + result["failures"])[:100]
+    extra = {"stopped": found.stopped} if found.stopped else {}
+    return {"site": start, "pages": len(found.pages), "robots_forbidden": found.forbidden, **result, **extra}

@@ -335,8 +335,12 @@ on("sync-form", "submit", async (e) => {
   const done = await waitJob((await api("POST", "/admin/api/sync", body)).id, $("sync-progress"), $("sync-job"));
   if (done.status !== "done") return status(`sync failed: ${done.error}`, true);
   const r = done.result;
-  status(`synced: ${r.added} added, ${r.updated} updated, ${r.deleted} deleted, ${r.unchanged} unchanged, ${r.failed} failed`, r.failed > 0,
-    (r.failures || []).map((f) => `${f.source}: ${f.error}`));
+  // What a sync kept or left out says as much as what it changed: pages not reached are kept, links never followed.
+  const kept = r.unvisited ? `, ${r.unvisited} kept unvisited${r.stopped ? ` (${r.stopped})` : ""}` : "";
+  const links = r.links_skipped ? `, ${r.links_skipped} symbolic links skipped` : "";
+  status(`synced: ${r.added} added, ${r.updated} updated, ${r.deleted} deleted, ${r.unchanged} unchanged, ${r.failed} failed${kept}${links}`,
+    r.failed > 0 || r.links_skipped > 0,
+    (r.failures || []).map((f) => `${f.source}: ${f.error}`).concat((r.links || []).map((l) => `${l}: a symbolic link, not followed`)));
   await refresh("documents");
 });
 on("doc-prev", "click", () => { state.docPage = Math.max(0, state.docPage - 1); return refresh("documents"); });
