@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.cli import collect_files
+from app.cli.main import collect_files
+from app.cli.sample import SAMPLE_MODULES, build_sample_corpus
 from app.runtime import Runtime
-from app.sample import SAMPLE_MODULES, build_sample_corpus
 from app.services.documents import Upload
 from app.settings import Settings
 from engine.chunking import chunk_document

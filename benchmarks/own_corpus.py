@@ -60,9 +60,9 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/var/tmp/own-corpus"))
     args = ap.parse_args()
 
-    from app.cli import ingest_files
+    from app.cli.main import ingest_files
+    from app.cli.sample import ensure_sample
     from app.runtime import Runtime
-    from app.sample import ensure_sample
     from app.services.refit import Refit
     from app.settings import Settings
 

@@ -3,8 +3,8 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import collect_files, main
-from app.sample import build_sample_corpus
+from app.cli.main import collect_files, main
+from app.cli.sample import build_sample_corpus
 from tests.helpers import topic_doc
 
 
@@ -78,7 +78,7 @@ def test_sample_corpus_is_built_from_pydoc(tmp_path: Path) -> None:
 
 def test_files_the_server_places_itself_keep_no_server_path(runtime, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     """Issue 11 #5: the sample corpus's sources were absolute paths under the data dir."""
-    from app.cli import ingest_files
+    from app.cli.main import ingest_files
 
     folder = tmp_path / "sample-corpus"
     paths = build_sample_corpus(folder, modules=("json",))
@@ -96,7 +96,7 @@ def test_files_the_server_places_itself_keep_no_server_path(runtime, tmp_path: P
 
 def test_data_dir_is_taken_after_the_subcommand_too() -> None:
     """Issue 40 #6: `moerag ask --data-dir d …` was refused; it now means what `moerag --data-dir d ask …` does."""
-    from app.cli import build_parser
+    from app.cli.main import build_parser
 
     parser = build_parser()
     assert parser.parse_args(["ask", "--data-dir", "d", "q"]).data_dir == "d"
@@ -115,7 +115,7 @@ def test_a_read_command_without_a_store_says_so_and_creates_nothing(tmp_path: Pa
 
 
 def test_search_prints_a_snippet_of_each_hit(capsys: pytest.CaptureFixture[str]) -> None:
-    from app.cli_remote import print_hits, snippet
+    from app.cli.remote import print_hits, snippet
 
     hit = {
         "score": 0.5,

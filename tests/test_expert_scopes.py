@@ -95,7 +95,7 @@ def test_an_expert_defined_by_a_folder_holds_exactly_its_documents(client: TestC
 
 @pytest.mark.slow  # each command starts a runtime of its own (a model load)
 def test_the_cli_defines_and_clears_an_expert_by_documents(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from app.cli import main
+    from app.cli.main import main
     from app.db import make_engine, make_sessionmaker
     from app.services.experts import create_expert
 

@@ -304,7 +304,7 @@ def test_ray_up_checks_the_map_against_the_store_before_it_starts_anything(
     pytest.importorskip("ray")
     import json
 
-    from app.cli import main
+    from app.cli.main import main
 
     rt = client.app.state.runtime  # type: ignore[attr-defined]
     bad = tmp_path / "bad.yaml"

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from app.cli import main
-from app.cli_common import local_runtime
-from app.cli_sync import every_seconds
+from app.cli.common import local_runtime
+from app.cli.main import main
+from app.cli.sync import every_seconds
 from app.runtime import Runtime
 from app.services.sync import sync_folder
 from app.settings import Settings

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.cli_common import settings_from
+from app.cli.common import settings_from
 
 
 def add_commands(sub: Any) -> None:

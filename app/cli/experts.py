@@ -9,7 +9,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 
-from app.cli_common import local_runtime, server_for, settings_from, token_for
+from app.cli.common import local_runtime, server_for, settings_from, token_for
 
 
 def add_commands(sub: Any, remote: argparse.ArgumentParser) -> None:
@@ -83,7 +83,7 @@ def cmd_define(args: argparse.Namespace) -> None:
     settings = settings_from(args)
     server = server_for(args, settings)
     if server:
-        from app.cli_remote import Remote
+        from app.cli.remote import Remote
 
         with Remote(server, token_for(args, settings, admin=True)) as api:
             expert = _expert_id(args.expert, api.call("GET", "/admin/api/experts", params={"limit": 500})["items"])
@@ -136,7 +136,7 @@ def _said(result: dict[str, Any]) -> str:
 
 
 def _remote(server: str, token: str | None, progress: Callable[[int, int], None]) -> Any:
-    from app.cli_remote import Remote
+    from app.cli.remote import Remote
 
     def run(params: dict[str, Any]) -> dict[str, Any]:
         with Remote(server, token) as api:

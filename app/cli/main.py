@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app import cli_ray
-from app.cli_common import ingest_files, local_runtime, require_store, server_for, settings_from, token_for
-from app.cli_experts import add_commands as add_expert_commands
-from app.cli_sync import cmd_sync, every_seconds
+from app.cli import ray_cluster
+from app.cli.common import ingest_files, local_runtime, require_store, server_for, settings_from, token_for
+from app.cli.experts import add_commands as add_expert_commands
+from app.cli.sync import cmd_sync, every_seconds
 from app.settings import Settings
 from engine.parsing import document_files
 
@@ -51,7 +51,7 @@ def cmd_ingest(args: argparse.Namespace) -> None:
     if not files:
         raise SystemExit("moerag: no supported files found (txt, md, html, pdf)")
     if server := server_for(args, settings):
-        from app.cli_remote import ingest_remote
+        from app.cli.remote import ingest_remote
 
         counts = ingest_remote(server, token_for(args, settings, admin=True), files, progress=not args.quiet)
     else:
@@ -67,7 +67,7 @@ def cmd_recluster(args: argparse.Namespace) -> None:
     if server := server_for(args, settings):
         from tqdm import tqdm
 
-        from app.cli_remote import Remote
+        from app.cli.remote import Remote
 
         with (
             tqdm(total=4, desc="recluster", disable=args.quiet) as bar,
@@ -92,7 +92,7 @@ def cmd_index_rebuild(args: argparse.Namespace) -> None:
 
 
 def cmd_search(args: argparse.Namespace) -> None:
-    from app.cli_remote import Remote, print_hits
+    from app.cli.remote import Remote, print_hits
 
     settings = settings_from(args)
     body = {"query": args.query, "k": args.k, "clusters": args.clusters}
@@ -109,7 +109,7 @@ def cmd_search(args: argparse.Namespace) -> None:
 
 
 def cmd_ask(args: argparse.Namespace) -> None:
-    from app.cli_remote import Remote, print_answer
+    from app.cli.remote import Remote, print_answer
 
     settings = settings_from(args)
     body = {"query": args.question, "k": args.k, "mode": args.mode, "expert": args.expert}
@@ -139,7 +139,7 @@ def cmd_router_train(args: argparse.Namespace) -> None:
             bar.refresh()
 
         if server := server_for(args, settings):
-            from app.cli_remote import Remote
+            from app.cli.remote import Remote
 
             with Remote(server, token_for(args, settings, admin=True)) as api:
                 job = api.call("POST", "/admin/api/router/train", ok=(202,), json={"activate": not args.no_activate})
@@ -186,14 +186,14 @@ def cmd_router_eval(args: argparse.Namespace) -> None:
 
 
 def cmd_sample(args: argparse.Namespace) -> None:
-    from app.sample import build_sample_corpus
+    from app.cli.sample import build_sample_corpus
 
     paths = build_sample_corpus(Path(args.target))
     print(f"wrote {len(paths)} documents to {args.target}")
 
 
 def _db(args: argparse.Namespace) -> None:
-    from app.cli_db import cmd_db
+    from app.cli.db import cmd_db
 
     cmd_db(args)
 
@@ -211,7 +211,7 @@ def cmd_mcp(args: argparse.Namespace) -> None:
 
 
 def _serve(args: argparse.Namespace) -> None:
-    from app.cli_serve import cmd_serve  # imports uvicorn: only when serving
+    from app.cli.serve import cmd_serve  # imports uvicorn: only when serving
 
     cmd_serve(args)
 
@@ -302,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     sync.add_argument("--max-depth", type=int, default=5, help="--site: links followed from the start (default 5)")
     sync.add_argument("--every", type=every_seconds, help="run again after this long (30s, 10m, 2h), until stopped")
     sync.set_defaults(func=cmd_sync)
-    cli_ray.add_commands(sub)
+    ray_cluster.add_commands(sub)
     mcp = sub.add_parser("mcp", help="serve MCP over stdio (tools ask, search, list_experts, get_chunk)")
     mcp.set_defaults(func=cmd_mcp)
     sample = sub.add_parser("sample", help="write the pydoc sample corpus to a folder")
@@ -342,7 +342,3 @@ def main(argv: Sequence[str] | None = None) -> None:
         if level == "DEBUG":
             raise
         raise SystemExit(f"moerag: {type(exc).__name__}: {exc} (MOERAG_LOG_LEVEL=DEBUG for the traceback)") from None
-
-
-if __name__ == "__main__":
-    main()

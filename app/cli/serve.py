@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from app.cli_common import settings_from
+from app.cli.common import settings_from
 from app.settings import Settings
 
 
@@ -21,7 +21,7 @@ def cmd_serve(args: argparse.Namespace) -> None:
         _serve_workers(args, settings, url)
         return
     # The sample is prepared behind an open port: /readyz says "preparing", then "starting".
-    from app.sample import ensure_sample
+    from app.cli.sample import ensure_sample
 
     prepare = (lambda: ensure_sample(settings)) if args.sample else None
     app = create_app(settings, prepare=prepare)
@@ -51,7 +51,7 @@ def _serve_workers(args: argparse.Namespace, settings: Settings, url: str) -> No
             "(SQLite serves from one process)"
         )
     if args.sample:
-        from app.sample import ensure_sample
+        from app.cli.sample import ensure_sample
 
         ensure_sample(settings)  # before the workers start: they would all try at once
     lock = DataDirLock(settings.resolved_data_dir)

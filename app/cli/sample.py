@@ -106,7 +106,7 @@ def build_sample_corpus(target: Path, modules: tuple[str, ...] = SAMPLE_MODULES)
 
 def ensure_sample(settings: Settings) -> None:
     """Ingest, cluster, propose experts and train a router on the pydoc sample when the store is empty."""
-    from app.cli_common import ingest_files
+    from app.cli.common import ingest_files
     from app.runtime import Runtime
 
     if not store_is_empty(settings):

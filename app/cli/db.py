@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from app.cli_common import settings_from
+from app.cli.common import settings_from
 
 
 def cmd_db(args: argparse.Namespace) -> None:

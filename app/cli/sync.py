@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.cli_common import local_runtime, server_for, settings_from, token_for
+from app.cli.common import local_runtime, server_for, settings_from, token_for
 from app.settings import Settings
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -63,7 +63,7 @@ def _sync_once(args: argparse.Namespace, settings: Settings, source: dict[str, A
             bar.update(done - bar.n)
 
         if server := server_for(args, settings):
-            from app.cli_remote import Remote
+            from app.cli.remote import Remote
 
             with Remote(server, token_for(args, settings, admin=True)) as api:
                 job = api.call("POST", "/admin/api/sync", ok=(202,), json=source)

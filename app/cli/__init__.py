@@ -1,0 +1,1 @@
+"""The `moerag` command: one module a group of commands (`main` parses and dispatches)."""
