@@ -213,7 +213,7 @@ class Runtime:
             )
             shards = None
             if s.shard_map is not None:  # searches go to the expert shards on Ray Serve (`moerag ray up`)
-                from app import shard_map
+                from app.shards import map as shard_map
 
                 shards = shard_map.load(s.shard_map)
             emb = self._embedder or load_embedder(s, shards is not None and shards.embedder is not None)
@@ -255,8 +255,8 @@ class Runtime:
             )
             states.matrix_dtype = s.matrix_dtype  # how the kernel's copy stores the vectors (MOERAG_MATRIX_DTYPE)
             if s.shard_map is not None and shards is not None:  # the map read above (s.shard_map for the follower)
-                from app import ray_client
-                from app.shard_map_follow import ShardMapFollower
+                from app.shards import client as ray_client
+                from app.shards.map_follow import ShardMapFollower
 
                 tier = ray_client.RayShards(shards, s.ray_address, s.shard_timeout_seconds)
                 states.shards = tier
@@ -389,9 +389,9 @@ class Runtime:
 
 def load_embedder(s: Settings, on_ray: bool) -> Embedder:
     """The model, loaded here, or (`on_ray`: the shard map has an `embedder:`) the embedder
-    deployment `moerag ray up` runs, behind the same interface (app.ray_embedder)."""
+    deployment `moerag ray up` runs, behind the same interface (app.shards.embedder)."""
     if on_ray:
-        from app.ray_embedder import RemoteEmbedder
+        from app.shards.embedder import RemoteEmbedder
 
         return cast(Embedder, RemoteEmbedder.connect(s.ray_address, s.model_path))  # Embedder's serving interface
     device = choose_device(s.embed_device)  # a GPU when there is one (MOERAG_EMBED_DEVICE)

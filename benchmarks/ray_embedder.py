@@ -1,4 +1,4 @@
-"""The embedder as a Ray Serve deployment (app.ray_embedder) against the model in the server's
+"""The embedder as a Ray Serve deployment (app.shards.embedder) against the model in the server's
 process, on one machine, in one run:
 
     python benchmarks/ray_embedder.py
@@ -108,7 +108,7 @@ def main() -> None:
     import ray
     from ray import serve
 
-    from app import ray_embedder
+    from app.shards import embedder as ray_embedder
 
     ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
     try:

@@ -1,4 +1,4 @@
-"""moerag's server as a Ray Serve deployment (app.ray_ingress) against `moerag serve`, both over the
+"""moerag's server as a Ray Serve deployment (app.shards.ingress) against `moerag serve`, both over the
 same expert shards on a local Ray cluster, in one run:
 
     python benchmarks/ray_ingress.py --data-dir D --database-url postgresql+psycopg://...
@@ -153,9 +153,9 @@ def main() -> None:
         rates = {name: closed_loop(url, questions, args.clients, args.seconds) for name, url in urls.items()}
         import ray
 
-        from app import ray_ingress
         from app.settings import Settings
-        from app.shard_map import IngressSpec
+        from app.shards import ingress as ray_ingress
+        from app.shards.map import IngressSpec
 
         ray.init(address="auto", log_to_driver=False)
         own = Settings(data_dir=args.data_dir, database_url=args.database_url)

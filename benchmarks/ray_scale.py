@@ -42,11 +42,11 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.ray_client import searches
-from app.ray_shards import deploy
 from app.runtime import Runtime
 from app.settings import Settings
-from app.shard_map import ShardMap, parse
+from app.shards.client import searches
+from app.shards.map import ShardMap, parse
+from app.shards.replicas import deploy
 from benchmarks.evalcorpus import load_questions
 from engine.pipeline import AskRequest
 from index import ClusteredIndex

@@ -1,4 +1,4 @@
-"""How long an expert shard's replica takes to boot: from its own part (app.shard_parts), from the
+"""How long an expert shard's replica takes to boot: from its own part (app.shards.parts), from the
 newest whole-index snapshot (cut to its lists), and from SQL (its lists' embeddings read and
 added), the index log replayed after either snapshot, each shard of the `ray_scale.py` map, the
 three ways in a rotating order by round.
@@ -37,9 +37,9 @@ def main() -> None:
     ap.add_argument("--name", default="shard-boot")
     args = ap.parse_args()
 
-    from app.ray_shards import ShardReplica
     from app.runtime import Runtime
     from app.settings import Settings
+    from app.shards.replicas import ShardReplica
 
     rt = Runtime(Settings(data_dir=args.data_dir))
     rt.start(run_jobs=False)

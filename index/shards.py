@@ -31,7 +31,7 @@ Ints = npt.NDArray[np.int64]
 
 
 # A shard's answer: (scores [Q, k], ids [Q, k]), or with the catalogue versions its content lies
-# between (scores, ids, lo, hi) when the shard follows the catalogue on its own (app.ray_shards),
+# between (scores, ids, lo, hi) when the shard follows the catalogue on its own (app.shards.replicas),
 # and the ids' BM25 scores [Q, k] when the search carried the question's BM25 weights.
 Answer = tuple[Floats, Ints] | tuple[Floats, Ints, int, int] | tuple[Floats, Ints, int, int, Floats]
 

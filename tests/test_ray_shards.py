@@ -107,9 +107,9 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
     client = truth
     from ray import serve
 
-    from app.ray_client import RayShards, searches
-    from app.ray_shards import deploy
-    from app.shard_map import IngressSpec, parse
+    from app.shards.client import RayShards, searches
+    from app.shards.map import IngressSpec, parse
+    from app.shards.replicas import deploy
 
     rt = client.app.state.runtime  # type: ignore[attr-defined]
     assert rt.engine.dialect.name == ("postgresql" if os.environ.get("MOERAG_TEST_PG_URL") else "sqlite")
@@ -133,8 +133,8 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     http_port = _free_port()
     try:
-        if on_postgres:  # Serve's HTTP proxy starts first or never (app.ray_ingress)
-            from app.ray_ingress import start_http
+        if on_postgres:  # Serve's HTTP proxy starts first or never (app.shards.ingress)
+            from app.shards.ingress import start_http
 
             start_http(IngressSpec(port=http_port))
         handles = deploy(shard_map, rt.settings.db_url, rt.embedder.dim)
@@ -341,8 +341,8 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
         # the same on the new map, and still after the old map's shards are retired.
         import yaml
 
-        from app.shard_map import load as load_map
-        from app.shard_map_follow import ShardMapFollower, deployed, retire
+        from app.shards.map import load as load_map
+        from app.shards.map_follow import ShardMapFollower, deployed, retire
 
         map_file = tmp_path / "shards.yaml"
         merged = {"shards": [{"name": "git", "experts": ["git"], "replicas": 2},
@@ -397,7 +397,7 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
 
 
 def _embedder_on_ray(client: TestClient, questions: list[str], expected: list[dict[str, Any]]) -> None:
-    """A map's `embedder:`: the model runs as a Serve deployment (app.ray_embedder) and the server
+    """A map's `embedder:`: the model runs as a Serve deployment (app.shards.embedder) and the server
         embeds through it: the same vectors and token counts as the model in process, a caller's batch
         of questions one model call, and the served answers unchanged, every question embedded there (in bfloat16,
     whose sums on other threads differ by ~1e-3, the same route and first citation)."""
@@ -405,8 +405,8 @@ def _embedder_on_ray(client: TestClient, questions: list[str], expected: list[di
 
     from ray import serve
 
-    from app import ray_embedder
     from app.runtime import load_embedder
+    from app.shards import embedder as ray_embedder
     from engine.question_encoder import QuestionEncoder
 
     rt = client.app.state.runtime  # type: ignore[attr-defined]
@@ -462,7 +462,7 @@ def _ingress_on_ray(
     expected: list[dict[str, Any]],
 ) -> None:
     """A map's `ingress:`: moerag's app as a Serve deployment of two replicas behind Serve's HTTP
-    proxy (app.ray_ingress), each a server on the map built from the environment `ray up` gives
+    proxy (app.shards.ingress), each a server on the map built from the environment `ray up` gives
     it (its own data dir here: the server in process holds this one): both replicas answer, with
     the in-process server's routes and first citations (bfloat16 questions, as in the embedder's
     check), holding the index's lists without its vectors; a document uploaded through the proxy
@@ -473,8 +473,8 @@ def _ingress_on_ray(
     import httpx
     from ray import serve
 
-    from app import ray_ingress
-    from app.shard_map import IngressSpec, load
+    from app.shards import ingress as ray_ingress
+    from app.shards.map import IngressSpec, load
 
     rt = client.app.state.runtime  # type: ignore[attr-defined]
     map_file = tmp_path / "ingress-shards.yaml"

@@ -242,7 +242,7 @@ def test_the_ask_flow_over_expert_shards_equals_the_whole_index(client: TestClie
 def test_the_shard_map_is_checked_when_read_and_when_applied(tmp_path: Any) -> None:
     from pathlib import Path
 
-    from app.shard_map import load, parse
+    from app.shards.map import load, parse
     from engine.errors import InvalidSetting
     from engine.serving import ExpertProfile
 
@@ -324,11 +324,11 @@ def test_shard_replicas_built_from_sql_follow_the_index_log_for_their_lists(
     from sqlalchemy import select
 
     from app.models import Chunk
-    from app.ray_shards import ShardReplica
     from app.services import experts as expert_service
     from app.services.documents import Upload
-    from app.shard_map import parse
-    from app.shard_parts import part_prefix
+    from app.shards.map import parse
+    from app.shards.parts import part_prefix
+    from app.shards.replicas import ShardReplica
     from tests.helpers import topic_doc
 
     rt = client.app.state.runtime  # type: ignore[attr-defined]
@@ -516,7 +516,7 @@ def test_a_shard_that_does_not_answer_makes_the_answer_partial_never_an_error(
     assert [r["shard"] for r in counted["shards"]] == ["git", "sqlite", "rest"]
     assert sum(r["vectors"] for r in counted["shards"]) == counted["chunks"]
     # A mapping change (no index change) publishes a state whose shards are asked at its catalogue
-    # version: a shard that a list just moved to reads it before it answers (app.ray_shards).
+    # version: a shard that a list just moved to reads it before it answers (app.shards.replicas).
     moved = client.post(
         "/admin/api/clusters/assign", json={"cluster_ids": [0], "expert_id": experts["git"]}, headers=AUTH
     )
@@ -540,11 +540,11 @@ def _timeout() -> Any:
 def test_a_remote_embedder_sends_a_batch_in_calls_the_replica_can_take_and_says_when_none_answers(
     embedder: Any,
 ) -> None:
-    """`RemoteEmbedder` (app.ray_embedder) over a stand-in handle: questions go in calls of at most
+    """`RemoteEmbedder` (app.shards.embedder) over a stand-in handle: questions go in calls of at most
     the replica's `max_batch`, all sent before any is awaited, back in order; token counts come
     from the tokenizer here; a deployment that does not answer is a clear NotConfigured."""
     pytest.importorskip("ray")
-    from app.ray_embedder import RemoteEmbedder
+    from app.shards.embedder import RemoteEmbedder
     from engine.errors import NotConfigured
 
     class Call:
@@ -586,8 +586,8 @@ def test_a_remote_embedder_sends_a_batch_in_calls_the_replica_can_take_and_says_
 def test_an_ingress_on_ray_is_one_server_of_several_workers(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its replicas get the database, the shared data dir, the map and the token (and this
     process's MOERAG_* settings); SQLite, which serves from one process, is refused with the fix."""
-    from app.ray_ingress import ingress_env
     from app.settings import Settings
+    from app.shards.ingress import ingress_env
     from engine.errors import NotConfigured
 
     monkeypatch.setenv("MOERAG_ROUTE_THRESHOLD", "0.8")

@@ -1,13 +1,13 @@
-"""`moerag ray up|status|down`: expert shards on Ray Serve (app.ray_shards; the `ray` extra).
+"""`moerag ray up|status|down`: expert shards on Ray Serve (app.shards.replicas; the `ray` extra).
 
 `up` joins the Ray cluster at `--address`, or the local one, or starts a local one (`ray start
 --head`, Ray's own command), and deploys one Serve deployment per shard of the map, as one Serve
 application per map version; a map with `embedder:` also runs the model there, once for the
-cluster (app.ray_embedder). `moerag serve` with MOERAG_SHARD_MAP (and MOERAG_RAY_ADDRESS) then
+cluster (app.shards.embedder). `moerag serve` with MOERAG_SHARD_MAP (and MOERAG_RAY_ADDRESS) then
 searches through them; a changed map file, once `up` runs it, is what the servers switch to
-(app.shard_map_follow), and `up` deletes the other maps' shards `--retire-after` seconds later.
+(app.shards.map_follow), and `up` deletes the other maps' shards `--retire-after` seconds later.
 A map with `ingress:` runs moerag's app itself there too, behind Serve's HTTP proxy
-(app.ray_ingress). `status` prints each shard: its replicas, the lists and vectors it holds and
+(app.shards.ingress). `status` prints each shard: its replicas, the lists and vectors it holds and
 the catalogue version it has reached. `down` deletes every map's shards, the ingress and the
 embedder (and stops the local cluster).
 """
@@ -58,10 +58,12 @@ def cmd_up(args: argparse.Namespace) -> None:
     from sqlalchemy import select
     from sqlalchemy.orm import Session
 
-    from app import ray_client, ray_shards, shard_map
     from app.db import make_engine
     from app.models import IndexState
     from app.services.experts import profiles
+    from app.shards import client as ray_client
+    from app.shards import map as shard_map
+    from app.shards import replicas as ray_shards
 
     ray_shards.require()
     settings = settings_from(args)
@@ -82,8 +84,8 @@ def cmd_up(args: argparse.Namespace) -> None:
             _ray_command("start", "--head", "--disable-usage-stats", "--include-dashboard=false")
     if not ray.is_initialized():
         ray.init(address=args.address or "auto", log_to_driver=False)
-    if shards.ingress is not None:  # Serve's HTTP proxy starts first or never (app.ray_ingress)
-        from app import ray_ingress
+    if shards.ingress is not None:  # Serve's HTTP proxy starts first or never (app.shards.ingress)
+        from app.shards import ingress as ray_ingress
 
         ray_ingress.start_http(shards.ingress)
     # Replicas boot from the snapshots (MOERAG_SNAPSHOT_URL; on one machine the data dir's index folder).
@@ -91,7 +93,7 @@ def cmd_up(args: argparse.Namespace) -> None:
     handles = ray_shards.deploy(shards, settings.db_url, dim, snapshots, settings.index_codec)
     print(json.dumps({"shard_map": shards.version, "shards": ray_client.shard_stats(shards, handles)}, indent=2))
     if shards.embedder is not None:  # the model on Ray too: one application whatever the map's version
-        from app import ray_embedder
+        from app.shards import embedder as ray_embedder
 
         spec = shards.embedder
         if not ray_embedder.running(spec.replicas, spec.max_batch):
@@ -106,8 +108,8 @@ def cmd_up(args: argparse.Namespace) -> None:
             )
             print(json.dumps({"embedder": handle.info.remote().result()}, indent=2))
     if shards.ingress is not None:  # the app itself, N servers on the map behind Serve's proxy
-        from app import ray_ingress
         from app.auth import load_or_create_token
+        from app.shards import ingress as ray_ingress
 
         token = load_or_create_token(
             settings.admin_token.get_secret_value() if settings.admin_token else None, settings.token_file
@@ -117,7 +119,7 @@ def cmd_up(args: argparse.Namespace) -> None:
         print(json.dumps({"ingress": where, **ray_ingress.status()}, indent=2))
     from ray import serve
 
-    from app.shard_map_follow import retire
+    from app.shards.map_follow import retire
 
     if any(name != shards.app_name for name in serve.status().applications if name.startswith(shard_map.APP)):
         print(
@@ -128,24 +130,25 @@ def cmd_up(args: argparse.Namespace) -> None:
 
 
 def cmd_status(args: argparse.Namespace) -> None:
-    from app import ray_client, shard_map
+    from app.shards import client as ray_client
+    from app.shards import map as shard_map
 
     shards = ray_client.RayShards(shard_map.load(args.config), args.address)
     out: dict[str, Any] = {"shard_map": shards.shard_map.version, "shards": shards.stats()}
     if shards.shard_map.embedder is not None:
-        from app import ray_embedder
+        from app.shards import embedder as ray_embedder
 
         out["embedder"] = ray_embedder.status()
     if shards.shard_map.ingress is not None:
-        from app import ray_ingress
+        from app.shards import ingress as ray_ingress
 
         out["ingress"] = ray_ingress.status()
     print(json.dumps(out, indent=2))
 
 
 def cmd_down(args: argparse.Namespace) -> None:
-    from app import ray_shards
-    from app.shard_map_follow import retire
+    from app.shards import replicas as ray_shards
+    from app.shards.map_follow import retire
 
     serve = ray_shards.require()
     import ray
@@ -153,7 +156,8 @@ def cmd_down(args: argparse.Namespace) -> None:
     ray.init(address=args.address or "auto", log_to_driver=False)
     serve.start(proxy_location="Disabled")
     deleted = retire()
-    from app import ray_embedder, ray_ingress
+    from app.shards import embedder as ray_embedder
+    from app.shards import ingress as ray_ingress
 
     for app in (ray_ingress.APP, ray_embedder.APP):  # the servers first: they call the embedder
         if app in serve.status().applications:

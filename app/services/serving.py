@@ -44,7 +44,7 @@ _PROFILE_PARTS = frozenset({"clusters", "experts", "index"})
 
 
 class ShardTier(Protocol):
-    """Where the index's vectors live when they are spread over expert shards (app.ray_client.RayShards)."""
+    """Where the index's vectors live when they are spread over expert shards (app.shards.client.RayShards)."""
 
     def index_over(
         self, index: ClusteredIndex | ListMap, experts: Mapping[int, ExpertProfile], position: int
@@ -79,7 +79,7 @@ class ServingStates:
         self._serial = 0
         self._lock = threading.Lock()
         self.build_ms = {"last": 0.0, "max": 0.0}  # building a state after a catalogue change (/readyz)
-        # Expert shards (app.ray_client.RayShards): the state's index is then the replica's lists
+        # Expert shards (app.shards.client.RayShards): the state's index is then the replica's lists
         # spread over the shards, as the shard map says for the state's experts.
         self.shards: ShardTier | None = None
         self._lexical: LexicalIndex | None = None  # the BM25 index now (its statistics, over shards)

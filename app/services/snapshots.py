@@ -70,7 +70,7 @@ class SnapshotStore:
         return data
 
     def locations(self) -> builtins.list[str]:
-        """Every file here (snapshots of the whole index and shard parts, app.shard_parts)."""
+        """Every file here (snapshots of the whole index and shard parts, app.shards.parts)."""
         return [f"{self._root}/{n}" for n in self._names()]
 
     def remove(self, location: str) -> None:

@@ -34,7 +34,7 @@ def index_from_sql(
     codec: str = "flat",
 ) -> ClusteredIndex:
     """The index of the stored clustering holding every chunk, or only the chunks of
-    `lists(nlist)` (an expert shard's: app.ray_shards), its vectors stored as `codec`; reads only."""
+    `lists(nlist)` (an expert shard's: app.shards.replicas), its vectors stored as `codec`; reads only."""
     state = s.get(IndexState, 1)
     if state is None:
         raise IndexCorrupt("no index state in the database")

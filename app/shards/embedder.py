@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from app.ray_shards import join, replica_states, require
+from app.shards.replicas import join, replica_states, require
 from engine.errors import NotConfigured
 
 log = logging.getLogger(__name__)

@@ -18,9 +18,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from app.ray_shards import replica_states, require
 from app.settings import Settings
-from app.shard_map import IngressSpec
+from app.shards.map import IngressSpec
+from app.shards.replicas import replica_states, require
 from engine.errors import NotConfigured
 
 APP = "moerag-ingress"  # its Serve application: one for the cluster, whatever the shard map's version

@@ -11,10 +11,10 @@
       - name: rest
         experts: [sqlite]
         default: true       # also holds every list no named expert owns
-    embedder:               # optional: the model runs on Ray too (app.ray_embedder), not in each server
+    embedder:               # optional: the model runs on Ray too (app.shards.embedder), not in each server
       replicas: 1
       max_batch: 16         # the most questions a replica embeds in one call
-    ingress:                # optional: the app itself runs on Ray, behind Serve's HTTP proxy (app.ray_ingress)
+    ingress:                # optional: the app itself runs on Ray, behind Serve's HTTP proxy (app.shards.ingress)
       replicas: 2
       host: 127.0.0.1
       port: 8000
@@ -79,13 +79,13 @@ class IngressSpec:
 class ShardMap:
     shards: tuple[Shard, ...]
     version: str  # the file's content hash: what responses and `ray status` name
-    embedder: EmbedderSpec | None = None  # the model on Ray Serve (app.ray_embedder); None: in each server
-    ingress: IngressSpec | None = None  # the app itself on Ray Serve (app.ray_ingress); None: `moerag serve`
+    embedder: EmbedderSpec | None = None  # the model on Ray Serve (app.shards.embedder); None: in each server
+    ingress: IngressSpec | None = None  # the app itself on Ray Serve (app.shards.ingress); None: `moerag serve`
 
     @property
     def app_name(self) -> str:
-        """Its Serve application (app.ray_shards): one per map version, so a changed map's shards
-        run beside the serving ones until the servers switch (app.shard_map_follow)."""
+        """Its Serve application (app.shards.replicas): one per map version, so a changed map's shards
+        run beside the serving ones until the servers switch (app.shards.map_follow)."""
         return f"{APP}-{self.version}"
 
     @property

@@ -1,4 +1,4 @@
-"""Snapshots of a shard's part: a shard replica (app.ray_shards) boots from its own part when one
+"""Snapshots of a shard's part: a shard replica (app.shards.replicas) boots from its own part when one
 was written, so the bytes it reads grow with its shard, not with the store.
 
 A part is named by the clustering, a digest of the lists it holds (the shard map applied to the
@@ -7,7 +7,7 @@ beside the whole-index snapshots in the snapshot store (`MOERAG_SNAPSHOT_URL`, o
 directory's index folder). A replica writes its part every PART_SECONDS when it moved on (replicas
 of one shard write the same name; a write is atomic), and removes its older parts and every part
 of another clustering or of lists no shard of its map holds now. Booting, a replica takes its
-part if one holds its lists, else the whole newest snapshot cut to its lists, else (app.ray_shards)
+part if one holds its lists, else the whole newest snapshot cut to its lists, else (app.shards.replicas)
 SQL.
 """
 

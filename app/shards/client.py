@@ -1,4 +1,4 @@
-"""The serving side of the Ray tier (app.ray_shards deploys it): handles to a shard map's
+"""The serving side of the Ray tier (app.shards.replicas deploys it): handles to a shard map's
 deployments, the sharded view of an index a serving state holds (`RayShards.index_over`), each
 shard's figures for `moerag ray status` and the console, and the bounded wait on a shard's answer.
 """
@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from app.ray_shards import join, replica_states, require
-from app.shard_map import ShardMap
+from app.shards.map import ShardMap
+from app.shards.replicas import join, replica_states, require
 from engine.lexical import QueryWeights, TermStats
 from engine.serving import ExpertProfile
 from engine.sharded_lexical import LexicalShard, ShardedLexical

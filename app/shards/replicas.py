@@ -2,12 +2,12 @@
 replica holding only the FAISS lists of its experts, following the index log for them.
 
 `ShardReplica` is the deployment's class and runs without Ray too (tests, one machine): it
-boots from its part or the newest index snapshot (app.shard_parts), keeping only its lists, and
+boots from its part or the newest index snapshot (app.shards.parts), keeping only its lists, and
 replays the index log after it; without a usable one it builds its part from SQL. It answers
 `search(q, k, lists)` and applies the index log after its position, only for its lists
 (`follow`; a new clustering is read again). `deploy` starts or joins a Ray cluster and runs one
 Serve application with a deployment a shard (`shard-<name>`, its replicas from the map);
-app.ray_client is the serving side of them.
+app.shards.client is the serving side of them.
 Ray places the replicas, health-checks and restarts them; nothing here is cluster code.
 """
 
@@ -27,15 +27,15 @@ import numpy.typing as npt
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
-from app import shard_parts
 from app.catalogue import read_version
 from app.db import make_engine, make_sessionmaker
 from app.index_log import apply_log, carries, read_log
 from app.models import Chunk, IndexState
 from app.services.experts import profiles
 from app.services.sql_index import index_from_sql
-from app.shard_map import ShardMap
-from app.shard_postings import ShardPostings
+from app.shards import parts as shard_parts
+from app.shards.map import ShardMap
+from app.shards.postings import ShardPostings
 from engine.errors import NotConfigured
 from engine.lexical import QueryWeights
 from engine.sharded_lexical import LexicalAnswer
@@ -177,7 +177,7 @@ class ShardReplica:
 
     def _from_snapshot(self, where: str) -> tuple[ClusteredIndex, int, str] | None:
         """Its newest part at `where` (a folder or fsspec URL), else the newest whole snapshot cut
-        to its lists (app.shard_parts), brought to now by the log; None when there is none to
+        to its lists (app.shards.parts), brought to now by the log; None when there is none to
         trust (then SQL builds it)."""
         try:
             with self.sessions() as s:

@@ -15,9 +15,11 @@ import logging
 import threading
 from pathlib import Path
 
-from app import ray_client, ray_shards, shard_map
 from app.services.serving import ServingStates
-from app.shard_map import APP, ShardMap
+from app.shards import client as ray_client
+from app.shards import map as shard_map
+from app.shards import replicas as ray_shards
+from app.shards.map import APP, ShardMap
 from engine.errors import InvalidSetting
 
 log = logging.getLogger(__name__)
