@@ -140,7 +140,7 @@ def evaluate(
     """
     from fastapi.testclient import TestClient
 
-    from app.main import create_app
+    from app.api.main import create_app
 
     settings = rt.settings
     stats = rt.stats()

@@ -21,7 +21,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from app.main import create_app
+from app.api.main import create_app
 from app.models import Chunk, Document
 from app.runtime import Runtime
 from app.settings import Settings

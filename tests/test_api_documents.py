@@ -3,7 +3,7 @@ from pathlib import Path
 import numpy as np
 from fastapi.testclient import TestClient
 
-from app.main import create_app
+from app.api.main import create_app
 from app.runtime import Runtime
 from app.settings import Settings
 from engine.embedder import Embedder

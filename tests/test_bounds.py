@@ -83,7 +83,7 @@ def test_a_row_gone_in_a_concurrent_change_is_a_409_not_a_500(client: TestClient
     """Schemathesis found PUT /admin/api/clusters/0 racing an expert's deletion: FOREIGN KEY failed, 500."""
     from sqlalchemy.exc import IntegrityError
 
-    from app.routes import admin
+    from app.api.routes import admin
 
     def racing(*_: object) -> int:
         raise IntegrityError("UPDATE cluster", {}, Exception("FOREIGN KEY constraint failed"))

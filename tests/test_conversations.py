@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from app.main import create_app
+from app.api.main import create_app
 from app.runtime import Runtime
 from app.settings import Settings
 from engine.embedder import Embedder

@@ -245,7 +245,7 @@ def test_sample_corpus_answers_are_readable_and_cite_only_what_they_use(tmp_path
 
     from fastapi.testclient import TestClient
 
-    from app.main import create_app
+    from app.api.main import create_app
     from app.settings import Settings
     from tests.conftest import TOKEN, copy_sample
 

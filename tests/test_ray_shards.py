@@ -29,8 +29,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
+from app.api.main import create_app
 from app.db import make_engine
-from app.main import create_app
 from app.migrate import downgrade
 from app.models import Chunk
 from app.runtime import Runtime

@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import delete, select, update
 
-from app.main import create_app
+from app.api.main import create_app
 from app.models import Chunk, IndexState
 from app.runtime import Runtime
 from app.services.documents import Upload

@@ -202,7 +202,7 @@ def cmd_mcp(args: argparse.Namespace) -> None:
     """MCP over stdin/stdout for an agent that launches moerag itself (a server's agents use its /mcp)."""
     import anyio
 
-    from app.mcp_server import build
+    from app.api.mcp_server import build
 
     settings = settings_from(args)
     require_store(settings)

@@ -12,8 +12,8 @@ from app.settings import Settings
 def cmd_serve(args: argparse.Namespace) -> None:
     import uvicorn
 
-    from app.connections import uvicorn_options
-    from app.main import create_app
+    from app.api.connections import uvicorn_options
+    from app.api.main import create_app
 
     settings = settings_from(args)
     url = f"http://{args.host}:{args.port}"
@@ -42,7 +42,7 @@ def _serve_workers(args: argparse.Namespace, settings: Settings, url: str) -> No
     process supervises them and holds the data dir (its lock names this address for the CLI)."""
     import uvicorn
 
-    from app.connections import uvicorn_options
+    from app.api.connections import uvicorn_options
     from app.locking import DataDirBusy, DataDirLock
 
     if settings.db_url.startswith("sqlite"):
@@ -69,7 +69,7 @@ def _serve_workers(args: argparse.Namespace, settings: Settings, url: str) -> No
     os.environ["MOERAG_WORKER_OF"] = str(os.getpid())
     try:
         uvicorn.run(
-            "app.worker:app",
+            "app.api.worker:app",
             factory=True,
             workers=args.workers,
             host=args.host,

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 
 class LogAnswer(Protocol):
-    """Logs the question once, with the answer streamed (app.routes.flow.LogOnce)."""
+    """Logs the question once, with the answer streamed (app.api.routes.flow.LogOnce)."""
 
     def __call__(self, aborted: bool = False, answer: str | None = None) -> int | None: ...
 

@@ -31,7 +31,7 @@ def build_app() -> Any:
     """The app of one ingress replica (Serve calls it when the replica starts): settings from the
     environment `ingress_env` gave it; the runtime starts in the lifespan (Serve runs it), so a
     replica takes requests once it is ready."""
-    from app.main import create_app
+    from app.api.main import create_app
 
     return create_app(Settings(), start_in_background=False)
 

@@ -7,10 +7,10 @@ from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from app.deps import AdminDep, IdPath, Limit, Offset, ReaderDep, RuntimeDep
+from app.api.deps import AdminDep, IdPath, Limit, Offset, ReaderDep, RuntimeDep
+from app.api.routes.uploads import NoFields, form_fields, read_upload_file, upload_from_request
 from app.errors import ApiError
 from app.models import Document
-from app.routes.uploads import NoFields, form_fields, read_upload_file, upload_from_request
 from app.schemas import (
     NAME_MAX,
     PAGE_DEFAULT,

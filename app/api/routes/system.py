@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
-from app.deps import IdPath, Limit, Offset, ReaderDep, RuntimeDep, check_reader
+from app.api.deps import IdPath, Limit, Offset, ReaderDep, RuntimeDep, check_reader
 from app.errors import ApiError
 from app.runtime import Runtime
 from app.schemas import PAGE_DEFAULT, JobOut, Page, SearchIn, SearchOut, ShardVectorsOut, StatsOut

@@ -28,7 +28,7 @@ async def read_upload_file(file: UploadFile, limit: int) -> bytes:
 
 
 async def upload_from_request(request: Request, limit: int) -> Upload:
-    # The body as a whole was held to the route's limit as it arrived (app/body_limit.py); the
+    # The body as a whole was held to the route's limit as it arrived (app/api/body_limit.py); the
     # file itself is held to `limit` here.
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype == "multipart/form-data":

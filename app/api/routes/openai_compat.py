@@ -9,8 +9,8 @@ import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from app.deps import ReaderDep, RuntimeDep
-from app.routes.flow import gate, threaded_stream
+from app.api.deps import ReaderDep, RuntimeDep
+from app.api.routes.flow import gate, threaded_stream
 from app.schemas_openai import ChatCompletionOut, ChatIn, ModelList
 from app.services import chat
 

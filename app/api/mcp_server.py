@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.deps import check_reader
+from app.api.deps import check_reader
 from app.errors import ApiError, error_body
 from app.schemas import INT64_MAX, AskIn, SearchIn
 from app.services import library
@@ -192,7 +192,7 @@ class LazyMcp:
 
 
 class ReadTokenGate:
-    """The HTTP transport behind the read rule of every other read (app.deps.check_reader): the
+    """The HTTP transport behind the read rule of every other read (app.api.deps.check_reader): the
     read token, the admin token or a console session when MOERAG_READ_TOKEN is set; a 401 in
     moerag's error shape otherwise. POST only: the server is stateless and sends nothing unasked,
     so a GET (a stream for server messages, which never came and was never closed) is a 405, as

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 from starlette.concurrency import run_in_threadpool
 
-from app.deps import AdminDep, IdPath, Limit, Offset, RuntimeDep
+from app.api.deps import AdminDep, IdPath, Limit, Offset, RuntimeDep
 from app.models import Expert
 from app.schemas import PAGE_DEFAULT, PAGE_LIMIT, ClusterOut, JobOut, Page, ScopeLeakageOut
 from app.schemas_admin import (

@@ -1,4 +1,4 @@
-"""The entry of one `moerag serve --workers N` worker process: uvicorn's factory `app.worker:app`.
+"""The entry of one `moerag serve --workers N` worker process: uvicorn's factory `app.api.worker:app`.
 
 A worker binds its life to the supervisor's first, before it imports the model, torch and the
 rest of the service (seconds): a supervisor SIGKILLed while a worker it had just started was still
@@ -18,12 +18,12 @@ if TYPE_CHECKING:
 
 
 def app() -> FastAPI:
-    """The worker's app (app.main.worker_app), once this process dies with its supervisor."""
+    """The worker's app (app.api.main.worker_app), once this process dies with its supervisor."""
     parent = os.environ.get("MOERAG_WORKER_OF")
     if parent:
         die_with_parent(int(parent))
-    from app.connections import configure
-    from app.main import worker_app
+    from app.api.connections import configure
+    from app.api.main import worker_app
     from app.settings import Settings
 
     configure(Settings())  # this worker's connections keep the supervisor's timeouts

@@ -17,11 +17,12 @@ from starlette.datastructures import MutableHeaders
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app import errors, mcp_server
-from app.body_limit import BodyLimit, limit_for
-from app.deps import optional_read_security
+from app import errors
+from app.api import mcp_server
+from app.api.body_limit import BodyLimit, limit_for
+from app.api.deps import optional_read_security
+from app.api.routes import admin, ask, console, conversations, documents, openai_compat, system
 from app.limits import state_question_limits
-from app.routes import admin, ask, console, conversations, documents, openai_compat, system
 from app.runtime import Runtime, use_serving_threads
 from app.schemas import ERROR_RESPONSES
 from app.services.ratelimit import AnswerGate
@@ -176,7 +177,7 @@ def worker_app() -> FastAPI:
     232 of the first requests against 4 workers); starting in the lifespan, it does not accept
     until ready, and the kernel hands connections to the ready ones.
 
-    It dies with the supervisor (app.worker, its entry, sees to it before this module loads): a
+    It dies with the supervisor (app.api.worker, its entry, sees to it before this module loads): a
     killed supervisor left its workers serving as orphans, the port taken and the data dir's lock
     free."""
     return create_app(Settings(), start_in_background=False)

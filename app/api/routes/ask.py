@@ -11,8 +11,8 @@ from fastapi import APIRouter, Body, Request
 from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from app.deps import ReaderDep, RuntimeDep
-from app.routes.flow import LogOnce, gate, threaded_stream
+from app.api.deps import ReaderDep, RuntimeDep
+from app.api.routes.flow import LogOnce, gate, threaded_stream
 from app.runtime import Runtime
 from app.schemas import AskIn, AskOut
 from app.services.answering import Asked, answer_json, citations, prepare
