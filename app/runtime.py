@@ -17,14 +17,14 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 import kernels
-from app.auth import load_or_create_token
-from app.catalogue import ALL_PARTS, Catalogue
-from app.db import make_engine, make_sessionmaker
-from app.errors import is_disk_full
-from app.locking import DataDirBusy, DataDirLock, SqlLease
-from app.metrics import Metrics
-from app.migrate import upgrade
-from app.models import Chunk, Cluster, Document
+from app.core.auth import load_or_create_token
+from app.core.db import make_engine, make_sessionmaker
+from app.core.errors import is_disk_full
+from app.core.locking import DataDirBusy, DataDirLock, SqlLease
+from app.core.metrics import Metrics
+from app.core.migrate import upgrade
+from app.core.models import Chunk, Cluster, Document
+from app.core.settings import Settings
 from app.services.answer_cache import AnswerCache
 from app.services.ask import SqlChunkStore
 from app.services.bulk import bulk_handler, clean_spool, sync_handler
@@ -41,7 +41,7 @@ from app.services.reclustering import recluster_job
 from app.services.refit import Refit
 from app.services.routing import RouterManager, train_job
 from app.services.serving import ServingStates
-from app.settings import Settings
+from app.store.catalogue import ALL_PARTS, Catalogue
 from engine.chunking import ChunkingConfig
 from engine.device_choice import choose_device
 from engine.embedder import Embedder

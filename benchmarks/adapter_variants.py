@@ -75,9 +75,9 @@ def main() -> None:
 
     from sqlalchemy import select
 
-    from app.models import Chunk, stack
+    from app.core.models import Chunk, stack
+    from app.core.settings import Settings
     from app.runtime import Runtime
-    from app.settings import Settings
     from engine.adapter import AdapterConfig, adapt, fit
     from engine.samples import heading_queries
 

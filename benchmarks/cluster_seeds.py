@@ -97,9 +97,9 @@ def main() -> None:
 
     from sqlalchemy import select
 
-    from app.models import RouterVersion
+    from app.core.models import RouterVersion
+    from app.core.settings import Settings
     from app.runtime import Runtime
-    from app.settings import Settings
 
     questions = load_questions(args.questions)
     rows = []

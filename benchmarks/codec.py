@@ -26,8 +26,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def measure(data_dir: Path, codec: str, questions: list[dict[str, str]]) -> dict[str, Any]:
+    from app.core.settings import Settings
     from app.runtime import Runtime
-    from app.settings import Settings
     from benchmarks.evalcorpus import is_hit
     from engine.pipeline import AskRequest
 

@@ -55,7 +55,7 @@ def semantic_router_gate(ev: routing.Evaluation, questions: list[dict[str, str]]
     from semantic_router.encoders.local import LocalEncoder
     from sqlalchemy import select
 
-    from app.models import Expert
+    from app.core.models import Expert
     from engine.calibration import confidence_ece
     from engine.embedder import packaged_model_path
 
@@ -115,8 +115,8 @@ def semantic_router_gate(ev: routing.Evaluation, questions: list[dict[str, str]]
 
 
 def stage_quality(work: Path, corpus: Path, questions: list[dict[str, str]], latency_questions: int) -> dict[str, Any]:
+    from app.core.settings import Settings
     from app.runtime import Runtime
-    from app.settings import Settings
     from benchmarks.embcache import EmbeddingCache, cached
     from benchmarks.reference import reference_ranked
     from engine.embedder import Embedder
@@ -177,8 +177,8 @@ def stage_quality(work: Path, corpus: Path, questions: list[dict[str, str]], lat
 
 def stage_speed(corpus: Path, pages: int) -> dict[str, Any]:
     """Ingestion of the same pages in one run: raw encodes bracket each pipeline (the machine drifts)."""
+    from app.core.settings import Settings
     from app.runtime import Runtime
-    from app.settings import Settings
     from benchmarks.ingest import pipeline_texts, raw_encode
     from engine.embedder import Embedder
 

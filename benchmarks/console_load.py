@@ -24,9 +24,9 @@ TOKEN = "bench-token"
 
 
 def build_store(data_dir: Path, clusters: int = 500, experts: int = 50, chunks: int = 5000) -> None:
-    from app.models import Chunk, Cluster, Document, Expert, IndexState
+    from app.core.models import Chunk, Cluster, Document, Expert, IndexState
+    from app.core.settings import Settings
     from app.runtime import Runtime
-    from app.settings import Settings
 
     rt = Runtime(Settings(data_dir=data_dir, admin_token=TOKEN))  # type: ignore[arg-type]
     rt.start()

@@ -185,8 +185,8 @@ def ingest_into(rt: Any, corpus: Path) -> dict[str, float]:
 
 
 def ingest(corpus: Path, data_dir: Path) -> dict[str, float]:
+    from app.core.settings import Settings
     from app.runtime import Runtime
-    from app.settings import Settings
 
     rt = Runtime(Settings(data_dir=data_dir))
     rt.start()

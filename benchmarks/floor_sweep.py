@@ -32,7 +32,7 @@ def set_floors(rt: Any, held: str, quantile: float) -> dict[str, Any]:
     """Floors from the known domains' chunks; -> how many chunks and documents fall below, by side."""
     from sqlalchemy import select, update
 
-    from app.models import Chunk, Cluster, Document
+    from app.core.models import Chunk, Cluster, Document
     from index.fit import FLOOR_CAP
 
     with rt.sessions.begin() as s:
@@ -63,8 +63,8 @@ def main() -> None:
     ap.add_argument("--quantiles", default="0,0.02,0.05,0.1")
     args = ap.parse_args()
 
+    from app.core.settings import Settings
     from app.runtime import Runtime
-    from app.settings import Settings
 
     questions = load_questions()
     rt = Runtime(Settings(data_dir=args.store, question_cache=0, answer_cache=0))

@@ -50,7 +50,7 @@ def expert_domains(rt: Any) -> dict[int, str]:
     """{expert id: the domain holding most of its chunks}."""
     from sqlalchemy import select
 
-    from app.models import Chunk, Cluster, Document
+    from app.core.models import Chunk, Cluster, Document
     from benchmarks.evalcorpus import domain_of
 
     votes: dict[int, Counter[str]] = {}
@@ -128,8 +128,8 @@ def main() -> None:
     ap.add_argument("--name", default="followups")
     args = ap.parse_args()
 
+    from app.core.settings import Settings
     from app.runtime import Runtime
-    from app.settings import Settings
     from benchmarks.evalcorpus import load_questions
     from engine.followup import REWRITE_SECONDS, REWRITE_TOKENS
     from engine.generators import OpenAIGenerator

@@ -103,8 +103,8 @@ def same_answer(want: dict[str, Any], got: dict[str, Any], atol: float = 1e-4) -
 
 def prepare(data_dir: Path, n: int) -> None:
     from app.cli.sample import ensure_sample, store_is_empty
+    from app.core.settings import Settings
     from app.runtime import Runtime
-    from app.settings import Settings
 
     settings = Settings(data_dir=data_dir, scoped_search="kernel", matrix_dtype="float32", question_cache=0,
                         answer_cache=0, kernel_backend="torch")  # fmt: skip

@@ -58,7 +58,7 @@ def map_domains(rt: Any, domains: list[str]) -> dict[str, int]:
     """One expert per present domain; each list to the domain holding most of its chunks."""
     from sqlalchemy import select
 
-    from app.models import Chunk, Cluster, Document
+    from app.core.models import Chunk, Cluster, Document
     from app.services import experts as svc
 
     with rt.sessions.begin() as s:
@@ -107,8 +107,8 @@ def fit_experts(rt: Any, args: argparse.Namespace, known: list[Path], domains: l
 
 
 def run_domain(held: str, args: argparse.Namespace, embedder: Any, questions: list[dict[str, str]]) -> dict[str, Any]:
+    from app.core.settings import Settings
     from app.runtime import Runtime
-    from app.settings import Settings
     from benchmarks.routing_report import DOMAINS
 
     data = args.work / f"held-{held}"
@@ -141,8 +141,8 @@ def run_known(args: argparse.Namespace, embedder: Any, questions: list[dict[str,
     """New documents on known topics: how many the drift report flags, what the check costs."""
     import random
 
+    from app.core.settings import Settings
     from app.runtime import Runtime
-    from app.settings import Settings
     from benchmarks.routing_report import DOMAINS
 
     data = args.work / "held-known"

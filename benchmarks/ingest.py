@@ -20,9 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.cli.main import collect_files
 from app.cli.sample import SAMPLE_MODULES, build_sample_corpus
+from app.core.settings import Settings
 from app.runtime import Runtime
 from app.services.documents import Upload
-from app.settings import Settings
 from engine.chunking import chunk_document
 from engine.embedder import Embedder
 from engine.parsing import parse

@@ -31,9 +31,9 @@ def main() -> None:
     ap.add_argument("--name", default="ingress-memory")
     args = ap.parse_args()
 
+    from app.core.settings import Settings
     from app.runtime import Runtime
     from app.services.indexing import IndexManager
-    from app.settings import Settings
     from benchmarks.evalcorpus import load_questions
     from engine.postings import Postings
 

@@ -26,8 +26,8 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def ask(data_dir: Path, dtype: str, questions: list[dict[str, str]]) -> list[tuple[str, list[int], bool]]:
     """(route path, cited chunk ids, hit) per question."""
+    from app.core.settings import Settings
     from app.runtime import Runtime
-    from app.settings import Settings
     from benchmarks.retrieval_metrics import first_hits
     from benchmarks.routing import served
 

@@ -62,9 +62,9 @@ def main() -> None:
 
     from app.cli.main import ingest_files
     from app.cli.sample import ensure_sample
+    from app.core.settings import Settings
     from app.runtime import Runtime
     from app.services.refit import Refit
-    from app.settings import Settings
 
     shutil.rmtree(args.work, ignore_errors=True)
     settings = Settings(data_dir=args.work, question_cache=0, answer_cache=0)

@@ -153,7 +153,7 @@ def main() -> None:
         rates = {name: closed_loop(url, questions, args.clients, args.seconds) for name, url in urls.items()}
         import ray
 
-        from app.settings import Settings
+        from app.core.settings import Settings
         from app.shards import ingress as ray_ingress
         from app.shards.map import IngressSpec
 

@@ -42,8 +42,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from app.core.settings import Settings
 from app.runtime import Runtime
-from app.settings import Settings
 from app.shards.client import searches
 from app.shards.map import ShardMap, parse
 from app.shards.replicas import deploy

@@ -39,8 +39,8 @@ def main() -> None:
     ap.add_argument("--name", help="also write the rows to benchmarks/results/<name>.json")
     args = ap.parse_args()
 
+    from app.core.settings import Settings
     from app.runtime import Runtime
-    from app.settings import Settings
     from engine.pipeline import PipelineConfig
 
     grid: dict[str, list[object]] = json.loads(args.grid)

@@ -48,7 +48,7 @@ def setup_experts(rt: Any) -> dict[str, int]:
     """One expert per domain; each cluster to the domain holding most of its chunks; documents re-placed."""
     from sqlalchemy import select
 
-    from app.models import Chunk, Cluster, Document, Expert
+    from app.core.models import Chunk, Cluster, Document, Expert
     from app.services import experts as svc
 
     with rt.sessions.begin() as s:
@@ -112,7 +112,7 @@ def rank_on_path(rt: Any, q: dict[str, str], route: Any) -> int | None:
 def faq_documents(rt: Any) -> list[int]:
     from sqlalchemy import select
 
-    from app.models import Document
+    from app.core.models import Document
 
     with rt.sessions() as s:
         return [i for i, src in s.execute(select(Document.id, Document.source)) if FAQ_PAGES.match(src)]
@@ -375,8 +375,8 @@ def main() -> None:
     if len({path.stem for path in also_sets}) < len(also_sets):  # results are keyed by file name
         ap.error(f"--also: two sets share a file name: {[str(p) for p in also_sets]}")
 
+    from app.core.settings import Settings
     from app.runtime import Runtime
-    from app.settings import Settings
     from benchmarks.embcache import EmbeddingCache, cached
     from benchmarks.evalcorpus import build
     from benchmarks.reference import reference_ranked

@@ -21,7 +21,7 @@ def chunk_experts(rt: Any, sources: Collection[str] | None = None) -> list[tuple
     """(page source, the expert owning the chunk's list) for every chunk, or those of `sources`' pages."""
     from sqlalchemy import select
 
-    from app.models import Chunk, Cluster, Document
+    from app.core.models import Chunk, Cluster, Document
 
     query = (
         select(Document.source, Cluster.expert_id)

@@ -37,8 +37,8 @@ def main() -> None:
     ap.add_argument("--name", default="shard-boot")
     args = ap.parse_args()
 
+    from app.core.settings import Settings
     from app.runtime import Runtime
-    from app.settings import Settings
     from app.shards.replicas import ShardReplica
 
     rt = Runtime(Settings(data_dir=args.data_dir))

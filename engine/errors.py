@@ -1,6 +1,6 @@
 """Every error moerag raises on purpose, each with a stable code.
 
-The engine and the services raise these; `app.errors.STATUS` is the one table that maps a
+The engine and the services raise these; `app.core.errors.STATUS` is the one table that maps a
 code to an HTTP status (the engine knows no HTTP), and the CLI prints `code: message`.
 """
 

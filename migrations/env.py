@@ -5,9 +5,9 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection
 
-from app.db import make_engine
-from app.models import Base
-from app.settings import Settings
+from app.core.db import make_engine
+from app.core.models import Base
+from app.core.settings import Settings
 
 config = context.config
 target_metadata = Base.metadata

@@ -22,9 +22,9 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from app.api.main import create_app
-from app.models import Chunk, Document
+from app.core.models import Chunk, Document
+from app.core.settings import Settings
 from app.runtime import Runtime
-from app.settings import Settings
 from engine.embedder import Embedder
 from tests.helpers import TOPICS, topic_doc, wait_job
 
@@ -101,8 +101,8 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'shared.db'}"
         return
-    from app.db import make_engine
-    from app.migrate import downgrade
+    from app.core.db import make_engine
+    from app.core.migrate import downgrade
 
     url = os.environ["MOERAG_TEST_PG_URL"]
     engine = make_engine(url)

@@ -4,8 +4,8 @@ import numpy as np
 from fastapi.testclient import TestClient
 
 from app.api.main import create_app
+from app.core.settings import Settings
 from app.runtime import Runtime
-from app.settings import Settings
 from engine.embedder import Embedder
 from tests.conftest import AUTH, TOKEN
 from tests.helpers import topic_doc, wait_job

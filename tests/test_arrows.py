@@ -69,9 +69,9 @@ def test_only_the_app_factory_imports_routes() -> None:
 
 
 def test_every_error_code_has_one_status() -> None:
-    """Each code an engine or service error carries is mapped to an HTTP status in app.errors."""
+    """Each code an engine or service error carries is mapped to an HTTP status in app.core.errors."""
     import engine.errors as errors
-    from app.errors import STATUS
+    from app.core.errors import STATUS
 
     codes = {
         cls.code

@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from app.models import Chunk
+from app.core.models import Chunk
 from tests.conftest import AUTH
 from tests.helpers import topic_doc, wait_job
 
@@ -158,7 +158,7 @@ def test_metrics_show_how_the_question_model_was_called() -> None:
     """How often a lone question ran on every core, beside batches, cache hits and the largest batch."""
     from prometheus_client import generate_latest
 
-    from app.metrics import Metrics
+    from app.core.metrics import Metrics
     from engine.question_encoder import BatchStats
 
     stats: list[BatchStats] = []

@@ -1,7 +1,7 @@
 import stat
 from pathlib import Path
 
-from app.auth import csrf_token, load_or_create_token, new_session, session_valid, token_matches
+from app.core.auth import csrf_token, load_or_create_token, new_session, session_valid, token_matches
 
 
 def test_token_generated_once_owner_only(tmp_path: Path) -> None:

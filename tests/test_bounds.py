@@ -100,8 +100,8 @@ def test_a_row_gone_in_a_concurrent_change_is_a_409_not_a_500(client: TestClient
 def test_ask_rate_limit_per_client(db_url: str) -> None:
     """Issue 11 #5: anonymous /ask wrote the query log with no rate limit (now configurable, off by
     default). The buckets are SQL rows: two workers on one database hold one limit, not two."""
-    from app.db import make_engine
-    from app.migrate import upgrade
+    from app.core.db import make_engine
+    from app.core.migrate import upgrade
     from app.services.ratelimit import RateLimiter
 
     engine = make_engine(db_url)
@@ -190,8 +190,8 @@ def test_the_client_address_is_the_peer_unless_the_peer_is_a_trusted_proxy() -> 
     it from 127.0.0.1 by default). Now only a proxy named in MOERAG_TRUSTED_PROXIES is believed."""
     from starlette.requests import Request
 
-    from app.proxies import client_address, parse_trusted
-    from app.settings import Settings
+    from app.core.proxies import client_address, parse_trusted
+    from app.core.settings import Settings
 
     def request(peer: str, *forwarded: str) -> Request:
         headers = [(b"x-forwarded-for", f.encode()) for f in forwarded]
@@ -213,7 +213,7 @@ def test_the_client_address_is_the_peer_unless_the_peer_is_a_trusted_proxy() -> 
 
 def test_k_and_the_question_follow_one_rule_on_ask_and_search(client: TestClient) -> None:
     """`k: null` was 200 on /ask and 422 on /search; the text limits differed too (4,000 characters
-    in /search's schema, MOERAG_MAX_QUESTION_CHARS on /ask). Now one rule (app.schemas) for both."""
+    in /search's schema, MOERAG_MAX_QUESTION_CHARS on /ask). Now one rule (app.schemas.api) for both."""
     rt = client.app.state.runtime  # type: ignore[attr-defined]
     client.post("/documents", json={"text": "Git branches are cheap pointers to commits."}, headers=AUTH)
     long = "x" * (rt.settings.max_question_chars + 1)

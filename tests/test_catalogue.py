@@ -15,10 +15,10 @@ import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.catalogue import Catalogue, read_version
-from app.db import make_engine, make_sessionmaker
-from app.migrate import upgrade
-from app.models import CatalogueChange, Cluster, Expert, Job
+from app.core.db import make_engine, make_sessionmaker
+from app.core.migrate import upgrade
+from app.core.models import CatalogueChange, Cluster, Expert, Job
+from app.store.catalogue import Catalogue, read_version
 
 
 def process(url: str, poll: float = 0.05) -> tuple[sessionmaker[Session], Catalogue]:

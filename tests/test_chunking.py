@@ -136,6 +136,6 @@ def test_too_many_chunks_is_refused_whole() -> None:
     doc = parse(("# H\n\nparagraph\n\n" * 50).encode(), "many.md")
     with pytest.raises(DocumentTooLarge) as err:
         chunk_document(doc, lambda texts: [len(t.split()) for t in texts], ChunkingConfig(max_chunks=10))
-    from app.errors import STATUS
+    from app.core.errors import STATUS
 
     assert err.value.code == "document_too_large" and STATUS[err.value.code] == 413

@@ -47,7 +47,7 @@ def test_ingest_folder_twice_then_rebuild_and_search(
     assert answer["route"]["reason"] == "no_router" and answer["citations"]
     with pytest.raises(SystemExit, match="map at least one cluster"):
         main(["--data-dir", data, "router", "train"])
-    from app.db import make_engine, make_sessionmaker
+    from app.core.db import make_engine, make_sessionmaker
     from app.services.experts import assign_clusters, create_expert
 
     engine = make_engine(f"sqlite:///{data}/moerag.db")
@@ -87,7 +87,7 @@ def test_files_the_server_places_itself_keep_no_server_path(runtime, tmp_path: P
     assert docs == len(paths)
     from sqlalchemy import select
 
-    from app.models import Document
+    from app.core.models import Document
 
     with runtime.sessions() as s:
         sources = list(s.scalars(select(Document.source)))

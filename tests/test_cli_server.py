@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from app.locking import running_server
+from app.core.locking import running_server
 from tests.conftest import TOKEN, SampleStore, copy_sample
 from tests.server import Server
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from sqlalchemy import select, update
 
-from app.models import Chunk, Cluster, Document, IndexState
+from app.core.models import Chunk, Cluster, Document, IndexState
 from app.services.proposals import labels, name_groups
 from app.services.refit import _components, _match
 from engine.embedder import Embedder
@@ -67,9 +67,9 @@ def test_names_never_come_from_folders_and_never_repeat() -> None:
 
 
 def test_a_store_clustered_before_fit_existed_is_filled_in_at_start(tmp_path: Path, embedder: Embedder) -> None:
+    from app.core.settings import Settings
     from app.runtime import Runtime
     from app.services.documents import Upload
-    from app.settings import Settings
     from tests.helpers import TOPICS, topic_doc
 
     settings = Settings(data_dir=tmp_path / "data", clusters=4)  # type: ignore[call-arg]

@@ -10,8 +10,8 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from app.api.main import create_app
+from app.core.settings import Settings
 from app.runtime import Runtime
-from app.settings import Settings
 from engine.embedder import Embedder
 from engine.followup import accepted, is_follow_up, make_standalone, rewrite_messages, standalone, standalone_chain
 from tests.conftest import AUTH, TOKEN

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from app.db import make_engine
-from app.migrate import downgrade
+from app.core.db import make_engine
+from app.core.migrate import downgrade
+from app.core.settings import Settings
 from app.runtime import Runtime
 from app.services import experts as expert_service
 from app.services.dbcopy import TargetNotEmpty, copy_database
 from app.services.documents import Upload
-from app.settings import Settings
 from engine.embedder import Embedder
 from tests.helpers import TOPICS, topic_doc
 

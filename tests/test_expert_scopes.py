@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from app.models import Chunk, Cluster, Document
+from app.core.models import Chunk, Cluster, Document
 from app.services.expert_documents import matches
 from tests.conftest import AUTH
 from tests.helpers import topic_doc, wait_job
@@ -96,7 +96,7 @@ def test_an_expert_defined_by_a_folder_holds_exactly_its_documents(client: TestC
 @pytest.mark.slow  # each command starts a runtime of its own (a model load)
 def test_the_cli_defines_and_clears_an_expert_by_documents(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from app.cli.main import main
-    from app.db import make_engine, make_sessionmaker
+    from app.core.db import make_engine, make_sessionmaker
     from app.services.experts import create_expert
 
     docs = tmp_path / "docs"

@@ -246,7 +246,7 @@ def test_sample_corpus_answers_are_readable_and_cite_only_what_they_use(tmp_path
     from fastapi.testclient import TestClient
 
     from app.api.main import create_app
-    from app.settings import Settings
+    from app.core.settings import Settings
     from tests.conftest import TOKEN, copy_sample
 
     settings = Settings(data_dir=copy_sample(sample_store, tmp_path / "data"), admin_token=TOKEN)  # type: ignore[arg-type]

@@ -195,10 +195,10 @@ def test_kmeans_is_seeded() -> None:
 
 def test_recluster_draws_its_lists_with_the_configured_seed(tmp_path, embedder, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """`MOERAG_CLUSTER_SEED` reaches k-means; its default is the index's own seed."""
+    from app.core.settings import Settings
     from app.runtime import Runtime
     from app.services import reclustering
     from app.services.documents import Upload
-    from app.settings import Settings
     from index.clustering import KMEANS_SEED
     from tests.helpers import TOPICS, topic_doc
 
@@ -294,7 +294,7 @@ def test_the_configured_codec_rebuilds_a_store_and_follows_its_writes(settings, 
         assert all(len(set(a) & set(b)) >= 4 for a, b in zip(got.tolist(), expect.tolist(), strict=True)), (got, expect)
         from sqlalchemy import select
 
-        from app.models import Chunk
+        from app.core.models import Chunk
 
         added = rt.ingestor.ingest(Upload(topic_doc("git", 700, 2).encode(), "late-git.md"))
         with rt.sessions() as s:

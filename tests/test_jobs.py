@@ -7,9 +7,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.db import make_engine, make_sessionmaker
-from app.migrate import upgrade
-from app.models import Job
+from app.core.db import make_engine, make_sessionmaker
+from app.core.migrate import upgrade
+from app.core.models import Job
 from app.services.jobs import JobContext, JobRunner
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from app.locking import DataDirBusy, DataDirLock, running_server
+from app.core.locking import DataDirBusy, DataDirLock, running_server
 
 
 def test_the_lock_names_its_holder_and_a_servers_address_only_while_held(tmp_path: Path) -> None:

@@ -6,9 +6,9 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import inspect
 
-from app.db import make_engine
-from app.migrate import downgrade, upgrade
-from app.models import Base
+from app.core.db import make_engine
+from app.core.migrate import downgrade, upgrade
+from app.core.models import Base
 
 URLS = ["sqlite"] + (["postgresql"] if os.environ.get("MOERAG_TEST_PG_URL") else [])
 

@@ -179,7 +179,7 @@ def test_fusion_rescores_the_dense_candidates_on_the_scopes_bm25_scale() -> None
 def test_the_balance_gauges_read_the_recent_window() -> None:
     from prometheus_client import generate_latest
 
-    from app.metrics import Metrics
+    from app.core.metrics import Metrics
     from engine.pipeline import Route
 
     def route(name: str | None, entropy: float) -> Route:

@@ -5,11 +5,11 @@ from pathlib import Path
 
 import pytest
 
-from app.db import make_engine
-from app.migrate import downgrade
+from app.core.db import make_engine
+from app.core.migrate import downgrade
+from app.core.settings import Settings
 from app.runtime import Runtime
 from app.services.documents import Upload
-from app.settings import Settings
 from engine.embedder import Embedder
 from tests.helpers import topic_doc
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from app.core.settings import Settings
 from app.runtime import Runtime
-from app.settings import Settings
 from engine.embedder import Embedder
 from engine.pipeline import AskPipeline, AskRequest
 from engine.question_encoder import QuestionEncoder, done_future

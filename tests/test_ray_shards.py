@@ -30,12 +30,12 @@ from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
 from app.api.main import create_app
-from app.db import make_engine
-from app.migrate import downgrade
-from app.models import Chunk
+from app.core.db import make_engine
+from app.core.migrate import downgrade
+from app.core.models import Chunk
+from app.core.settings import Settings
 from app.runtime import Runtime
 from app.services.dbcopy import copy_database
-from app.settings import Settings
 from engine.embedder import Embedder
 from engine.pipeline import AskRequest
 from index.shards import ShardedIndex
@@ -314,7 +314,7 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
         # routed questions through the shards; every answer pairs its catalogue version with the
         # router that version activated (never the old router with the new version's catalogue),
         # and none fails or is partial.
-        from app.catalogue import read_version
+        from app.store.catalogue import read_version
 
         first_router = rt.state().router.version_id
         second_router = rt.routers.train(activate=False, force=True)["version"]

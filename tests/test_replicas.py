@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 from sqlalchemy import func, select
 
-from app.models import Chunk
+from app.core.models import Chunk
+from app.core.settings import Settings
 from app.runtime import Runtime
 from app.services import experts as expert_service
 from app.services.documents import Upload
-from app.settings import Settings
 from engine.embedder import Embedder
 from tests.helpers import TOPICS, topic_doc
 
@@ -160,7 +160,7 @@ def test_a_writer_placing_in_an_old_clustering_follows_and_places_again(
 def test_the_log_is_compacted_under_a_snapshot_and_whoever_is_behind_it_starts_from_sql(
     start: Callable[[str], Runtime],
 ) -> None:
-    from app.models import CatalogueChange, IndexLog
+    from app.core.models import CatalogueChange, IndexLog
 
     a, b, c = start("a"), start("b"), start("c")
     for t in TOPICS:

@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 from fastapi.testclient import TestClient
 
-from app.catalogue import read_version
 from app.runtime import Runtime
 from app.services import experts as expert_service
 from app.services.documents import Upload
+from app.store.catalogue import read_version
 from engine.pipeline import AskRequest
 from tests.helpers import topic_doc
 

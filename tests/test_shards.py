@@ -323,7 +323,7 @@ def test_shard_replicas_built_from_sql_follow_the_index_log_for_their_lists(
     shard's expert; the shards together always equal the replica."""
     from sqlalchemy import select
 
-    from app.models import Chunk
+    from app.core.models import Chunk
     from app.services import experts as expert_service
     from app.services.documents import Upload
     from app.shards.map import parse
@@ -586,7 +586,7 @@ def test_a_remote_embedder_sends_a_batch_in_calls_the_replica_can_take_and_says_
 def test_an_ingress_on_ray_is_one_server_of_several_workers(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its replicas get the database, the shared data dir, the map and the token (and this
     process's MOERAG_* settings); SQLite, which serves from one process, is refused with the fix."""
-    from app.settings import Settings
+    from app.core.settings import Settings
     from app.shards.ingress import ingress_env
     from engine.errors import NotConfigured
 

@@ -9,11 +9,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import delete, select, update
 
 from app.api.main import create_app
-from app.models import Chunk, IndexState
+from app.core.models import Chunk, IndexState
+from app.core.settings import Settings
 from app.runtime import Runtime
 from app.services.documents import Upload
 from app.services.indexing import ModelMismatch
-from app.settings import Settings
 from engine.embedder import Embedder
 from tests.helpers import topic_doc
 

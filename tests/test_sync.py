@@ -13,9 +13,9 @@ from fastapi.testclient import TestClient
 from app.cli.common import local_runtime
 from app.cli.main import main
 from app.cli.sync import every_seconds
+from app.core.settings import Settings
 from app.runtime import Runtime
 from app.services.sync import sync_folder
-from app.settings import Settings
 from tests.conftest import AUTH
 from tests.helpers import topic_doc, wait_job
 
@@ -32,7 +32,7 @@ def _folder(root: Path) -> Path:
 def _ids(rt: Runtime, root: Path) -> dict[str, int]:
     from sqlalchemy import select
 
-    from app.models import Document
+    from app.core.models import Document
 
     with rt.sessions() as s:
         return {

@@ -21,8 +21,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from app.errors import ApiError
-from app.models import Chunk, Document
+from app.core.errors import ApiError
+from app.core.models import Chunk, Document
 from app.runtime import Runtime
 from app.services.sync import allowed_folder, sync_folder
 from app.services.sync_bounds import Bounds, FetchRefused, PageFetcher, allowed_url

@@ -16,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from app.models import Document
+from app.core.models import Document
 from app.runtime import Runtime
 from app.services.sync_sources import AGENT, robots, sync_git, sync_site
 from engine.errors import SourceUnavailable

@@ -19,8 +19,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.db import make_engine
-from app.migrate import downgrade
+from app.core.db import make_engine
+from app.core.migrate import downgrade
 from tests.helpers import TOPICS, topic_doc
 from tests.server import Server, alive, descendants, wait_gone
 
@@ -210,7 +210,7 @@ def test_a_killed_supervisor_takes_its_workers_and_the_forwarded_header_needs_a_
     now it counts only from a proxy named in MOERAG_TRUSTED_PROXIES. SIGKILL of a `--workers 2`
     supervisor left both workers serving as orphans (port taken, data-dir lock free); now they go
     within seconds, the lock is held while any of them lives, and the same command serves again."""
-    from app.locking import DataDirBusy, DataDirLock, running_server
+    from app.core.locking import DataDirBusy, DataDirLock, running_server
 
     assert PG_URL
     engine = make_engine(PG_URL)

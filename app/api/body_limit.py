@@ -14,7 +14,7 @@ from collections.abc import Callable
 from fastapi import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.settings import Settings
+from app.core.settings import Settings
 
 LimitFor = Callable[[str], int]  # path -> the largest body accepted there, in bytes
 MULTIPART_SLACK = 64 * 1024  # an upload's multipart framing, beyond the file's own limit

@@ -15,7 +15,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from app.settings import Settings
+from app.core.settings import Settings
 
 
 class HeaderTimeoutProtocol(HttpToolsProtocol):

@@ -9,10 +9,10 @@ from fastapi import Depends, Header, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.concurrency import run_in_threadpool
 
-from app.auth import SESSION_COOKIE, csrf_token, token_matches
-from app.errors import ApiError
+from app.core.auth import SESSION_COOKIE, csrf_token, token_matches
+from app.core.errors import ApiError
 from app.runtime import Runtime
-from app.schemas import INT64_MAX, PAGE_LIMIT
+from app.schemas.api import INT64_MAX, PAGE_LIMIT
 
 
 # Dependencies that do no I/O are `async def`: FastAPI runs a plain `def` dependency in the

@@ -17,16 +17,16 @@ from starlette.datastructures import MutableHeaders
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app import errors
 from app.api import mcp_server
 from app.api.body_limit import BodyLimit, limit_for
 from app.api.deps import optional_read_security
 from app.api.routes import admin, ask, console, conversations, documents, openai_compat, system
-from app.limits import state_question_limits
+from app.core import errors
+from app.core.limits import state_question_limits
+from app.core.settings import Settings
 from app.runtime import Runtime, use_serving_threads
-from app.schemas import ERROR_RESPONSES
+from app.schemas.api import ERROR_RESPONSES
 from app.services.ratelimit import AnswerGate
-from app.settings import Settings
 
 log = logging.getLogger(__name__)
 

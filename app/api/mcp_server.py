@@ -24,8 +24,8 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.api.deps import check_reader
-from app.errors import ApiError, error_body
-from app.schemas import INT64_MAX, AskIn, SearchIn
+from app.core.errors import ApiError, error_body
+from app.schemas.api import INT64_MAX, AskIn, SearchIn
 from app.services import library
 from app.services.answering import answer_json
 from app.services.ratelimit import AnswerGate

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from app.locking import die_with_parent
+from app.core.locking import die_with_parent
 
 if TYPE_CHECKING:
     from fastapi import FastAPI
@@ -24,7 +24,7 @@ def app() -> FastAPI:
         die_with_parent(int(parent))
     from app.api.connections import configure
     from app.api.main import worker_app
-    from app.settings import Settings
+    from app.core.settings import Settings
 
     configure(Settings())  # this worker's connections keep the supervisor's timeouts
     return worker_app()

@@ -11,7 +11,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from app.settings import Settings
+from app.core.settings import Settings
 
 if TYPE_CHECKING:
     from app.runtime import Runtime
@@ -29,7 +29,7 @@ def local_runtime(settings: Settings, *, remote: bool = True, busy: str | None =
 
     remote: the command has --server, so a busy data dir's message may point there; `busy`: the
     advice instead."""
-    from app.locking import DataDirBusy
+    from app.core.locking import DataDirBusy
     from app.runtime import Runtime
 
     rt = Runtime(settings)
@@ -58,7 +58,7 @@ def server_for(args: argparse.Namespace, settings: Settings) -> str | None:
     """Where the work goes: --server, else the live server holding the data dir, else None (local)."""
     if getattr(args, "server", None):
         return str(args.server)
-    from app.locking import running_server
+    from app.core.locking import running_server
 
     url = running_server(settings.resolved_data_dir)
     if url is not None:

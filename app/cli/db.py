@@ -10,8 +10,8 @@ from app.cli.common import settings_from
 
 
 def cmd_db(args: argparse.Namespace) -> None:
-    from app.db import make_engine
-    from app.migrate import downgrade, upgrade
+    from app.core.db import make_engine
+    from app.core.migrate import downgrade, upgrade
 
     settings = settings_from(args)
     settings.resolved_data_dir.mkdir(parents=True, exist_ok=True)
@@ -21,7 +21,7 @@ def cmd_db(args: argparse.Namespace) -> None:
 
         if not args.revision:
             raise SystemExit("moerag: db copy-to needs the target's URL, e.g. postgresql+psycopg://USER:PASS@HOST/DB")
-        from app.locking import DataDirBusy, DataDirLock
+        from app.core.locking import DataDirBusy, DataDirLock
 
         lock = DataDirLock(settings.resolved_data_dir)  # nothing writes the source while it is copied
         try:

@@ -101,7 +101,7 @@ def cmd_define(args: argparse.Namespace) -> None:
 def _define_here(settings: Any, name: str, selector: dict[str, Any] | None) -> dict[str, Any]:
     from sqlalchemy import select
 
-    from app.models import Expert
+    from app.core.models import Expert
     from app.services import expert_documents, expert_scopes
     from engine.errors import MoeragError
 

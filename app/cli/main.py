@@ -14,7 +14,7 @@ from app.cli import ray_cluster
 from app.cli.common import ingest_files, local_runtime, require_store, server_for, settings_from, token_for
 from app.cli.experts import add_commands as add_expert_commands
 from app.cli.sync import cmd_sync, every_seconds
-from app.settings import Settings
+from app.core.settings import Settings
 from engine.parsing import document_files
 
 if TYPE_CHECKING:
@@ -100,7 +100,7 @@ def cmd_search(args: argparse.Namespace) -> None:
         with Remote(server, token_for(args, settings, admin=False)) as api:
             print_hits(api.call("POST", "/search", json=body), args.json)
         return
-    from app.schemas import SearchIn
+    from app.schemas.api import SearchIn
     from app.services.search import run_search
 
     require_store(settings)
@@ -118,7 +118,7 @@ def cmd_ask(args: argparse.Namespace) -> None:
         with Remote(server, token_for(args, settings, admin=False)) as api:
             print_answer(api.call("POST", "/ask", json=body), args.json)
         return
-    from app.schemas import AskIn
+    from app.schemas.api import AskIn
     from app.services.answering import answer_json
 
     require_store(settings)
@@ -327,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for noisy in ("httpx", "sentence_transformers", "transformers", "faiss", "alembic", "bm25s"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    from app.errors import ApiError
+    from app.core.errors import ApiError
     from engine.errors import MoeragError
 
     try:

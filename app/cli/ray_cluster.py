@@ -58,8 +58,8 @@ def cmd_up(args: argparse.Namespace) -> None:
     from sqlalchemy import select
     from sqlalchemy.orm import Session
 
-    from app.db import make_engine
-    from app.models import IndexState
+    from app.core.db import make_engine
+    from app.core.models import IndexState
     from app.services.experts import profiles
     from app.shards import client as ray_client
     from app.shards import map as shard_map
@@ -108,7 +108,7 @@ def cmd_up(args: argparse.Namespace) -> None:
             )
             print(json.dumps({"embedder": handle.info.remote().result()}, indent=2))
     if shards.ingress is not None:  # the app itself, N servers on the map behind Serve's proxy
-        from app.auth import load_or_create_token
+        from app.core.auth import load_or_create_token
         from app.shards import ingress as ray_ingress
 
         token = load_or_create_token(

@@ -1,6 +1,6 @@
 """The CLI against a running server: one-line errors, jobs followed with progress.
 
-A server records its address in the data directory's lock file (`app.locking`); a command run on
+A server records its address in the data directory's lock file (`app.core.locking`); a command run on
 a data directory that a live server holds finds it there and sends the work to it, instead of
 failing on the lock (`--server URL` says where explicitly).
 """

@@ -7,7 +7,7 @@ import logging
 import pydoc
 from pathlib import Path
 
-from app.settings import Settings
+from app.core.settings import Settings
 
 log = logging.getLogger("moerag")
 
@@ -142,8 +142,8 @@ def store_is_empty(settings: Settings) -> bool:
     from sqlalchemy import func, inspect, select
     from sqlalchemy.exc import OperationalError
 
-    from app.db import make_engine
-    from app.models import Document, Job
+    from app.core.db import make_engine
+    from app.core.models import Document, Job
 
     if settings.db_url.startswith("sqlite") and not settings.resolved_data_dir.exists():
         return True

@@ -6,7 +6,7 @@ import argparse
 import os
 
 from app.cli.common import settings_from
-from app.settings import Settings
+from app.core.settings import Settings
 
 
 def cmd_serve(args: argparse.Namespace) -> None:
@@ -43,7 +43,7 @@ def _serve_workers(args: argparse.Namespace, settings: Settings, url: str) -> No
     import uvicorn
 
     from app.api.connections import uvicorn_options
-    from app.locking import DataDirBusy, DataDirLock
+    from app.core.locking import DataDirBusy, DataDirLock
 
     if settings.db_url.startswith("sqlite"):
         raise SystemExit(
@@ -60,7 +60,7 @@ def _serve_workers(args: argparse.Namespace, settings: Settings, url: str) -> No
         lock.share()  # held with the workers: taken while any process of this server lives
     except DataDirBusy as exc:
         raise SystemExit(f"moerag: {exc}; stop it first") from None
-    from app.auth import load_or_create_token
+    from app.core.auth import load_or_create_token
 
     load_or_create_token(  # one token for every worker, printed once
         settings.admin_token.get_secret_value() if settings.admin_token else None, settings.token_file

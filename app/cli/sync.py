@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from app.cli.common import local_runtime, server_for, settings_from, token_for
-from app.settings import Settings
+from app.core.settings import Settings
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 

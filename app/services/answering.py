@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from app.errors import ApiError
-from app.limits import check_question
-from app.schemas import AskIn, AskOut, CitationOut
+from app.core.errors import ApiError
+from app.core.limits import check_question
+from app.schemas.api import AskIn, AskOut, CitationOut
 from app.services import conversations
 from app.services.ask import log_question, route_json
 from engine.generators import GeneratorError, cited_numbers

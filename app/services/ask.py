@@ -10,8 +10,8 @@ from sqlalchemy import Table, bindparam, insert, select
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.errors import is_disk_full
-from app.models import Chunk, Cluster, Document, QueryLog
+from app.core.errors import is_disk_full
+from app.core.models import Chunk, Cluster, Document, QueryLog
 from engine.pipeline import ChunkRecord, ExpertProfile, Prepared, Route
 
 logger = logging.getLogger(__name__)

@@ -14,11 +14,11 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.models import Job
+from app.core.models import Job
+from app.core.settings import Settings
 from app.services.documents import Ingestor, Upload
 from app.services.jobs import JobContext
 from app.services.sync import sync_folder
-from app.settings import Settings
 from engine.errors import EmptyDocument
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")

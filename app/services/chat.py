@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from app.errors import ApiError
-from app.schemas import AskIn, CitationOut
-from app.schemas_openai import AssistantMessage, ChatCompletionOut, ChatIn, Choice, ModelList, ModelOut, Moerag
+from app.core.errors import ApiError
+from app.schemas.api import AskIn, CitationOut
+from app.schemas.openai import AssistantMessage, ChatCompletionOut, ChatIn, Choice, ModelList, ModelOut, Moerag
 from app.services.answering import Asked, citations, finish, prepare
 from app.services.ask import route_json
 from engine.followup import make_standalone, standalone_chain

@@ -9,7 +9,7 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.models import Chunk, Cluster, Document, stack
+from app.core.models import Chunk, Cluster, Document, stack
 from app.services.experts import assign_clusters
 from app.services.paging import scalar_page
 from engine.errors import NotFound

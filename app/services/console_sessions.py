@@ -8,8 +8,8 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.auth import session_parts, session_valid
-from app.models import RevokedSession
+from app.core.auth import session_parts, session_valid
+from app.core.models import RevokedSession
 
 
 class ConsoleSessions:

@@ -13,7 +13,7 @@ import numpy as np
 from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.models import Chunk, Cluster, Document, Expert, IndexState, cluster_owners, stack
+from app.core.models import Chunk, Cluster, Document, Expert, IndexState, cluster_owners, stack
 from app.services.indexing import IndexManager
 from index.fit import document_fits_within, document_floors, fits, floors
 

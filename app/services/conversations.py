@@ -9,7 +9,7 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, delete, func, literal, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.models import ConversationTurn
+from app.core.models import ConversationTurn
 from app.services.paging import page
 from engine.errors import NotFound
 from engine.followup import HISTORY_TURNS, Complete, make_standalone

@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 from sqlalchemy import Engine, Integer, delete, func, insert, select, text
 
-from app.migrate import upgrade
-from app.models import Base
+from app.core.migrate import upgrade
+from app.core.models import Base
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str, int, int], None]  # (table, rows copied, rows in it)

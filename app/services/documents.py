@@ -13,9 +13,9 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app import index_log
-from app.models import Chunk, Document
+from app.core.models import Chunk, Document
 from app.services.indexing import IndexManager, Placement
+from app.store import index_log
 from engine.blocks import ParsedDocument
 from engine.chunking import Chunk as TextChunk
 from engine.chunking import ChunkingConfig, chunk_document

@@ -13,7 +13,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.models import Document, Expert
+from app.core.models import Document, Expert
 from engine.errors import Conflict, NotFound
 
 

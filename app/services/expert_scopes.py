@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from app.models import Expert, stack
+from app.core.models import Expert, stack
 from app.services import expert_documents, reclustering
 from engine.errors import Conflict, NotFound
 from index import auto_cluster_count, kmeans

@@ -8,7 +8,7 @@ from sqlalchemy import CursorResult, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.models import Cluster, Expert, cluster_owners
+from app.core.models import Cluster, Expert, cluster_owners
 from app.services import proposals
 from app.services.paging import scalar_page
 from engine.errors import Conflict, NotFound

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from functools import partial
 
-from app.settings import Settings
+from app.core.settings import Settings
 from engine.errors import InvalidSetting, NotConfigured
 from engine.followup import REWRITE_SECONDS, REWRITE_TOKENS, Complete
 from engine.generators import GENERATOR_NAME, ExtractiveGenerator, Generator, GeneratorError, OpenAIGenerator

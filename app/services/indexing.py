@@ -13,14 +13,14 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from app import index_log
-from app.catalogue import read_version
-from app.models import Chunk, Cluster, IndexState, cluster_owners, stack
+from app.core.models import Chunk, Cluster, IndexState, cluster_owners, stack
+from app.core.settings import Settings
 from app.services import expert_documents
 from app.services.reclustering import owners_of, recluster
 from app.services.snapshots import SnapshotStore
 from app.services.sql_index import Progress, assignments, index_from_sql, list_map_from_sql
-from app.settings import Settings
+from app.store import index_log
+from app.store.catalogue import read_version
 from engine.errors import IndexMoved
 from index import ClusteredIndex, IndexCorrupt
 from index.fit import document_fit, fits

@@ -26,7 +26,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.models import Job
+from app.core.models import Job
 from app.services.paging import scalar_page
 from engine.errors import MoeragError, NotFound, TooManyJobs
 

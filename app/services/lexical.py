@@ -20,10 +20,10 @@ from concurrent.futures import ProcessPoolExecutor
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.catalogue import read_version
-from app.db import make_engine, make_sessionmaker
-from app.locking import exit_with_parent
-from app.models import Chunk
+from app.core.db import make_engine, make_sessionmaker
+from app.core.locking import exit_with_parent
+from app.core.models import Chunk
+from app.store.catalogue import read_version
 from engine.lexical import LexicalIndex
 
 log = logging.getLogger(__name__)

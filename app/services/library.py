@@ -5,8 +5,8 @@ from __future__ import annotations
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, selectinload, sessionmaker
 
-from app.models import Chunk, Cluster, Document
-from app.schemas import ChunkNeighbour, ChunkOut, ChunkSummary
+from app.core.models import Chunk, Cluster, Document
+from app.schemas.api import ChunkNeighbour, ChunkOut, ChunkSummary
 from app.services.paging import page
 from engine.errors import NotFound
 

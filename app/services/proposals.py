@@ -13,7 +13,7 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.models import Chunk, Cluster, Document, Expert, stack
+from app.core.models import Chunk, Cluster, Document, Expert, stack
 from index import kmeans
 
 # A title or heading splits into labels at these: "json — JSON encoder — Python 3.11 documentation".

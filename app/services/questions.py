@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.models import Expert, QueryLog, RouterExample, RouterVersion
+from app.core.models import Expert, QueryLog, RouterExample, RouterVersion
 from app.services.paging import scalar_page
 from engine.errors import NotFound, UnknownExperts
 

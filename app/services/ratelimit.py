@@ -24,9 +24,9 @@ from sqlalchemy.engine import Engine
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
 
-from app.errors import ApiError
-from app.models import RateBucket
-from app.proxies import client_address
+from app.core.errors import ApiError
+from app.core.models import RateBucket
+from app.core.proxies import client_address
 
 _TAT = select(RateBucket.tat).where(RateBucket.client == bindparam("client"))
 _SWEEP_EVERY = 1024  # takes between deletions of spent buckets (a passed tat is the same as no row)

@@ -18,7 +18,7 @@ import numpy as np
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
-from app.models import Chunk, Cluster, Document, cluster_owners, stack
+from app.core.models import Chunk, Cluster, Document, cluster_owners, stack
 from app.services import expert_documents
 from app.services.jobs import JobContext
 from engine.keywords import cluster_keywords

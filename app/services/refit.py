@@ -23,7 +23,7 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.models import Document, Expert, stack
+from app.core.models import Document, Expert, stack
 from app.services import expert_documents, expert_scopes, reclustering
 from app.services.experts import create_expert, delete_expert
 from app.services.indexing import IndexManager

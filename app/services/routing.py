@@ -12,10 +12,10 @@ import numpy.typing as npt
 from sqlalchemy import distinct, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.models import Chunk, Cluster, Expert, RouterExample, RouterVersion, cluster_owners, stack
+from app.core.models import Chunk, Cluster, Expert, RouterExample, RouterVersion, cluster_owners, stack
+from app.core.settings import Settings
 from app.services.jobs import JobContext
 from app.services.paging import scalar_page
-from app.settings import Settings
 from engine.adapter import AdapterConfig, fit
 from engine.embedder import Embedder
 from engine.errors import NotTrainable

@@ -10,9 +10,9 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload, sessionmaker
 
-from app.limits import SEARCH_K, check_question
-from app.models import Chunk
-from app.schemas import SearchHit, SearchIn, SearchOut
+from app.core.limits import SEARCH_K, check_question
+from app.core.models import Chunk
+from app.schemas.api import SearchHit, SearchIn, SearchOut
 from engine.embedder import Embedder
 from index.store import SearchIndex
 

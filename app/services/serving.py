@@ -25,7 +25,7 @@ import torch
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.models import Chunk, cluster_owners, stack
+from app.core.models import Chunk, cluster_owners, stack
 from app.services.experts import load_profiles
 from app.services.indexing import IndexManager
 from engine.expert_matrix import ExpertMatrix

@@ -10,7 +10,7 @@ import numpy as np
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.models import Chunk, Cluster, IndexState, stack
+from app.core.models import Chunk, Cluster, IndexState, stack
 from index import ClusteredIndex, IndexCorrupt
 from index.list_map import ListMap
 

@@ -21,8 +21,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.errors import ApiError
-from app.models import Document
+from app.core.errors import ApiError
+from app.core.models import Document
 from app.services.documents import Ingestor, Upload
 from engine.errors import InputError, MoeragError, NotConfigured
 from engine.parsing import walk_documents

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
 
-from app.errors import ApiError
+from app.core.errors import ApiError
 from engine.errors import NotConfigured
 
 if TYPE_CHECKING:

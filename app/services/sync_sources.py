@@ -45,12 +45,12 @@ from urllib.robotparser import RobotFileParser
 
 from sqlalchemy.orm import Session
 
-from app.errors import ApiError
-from app.locking import dies_with_caller
+from app.core.errors import ApiError
+from app.core.locking import dies_with_caller
+from app.core.settings import Settings
 from app.services.documents import Ingestor, Upload
 from app.services.sync import Progress, folder_files, mirror, read_inside, skipped_links, stored_sources
 from app.services.sync_bounds import OPEN, Bounds, FetchRefused, PageFetcher
-from app.settings import Settings
 from engine.errors import NotConfigured, SourceUnavailable
 from engine.parsing import SUFFIXES
 

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from app.settings import Settings
+from app.core.settings import Settings
 from app.shards.map import IngressSpec
 from app.shards.replicas import replica_states, require
 from engine.errors import NotConfigured
@@ -50,7 +50,7 @@ def ingress_env(settings: Settings, shard_map: Path, admin_token: str) -> dict[s
         "MOERAG_DATA_DIR": str(settings.resolved_data_dir),
         "MOERAG_SHARD_MAP": str(shard_map.resolve()),
         "MOERAG_ADMIN_TOKEN": admin_token,
-        # Workers of one server: the data dir's lock is held shared (app.locking), the spool kept.
+        # Workers of one server: the data dir's lock is held shared (app.core.locking), the spool kept.
         "MOERAG_WORKER_OF": str(os.getpid()),
     }
 

@@ -21,8 +21,8 @@ import numpy.typing as npt
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.catalogue import read_version
-from app.models import Chunk
+from app.core.models import Chunk
+from app.store.catalogue import read_version
 from engine.lexical import QueryWeights
 from engine.postings import Postings
 from engine.sharded_lexical import LexicalAnswer, answer_from

@@ -7,7 +7,7 @@ alter a primary key in place); the copy seeds the sequence with the largest id p
 deleted above that before this revision cannot be known and may still come back once.
 PostgreSQL's sequences never reuse an id: nothing to do there.
 
-`app.migrate` turns foreign keys off around the migration on SQLite, as SQLite's own procedure
+`app.core.migrate` turns foreign keys off around the migration on SQLite, as SQLite's own procedure
 for rebuilding a table asks: dropping the old `document` would otherwise cascade to `chunk`.
 
 Revision ID: 0006

@@ -8,9 +8,8 @@ from fastapi import APIRouter, Query, Response
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import AdminDep, IdPath, Limit, Offset, RuntimeDep
-from app.models import Expert
-from app.schemas import PAGE_DEFAULT, PAGE_LIMIT, ClusterOut, JobOut, Page, ScopeLeakageOut
-from app.schemas_admin import (
+from app.core.models import Expert
+from app.schemas.admin import (
     AssignIn,
     ClusterDetail,
     ClusterPut,
@@ -30,6 +29,7 @@ from app.schemas_admin import (
     SyncIn,
     TrainIn,
 )
+from app.schemas.api import PAGE_DEFAULT, PAGE_LIMIT, ClusterOut, JobOut, Page, ScopeLeakageOut
 from app.services import clusters as cluster_service
 from app.services import expert_documents
 from app.services import experts as expert_service

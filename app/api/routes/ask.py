@@ -14,7 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from app.api.deps import ReaderDep, RuntimeDep
 from app.api.routes.flow import LogOnce, gate, threaded_stream
 from app.runtime import Runtime
-from app.schemas import AskIn, AskOut
+from app.schemas.api import AskIn, AskOut
 from app.services.answering import Asked, answer_json, citations, prepare
 from app.services.ask import route_json
 from engine.generators import GeneratorError

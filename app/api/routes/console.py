@@ -11,7 +11,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 
 from app.api.deps import RuntimeDep
-from app.auth import SESSION_COOKIE, SESSION_SECONDS, csrf_token, new_session, token_matches
+from app.core.auth import SESSION_COOKIE, SESSION_SECONDS, csrf_token, new_session, token_matches
 
 CONSOLE_DIR = Path(__file__).resolve().parents[2] / "console"  # app/console
 templates = Jinja2Templates(directory=CONSOLE_DIR / "templates")

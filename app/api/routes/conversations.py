@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Response
 
 from app.api.deps import AdminDep, Limit, Offset, ReaderDep, RuntimeDep
-from app.schemas import PAGE_DEFAULT, ConversationOut, ConversationSummary, Page, TurnOut
+from app.schemas.api import PAGE_DEFAULT, ConversationOut, ConversationSummary, Page, TurnOut
 from app.services import conversations
 
 router = APIRouter(prefix="/conversations", tags=["conversations"], dependencies=[ReaderDep])

@@ -9,9 +9,9 @@ from starlette.datastructures import UploadFile
 
 from app.api.deps import AdminDep, IdPath, Limit, Offset, ReaderDep, RuntimeDep
 from app.api.routes.uploads import NoFields, form_fields, read_upload_file, upload_from_request
-from app.errors import ApiError
-from app.models import Document
-from app.schemas import (
+from app.core.errors import ApiError
+from app.core.models import Document
+from app.schemas.api import (
     NAME_MAX,
     PAGE_DEFAULT,
     ChunkOut,

@@ -1,7 +1,7 @@
 """The OpenAI-compatible API: GET /v1/models, POST /v1/chat/completions (JSON or OpenAI's stream).
 
 The read token (MOERAG_READ_TOKEN), when set, is the API key. Errors carry OpenAI's `type` and
-`param` beside moerag's `code` and `message` (app.errors)."""
+`param` beside moerag's `code` and `message` (app.core.errors)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from app.api.deps import ReaderDep, RuntimeDep
 from app.api.routes.flow import gate, threaded_stream
-from app.schemas_openai import ChatCompletionOut, ChatIn, ModelList
+from app.schemas.openai import ChatCompletionOut, ChatIn, ModelList
 from app.services import chat
 
 router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[ReaderDep])

@@ -9,9 +9,9 @@ from fastapi.responses import JSONResponse, RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import IdPath, Limit, Offset, ReaderDep, RuntimeDep, check_reader
-from app.errors import ApiError
+from app.core.errors import ApiError
 from app.runtime import Runtime
-from app.schemas import PAGE_DEFAULT, JobOut, Page, SearchIn, SearchOut, ShardVectorsOut, StatsOut
+from app.schemas.api import PAGE_DEFAULT, JobOut, Page, SearchIn, SearchOut, ShardVectorsOut, StatsOut
 from app.services.search import run_search
 
 router = APIRouter()

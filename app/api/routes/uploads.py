@@ -10,8 +10,8 @@ from fastapi import Request
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.datastructures import FormData, UploadFile
 
-from app.errors import ApiError
-from app.schemas import NAME_MAX, TextDocumentIn, UploadFields
+from app.core.errors import ApiError
+from app.schemas.api import NAME_MAX, TextDocumentIn, UploadFields
 from app.services.documents import Upload
 
 M = TypeVar("M", bound=BaseModel)

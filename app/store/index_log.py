@@ -24,7 +24,7 @@ import numpy as np
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from app.models import CatalogueChange, CatalogueVersion, Chunk, IndexLog, IndexState, stack
+from app.core.models import CatalogueChange, CatalogueVersion, Chunk, IndexLog, IndexState, stack
 from index import ClusteredIndex
 from index.list_map import ListMap
 
@@ -48,7 +48,7 @@ def staged(session: Session) -> bool:
 
 
 def write(session: Session, version: int) -> None:
-    """At commit (app.catalogue): the staged changes as log rows of `version`."""
+    """At commit (app.store.catalogue): the staged changes as log rows of `version`."""
     changes = session.info.pop(_STAGED, None)
     if changes:
         rows = [{"version": version, "chunk_id": c, "cluster_id": k} for c, k in sorted(changes.items())]

@@ -30,8 +30,8 @@ from typing import Any
 from sqlalchemy import Engine, event, insert, select, text, update
 from sqlalchemy.orm import ORMExecuteState, Session, UOWTransaction, sessionmaker
 
-from app import index_log
-from app.models import Base, CatalogueChange, CatalogueVersion
+from app.core.models import Base, CatalogueChange, CatalogueVersion
+from app.store import index_log
 
 log = logging.getLogger(__name__)
 

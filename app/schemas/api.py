@@ -17,7 +17,7 @@ from pydantic import (
 )
 from pydantic_core.core_schema import ValidatorFunctionWrapHandler
 
-from app.limits import SEARCH_K, Passages
+from app.core.limits import SEARCH_K, Passages
 
 INT64_MAX = 2**63 - 1  # the largest id, offset or cluster a request may name (SQL BIGINT, FAISS ids)
 PAGE_LIMIT = 500  # the most items one page of any list returns

@@ -276,7 +276,7 @@ class Settings(BaseSettings):
     @field_validator("trusted_proxies")
     @classmethod
     def _proxies(cls, value: str) -> str:
-        from app.proxies import parse_trusted  # refused at start-up, not at the first question
+        from app.core.proxies import parse_trusted  # refused at start-up, not at the first question
 
         parse_trusted(value)
         return value

@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import Field
 
-from app.errors import ApiError
-from app.settings import Settings
+from app.core.errors import ApiError
+from app.core.settings import Settings
 
 SEARCH_K = 10  # /search's passages when k is absent or null
 

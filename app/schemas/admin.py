@@ -6,7 +6,7 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
 
-from app.schemas import ClusterOut, Experts, Id, Int, Lists, Renamed, Share, TopK, Utc
+from app.schemas.api import ClusterOut, Experts, Id, Int, Lists, Renamed, Share, TopK, Utc
 from engine.generators import GENERATOR_NAME
 
 

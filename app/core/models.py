@@ -292,7 +292,7 @@ class CatalogueVersion(Base):
 
 
 class CatalogueChange(Base):
-    """Which parts one committed version changed (see app.catalogue)."""
+    """Which parts one committed version changed (see app.store.catalogue)."""
 
     __tablename__ = "catalogue_change"
 

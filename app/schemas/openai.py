@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
-from app.schemas import CitationOut, ConversationId
+from app.schemas.api import CitationOut, ConversationId
 
 
 class ContentPart(BaseModel):
