@@ -1,6 +1,7 @@
-"""No import cycles between moerag's modules, deferred imports (inside functions) included:
-a cycle hidden in a function is still two modules that cannot be understood one without the
-other. Imports under `if TYPE_CHECKING:` are for the type checker only and do not count."""
+"""No import cycles between moerag's modules, deferred imports (inside functions) and imports
+under `if TYPE_CHECKING:` included: a cycle hidden in a function or behind the type checker is
+still two modules that cannot be understood one without the other (a module that needs a few
+parts of another's class names them in a Protocol of its own)."""
 
 from __future__ import annotations
 
@@ -16,26 +17,13 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def _type_checking_only(tree: ast.Module) -> set[int]:
-    """Line numbers of the imports inside `if TYPE_CHECKING:` blocks."""
-    lines: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for inner in node.body:
-                lines |= {n.lineno for n in ast.walk(inner) if isinstance(n, ast.Import | ast.ImportFrom)}
-    return lines
-
-
 def imports(path: Path, known: set[str]) -> set[str]:
     """The moerag modules `path` imports (a `from package import name` of a submodule counts it)."""
     tree = ast.parse(path.read_text(), str(path))
-    skip = _type_checking_only(tree)
     me = module_name(path)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import | ast.ImportFrom) and node.lineno in skip:
-            continue
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names if a.name in known}
         elif isinstance(node, ast.ImportFrom):

@@ -8,26 +8,56 @@ the drift report always read the clustering that is live.
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 from sqlalchemy import delete, select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
-from app.core.models import Chunk, Cluster, Document, cluster_owners, stack
+from app.core.models import Chunk, Cluster, Document, IndexState, cluster_owners, stack
+from app.core.settings import Settings
 from app.services import expert_documents
 from app.services.jobs import JobContext
+from app.services.sql_index import Progress
 from engine.keywords import cluster_keywords
 from index import ClusteredIndex, auto_cluster_count, kmeans
 from index.fit import document_fits_within, fits, floors
 from index.placement import place
 
-if TYPE_CHECKING:
-    from app.services.indexing import IndexManager, Progress
+
+class IndexManager(Protocol):
+    """What a recluster takes of the index replica (app.services.indexing.IndexManager, which
+    calls `recluster` with itself): its database, settings and shape, its locks, and the two
+    steps that hand it the new index."""
+
+    @property
+    def sessions(self) -> sessionmaker[Session]: ...
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def dim(self) -> int: ...
+
+    @property
+    def codec(self) -> str: ...
+
+    @property
+    def write_lock(self) -> threading.RLock: ...
+
+    def lock_clustering(self, s: Session, placed: str | None = None) -> IndexState: ...
+
+    def stage(self, fresh: ClusteredIndex | None) -> None: ...
+
+    def adopt(self, fresh: ClusteredIndex) -> None: ...
+
+    def recluster(self, progress: Progress | None = None, clusters: int = 0) -> dict[str, Any]: ...
+
 
 log = logging.getLogger(__name__)
 
