@@ -191,7 +191,7 @@ class Runtime:
 
     # ---- life cycle ----------------------------------------------------------------------------------
 
-    def start(self, *, run_jobs: bool = True) -> None:
+    def start(self, *, run_jobs: bool = True) -> None:  # noqa: PLR0915
         """Lock the data dir, migrate, load the model, verify the index, resume jobs.
 
         run_jobs=False (one-shot CLI commands, the sample's preparation) leaves queued and

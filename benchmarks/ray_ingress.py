@@ -153,6 +153,7 @@ def main() -> None:
         rates = {name: closed_loop(url, questions, args.clients, args.seconds) for name, url in urls.items()}
         import ray
 
+        from app.api.main import worker_app
         from app.core.settings import Settings
         from app.shards import ingress as ray_ingress
         from app.shards.map import IngressSpec
@@ -161,7 +162,7 @@ def main() -> None:
         own = Settings(data_dir=args.data_dir, database_url=args.database_url)
         token = (args.data_dir / "admin_token").read_text().strip()
         os.environ.update({"MOERAG_ANSWER_CACHE": "0", "MOERAG_QUESTION_CACHE": "0"})
-        ray_ingress.deploy(IngressSpec(2, port=args.port), ray_ingress.ingress_env(own, map_file, token))
+        ray_ingress.deploy(IngressSpec(2, port=args.port), ray_ingress.ingress_env(own, map_file, token), worker_app)
         wait_ready(urls["ingress_on_ray_1_replica"])
         rates["ingress_on_ray_2_replicas"] = closed_loop(urls["ingress_on_ray_1_replica"], questions, args.clients,
                                                          args.seconds)  # fmt: skip

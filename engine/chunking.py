@@ -169,7 +169,7 @@ def _common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
     return a[:n]
 
 
-def chunk_document(
+def chunk_document(  # noqa: C901, PLR0915
     doc: ParsedDocument, count_tokens: TokenCounter, config: ChunkingConfig | None = None
 ) -> list[Chunk]:
     cfg = config or ChunkingConfig()

@@ -84,9 +84,11 @@ def rewrite_messages(question: str, history: Sequence[tuple[str, str | None]]) -
         {"role": "system", "content": REWRITE_SYSTEM},
         {"role": "user", "content": _EXAMPLE[0]},
         {"role": "assistant", "content": _EXAMPLE[1]},
-        {"role": "user", "content": "Conversation:\n" + "\n".join(lines) + f"\n\nLast question: {question}\n"
-         "Rewritten question:"},
-    ]  # fmt: skip
+        {
+            "role": "user",
+            "content": "Conversation:\n" + "\n".join(lines) + f"\n\nLast question: {question}\nRewritten question:",
+        },
+    ]
 
 
 def accepted(reply: str, question: str, limit: int, history: str = "") -> str | None:

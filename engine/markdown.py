@@ -35,7 +35,7 @@ def _html_text(fragment: str) -> str:
     return " ".join((root.text(separator=" ") if root is not None else "").split())
 
 
-def parse_markdown(text: str, fallback_title: str = "") -> ParsedDocument:
+def parse_markdown(text: str, fallback_title: str = "") -> ParsedDocument:  # noqa: C901
     builder = Builder()
     headings: list[str] = []
     section = 0

@@ -259,7 +259,7 @@ class _HtmlWalker:
         self.headings.extend([""] * (level - 1 - len(self.headings)))
         self.headings.append(title)
 
-    def walk(self, root: Node) -> None:
+    def walk(self, root: Node) -> None:  # noqa: C901
         # An explicit stack (not recursion): real pages nest deeper than Python's stack allows.
         # Entries are (node, None) to enter it, or (node, starts_section) to leave it.
         stack: list[tuple[Node, bool | None]] = [(root, None)]

@@ -194,7 +194,7 @@ class AskPipeline:
             with self._preparing_lock:
                 self._preparing -= 1
 
-    def _prepare(self, req: AskRequest, alone: bool) -> Prepared:
+    def _prepare(self, req: AskRequest, alone: bool) -> Prepared:  # noqa: PLR0915
         cfg = self.config
         started = time.perf_counter()
         timings: dict[str, float] = {}
@@ -274,7 +274,7 @@ class AskPipeline:
         switched off (`PipelineConfig.query_adapter`) or the version has none."""
         return router.retrieval_vector(q) if router is not None and self.config.query_adapter else q
 
-    def _route(
+    def _route(  # noqa: C901
         self,
         q: np.ndarray,
         req: AskRequest,

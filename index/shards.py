@@ -232,8 +232,10 @@ class ShardedIndex(ListFacts):
             raise ValueError("k must be positive")
         every = np.arange(self.nlist, dtype=np.int64)
         wanted = [every if clusters is None else self._valid_lists(clusters) for _, clusters in asks]
-        mine = [{int(s): lists[self.shard_of_list[lists] == s] for s in np.unique(self.shard_of_list[lists])}
-                for lists in wanted]  # fmt: skip
+        mine = [
+            {int(s): lists[self.shard_of_list[lists] == s] for s in np.unique(self.shard_of_list[lists])}
+            for lists in wanted
+        ]
         sent = [self._send(q, k, m, None) for (k, _), m in zip(asks, mine, strict=True)]
         out = []
         for (k, _), m, pending in zip(asks, mine, sent, strict=True):
@@ -305,8 +307,10 @@ class ShardedIndex(ListFacts):
         q = np.ascontiguousarray(q, dtype=np.float32)
         wanted = [self._valid_lists(row) for row in lists]
         if len(q) > ROWS_A_CALL and self.rows is not None:  # calls of bounded size, each within the wait
-            parts = [self.search_rows(q[i : i + ROWS_A_CALL], k, wanted[i : i + ROWS_A_CALL], through)
-                     for i in range(0, len(q), ROWS_A_CALL)]  # fmt: skip
+            parts = [
+                self.search_rows(q[i : i + ROWS_A_CALL], k, wanted[i : i + ROWS_A_CALL], through)
+                for i in range(0, len(q), ROWS_A_CALL)
+            ]
             return np.vstack([p[0] for p in parts]), np.vstack([p[1] for p in parts])
         if self.rows is None or (through is None and len(q) == 1):
             if through is not None:

@@ -159,9 +159,21 @@ def scoped_search_split(
     if q and s and longest:
         tile_expert, tile_pairs = align(experts, n_experts, block_q)
         _split_topr_kernel[(splits, tile_expert.shape[0])](
-            x, queries, offsets, tile_expert, tile_pairs, out, x.shape[1], s, splits, x.stride(0), queries.stride(0),
-            BLOCK_Q=block_q, BLOCK_N=block_n, R=r,
-        )  # fmt: skip
+            x,
+            queries,
+            offsets,
+            tile_expert,
+            tile_pairs,
+            out,
+            x.shape[1],
+            s,
+            splits,
+            x.stride(0),
+            queries.stride(0),
+            BLOCK_Q=block_q,
+            BLOCK_N=block_n,
+            R=r,
+        )
     keys = out.view(q, s * splits * r)  # [Q, S*SPLITS*R]
     if keys.shape[1] < r:
         keys = torch.nn.functional.pad(keys, (0, r - keys.shape[1]), value=EMPTY)

@@ -69,13 +69,19 @@ def test_counting_and_encoding_are_safe_across_threads(embedder) -> None:  # typ
 
 def test_the_serving_path_embeds_exactly_as_encode(embedder: Embedder) -> None:
     """`encode_questions` (one forward pass) gives `encode`'s vectors, truncation included: exactly
-    when eager or traced; within 1e-6 once a server start compiled this shared embedder for ONNX
-    Runtime, whose kernels sum in another order (2e-7 at most on the dev questions)."""
+    when eager; once a server start compiled this shared embedder (a test before this one on the
+    same worker may have started one), within the tolerance the start checked it at: 1e-6 for ONNX
+    Runtime, whose kernels sum in another order (2e-7 at most on the dev questions); for the trace,
+    exactly in float32, within 1e-2 in bfloat16 (a CPU with bf16 units: its fused kernels round
+    otherwise on a 512-token input)."""
     texts = ["How do I undo a commit?", "word " * 600, "Wie geht's? ünïcödé"]
-    onnx = embedder.question_runtime.startswith("onnxruntime")
+    runtime = embedder.question_runtime
+    atol = 1e-6 if runtime.startswith("onnxruntime") else 0.0
+    if runtime != "eager" and embedder.dtype_name == "bfloat16":
+        atol = 1e-2
     for t in texts:
         got, want = embedder.encode_questions([t]), embedder.encode([t])
-        assert np.allclose(got, want, rtol=0, atol=1e-6) if onnx else np.array_equal(got, want), t[:20]
+        assert np.allclose(got, want, rtol=0, atol=atol) if atol else np.array_equal(got, want), (t[:20], runtime)
     assert embedder.encode_questions([]).shape == (0, embedder.dim)
 
 

@@ -473,6 +473,7 @@ def _ingress_on_ray(
     import httpx
     from ray import serve
 
+    from app.api.main import worker_app
     from app.shards import ingress as ray_ingress
     from app.shards.map import IngressSpec, load
 
@@ -482,7 +483,7 @@ def _ingress_on_ray(
     assert load(map_file).version == rt.state().shard_map
     token = rt.settings.admin_token.get_secret_value()
     own = Settings(data_dir=tmp_path / "ingress-data", database_url=rt.settings.database_url, admin_token=token)
-    ray_ingress.deploy(IngressSpec(replicas=2, port=port), ray_ingress.ingress_env(own, map_file, token))
+    ray_ingress.deploy(IngressSpec(replicas=2, port=port), ray_ingress.ingress_env(own, map_file, token), worker_app)
     try:
         assert ray_ingress.status() == {"running": True, "replicas": {"RUNNING": 2}, "proxies": 1}
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:

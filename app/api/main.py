@@ -169,17 +169,18 @@ def _request_id(scope: Scope) -> str:
 
 
 def worker_app() -> FastAPI:
-    """The app of one `moerag serve --workers N` worker (uvicorn's factory): settings from the
-    environment the supervisor prepared, MOERAG_WORKER_OF among them.
+    """The app of one `moerag serve --workers N` worker (uvicorn's factory) or of one ingress
+    replica on Ray Serve (app.shards.ingress.deploy): settings from the environment the supervisor
+    or `moerag ray up` prepared.
 
     It starts before it serves: the workers share one socket, and a worker that accepted
     connections while loading would answer them 503 while its siblings were ready (measured:
     232 of the first requests against 4 workers); starting in the lifespan, it does not accept
     until ready, and the kernel hands connections to the ready ones.
 
-    It dies with the supervisor (app.api.worker, its entry, sees to it before this module loads): a
-    killed supervisor left its workers serving as orphans, the port taken and the data dir's lock
-    free."""
+    A worker dies with its supervisor (app.api.worker, its entry, sees to it before this module
+    loads): a killed supervisor left its workers serving as orphans, the port taken and the data
+    dir's lock free."""
     return create_app(Settings(), start_in_background=False)
 
 

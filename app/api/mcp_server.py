@@ -56,7 +56,7 @@ def _anticipated(kind: type[Exception]) -> Iterator[None]:
         raise kind(f"invalid_request: {problems}") from None
 
 
-def build(rt: Runtime, door: AnswerGate | None = None) -> MCPServer:
+def build(rt: Runtime, door: AnswerGate | None = None) -> MCPServer:  # noqa: C901
     """The MCP server over one runtime (started, or starting: tools wait for nothing and say so);
     `door`: the app's answer gate (none: its own, as `moerag mcp` over stdio has)."""
     from mcp.server.mcpserver import Context, MCPServer

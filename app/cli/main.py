@@ -223,7 +223,7 @@ def _cluster_ids(text: str) -> list[int]:
         raise argparse.ArgumentTypeError(f"{text!r}: comma-separated cluster ids, e.g. 3,7") from None
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915
     p = argparse.ArgumentParser(prog="moerag", description="Self-hosted RAG with expert-indexed retrieval")
     p.add_argument("--data-dir", help="data directory (default: $MOERAG_DATA_DIR or ./data)")
     sub = p.add_subparsers(dest="command", required=True)
@@ -239,8 +239,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Commands that can run against a server: --server (default: the live server holding the data dir).
     remote = argparse.ArgumentParser(add_help=False)
-    remote.add_argument("--server", help="a running server, e.g. http://127.0.0.1:8000 (default: the one "
-                        "serving --data-dir, if any; else the command runs here)")  # fmt: skip
+    remote.add_argument(
+        "--server",
+        help="a running server, e.g. http://127.0.0.1:8000 (default: the one "
+        "serving --data-dir, if any; else the command runs here)",
+    )
     remote.add_argument("--token", help="bearer token (default: $MOERAG_ADMIN_TOKEN, then the data dir's token)")
     remote.add_argument("--quiet", action="store_true", help="no progress bar")
     remote.add_argument("--json", action="store_true", help="print JSON (for scripts)")

@@ -54,7 +54,7 @@ def _ray_command(*args: str) -> None:
     subprocess.run([str(ray), *args], check=True, stdout=subprocess.DEVNULL)
 
 
-def cmd_up(args: argparse.Namespace) -> None:
+def cmd_up(args: argparse.Namespace) -> None:  # noqa: PLR0915
     from sqlalchemy import select
     from sqlalchemy.orm import Session
 
@@ -85,6 +85,7 @@ def cmd_up(args: argparse.Namespace) -> None:
     if not ray.is_initialized():
         ray.init(address=args.address or "auto", log_to_driver=False)
     if shards.ingress is not None:  # Serve's HTTP proxy starts first or never (app.shards.ingress)
+        from app.api.main import worker_app
         from app.shards import ingress as ray_ingress
 
         ray_ingress.start_http(shards.ingress)
@@ -108,13 +109,14 @@ def cmd_up(args: argparse.Namespace) -> None:
             )
             print(json.dumps({"embedder": handle.info.remote().result()}, indent=2))
     if shards.ingress is not None:  # the app itself, N servers on the map behind Serve's proxy
+        from app.api.main import worker_app
         from app.core.auth import load_or_create_token
         from app.shards import ingress as ray_ingress
 
         token = load_or_create_token(
             settings.admin_token.get_secret_value() if settings.admin_token else None, settings.token_file
         )
-        ray_ingress.deploy(shards.ingress, ray_ingress.ingress_env(settings, args.config, token))
+        ray_ingress.deploy(shards.ingress, ray_ingress.ingress_env(settings, args.config, token), worker_app)
         where = f"http://{shards.ingress.host}:{shards.ingress.port}"
         print(json.dumps({"ingress": where, **ray_ingress.status()}, indent=2))
     from ray import serve

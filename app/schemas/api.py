@@ -233,8 +233,11 @@ def _document_old_names(schema: dict[str, Any], model: type[BaseModel]) -> None:
     props, required = schema.setdefault("properties", {}), schema.get("required", [])
     rules: list[dict[str, Any]] = []
     for old, new in getattr(model, "RENAMED", {}).items():
-        props[old] = {**props.get(new, {}), "deprecated": True,
-            "description": f"Deprecated name of {new!r} (accepted for one release)."}  # fmt: skip
+        props[old] = {
+            **props.get(new, {}),
+            "deprecated": True,
+            "description": f"Deprecated name of {new!r} (accepted for one release).",
+        }
         if new in required:
             required.remove(new)
             rules.append({"oneOf": [{"required": [new]}, {"required": [old]}]})

@@ -4,18 +4,48 @@ routed and retrieved by the engine's pipeline, counted and logged."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
+
+from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.errors import ApiError
 from app.core.limits import check_question
+from app.core.metrics import Metrics
+from app.core.settings import Settings
 from app.schemas.api import AskIn, AskOut, CitationOut
 from app.services import conversations
+from app.services.answer_cache import AnswerCache
 from app.services.ask import log_question, route_json
+from app.services.generation import Generators
 from engine.generators import GeneratorError, cited_numbers
-from engine.pipeline import AskRequest, Prepared
+from engine.pipeline import AskPipeline, AskRequest, Prepared
+from engine.serving import ServingState
 
-if TYPE_CHECKING:
-    from app.runtime import Runtime
+
+class AnswerParts(Protocol):
+    """What answering a question takes of the service (app.runtime.Runtime is one): the settings
+    and the database, the serving state, the pipeline and its answer cache, the generators (a
+    conversation's rewriter) and the metrics."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def sessions(self) -> sessionmaker[Session]: ...
+
+    @property
+    def generators(self) -> Generators: ...
+
+    @property
+    def answers(self) -> AnswerCache: ...
+
+    @property
+    def pipeline(self) -> AskPipeline: ...
+
+    @property
+    def metrics(self) -> Metrics: ...
+
+    def state(self) -> ServingState: ...
 
 
 def citations(p: Prepared, answer: str | None = None) -> list[CitationOut]:
@@ -55,7 +85,7 @@ class Asked:
         return self.turn.standalone_by if self.turn is not None else None
 
 
-def prepare(rt: Runtime, body: AskIn) -> Asked:
+def prepare(rt: AnswerParts, body: AskIn) -> Asked:
     """Check the question (made standalone in its conversation), then route and retrieve (or
     take a cached route and citations)."""
     check_question(body.query, body.k, rt.settings)
@@ -77,7 +107,7 @@ def prepare(rt: Runtime, body: AskIn) -> Asked:
         raise ApiError("generator_unavailable", str(exc)) from None
 
 
-def finish(rt: Runtime, asked: Asked, answer: str | None = None) -> int | None:
+def finish(rt: AnswerParts, asked: Asked, answer: str | None = None) -> int | None:
     """Count the answer, log the question and record its conversation turn; a full disk costs
     the log row, not the answer."""
     prepared = asked.prepared
@@ -92,7 +122,7 @@ def finish(rt: Runtime, asked: Asked, answer: str | None = None) -> int | None:
     return query_id
 
 
-def answer_json(rt: Runtime, body: AskIn) -> bytes:
+def answer_json(rt: AnswerParts, body: AskIn) -> bytes:
     """One answer as the API's JSON body (the CLI's local `ask` prints the same)."""
     asked = prepare(rt, body)
     prepared, answer = asked.prepared, None

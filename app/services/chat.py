@@ -12,18 +12,15 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from app.core.errors import ApiError
 from app.schemas.api import AskIn, CitationOut
 from app.schemas.openai import AssistantMessage, ChatCompletionOut, ChatIn, Choice, ModelList, ModelOut, Moerag
-from app.services.answering import Asked, citations, finish, prepare
+from app.services.answering import AnswerParts, Asked, citations, finish, prepare
 from app.services.ask import route_json
 from engine.followup import make_standalone, standalone_chain
 from engine.generators import GeneratorError
-
-if TYPE_CHECKING:
-    from app.runtime import Runtime
 
 
 class LogAnswer(Protocol):
@@ -37,7 +34,7 @@ EXPERT_MODEL = MODEL + "/"  # + an expert's name
 _LISTED_SINCE = int(time.time())  # the models' `created`
 
 
-def models(rt: Runtime) -> ModelList:
+def models(rt: AnswerParts) -> ModelList:
     """`moerag`, then one `moerag/<name>` an expert, in id order."""
     names = [MODEL] + [EXPERT_MODEL + p.name for _, p in sorted(rt.state().experts.items())]
     return ModelList(data=[ModelOut(id=name, created=_LISTED_SINCE) for name in names])
@@ -57,14 +54,14 @@ class ChatAsked:
         return self.asked.standalone or self.ask.query
 
 
-def prepare_chat(rt: Runtime, body: ChatIn) -> ChatAsked:
+def prepare_chat(rt: AnswerParts, body: ChatIn) -> ChatAsked:
     """`ask_body`, then `prepare` (both may wait on a model: run off the event loop)."""
     ask, by = ask_body(rt, body)
     asked = prepare(rt, ask)
     return ChatAsked(ask, asked, asked.standalone_by if ask.conversation_id is not None else by)
 
 
-def ask_body(rt: Runtime, body: ChatIn) -> tuple[AskIn, str | None]:
+def ask_body(rt: AnswerParts, body: ChatIn) -> tuple[AskIn, str | None]:
     """The /ask request a chat request stands for (its model's mode and expert, and its question),
     and what made the question standalone.
 
@@ -122,7 +119,7 @@ def sources(cited: list[CitationOut]) -> str:
     return "\n\nSources:\n" + "\n".join(lines) if lines else ""
 
 
-def completion_json(rt: Runtime, body: ChatIn) -> bytes:
+def completion_json(rt: AnswerParts, body: ChatIn) -> bytes:
     """One non-streamed completion, serialised (the route returns the bytes as they are)."""
     chat = prepare_chat(rt, body)
     asked = chat.asked

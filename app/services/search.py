@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 from sqlalchemy import select
@@ -12,12 +12,29 @@ from sqlalchemy.orm import Session, selectinload, sessionmaker
 
 from app.core.limits import SEARCH_K, check_question
 from app.core.models import Chunk
+from app.core.settings import Settings
 from app.schemas.api import SearchHit, SearchIn, SearchOut
 from engine.embedder import Embedder
+from engine.serving import ServingState
 from index.store import SearchIndex
 
-if TYPE_CHECKING:
-    from app.runtime import Runtime
+
+class SearchParts(Protocol):
+    """What a search takes of the service (app.runtime.Runtime is one): the settings, the database,
+    the embedder, the serving state and the question as retrieval reads it under a state."""
+
+    @property
+    def settings(self) -> Settings: ...
+
+    @property
+    def sessions(self) -> sessionmaker[Session]: ...
+
+    @property
+    def embedder(self) -> Embedder: ...
+
+    def state(self) -> ServingState: ...
+
+    def retrieval_vector(self, state: ServingState) -> Callable[[np.ndarray], np.ndarray]: ...
 
 
 @dataclass(frozen=True)
@@ -63,7 +80,7 @@ def search(
     return SearchResult(hits, scanned_lists, scanned)
 
 
-def run_search(rt: Runtime, body: SearchIn) -> SearchOut:
+def run_search(rt: SearchParts, body: SearchIn) -> SearchOut:
     """The search as `POST /search` answers it (the CLI's local `search` prints the same)."""
     check_question(body.query, body.k, rt.settings)
     k = SEARCH_K if body.k is None else body.k

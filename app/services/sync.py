@@ -131,14 +131,8 @@ def mirror(
 
     new = [source for source in readers if source not in stored]
     for source in (s for s in readers if s in stored):
-        doc_id, digest = stored[source]
         try:
-            upload = readers[source]()
-            if upload.content_hash == digest:
-                counts["unchanged"] += 1
-            else:
-                counts["chunks"] += ingestor.update(doc_id, upload).chunks
-                counts["updated"] += 1
+            counts[_refresh(ingestor, stored[source], readers[source], counts)] += 1
         except MoeragError as exc:
             failed(source, exc.message)
         step()
@@ -158,6 +152,17 @@ def mirror(
         step()
     unvisited = {"unvisited": len(absent) - len(deleted)} if gone is not None else {}
     return {**counts, **unvisited, "failures": failures[:100]}
+
+
+def _refresh(ingestor: Ingestor, stored: tuple[int, str], read: Callable[[], Upload], counts: dict[str, int]) -> str:
+    """A stored document read again: updated under its id when its content changed (its chunks
+    counted) -> "updated", else "unchanged"."""
+    doc_id, digest = stored
+    upload = read()
+    if upload.content_hash == digest:
+        return "unchanged"
+    counts["chunks"] += ingestor.update(doc_id, upload).chunks
+    return "updated"
 
 
 def read_inside(root: Path, path: Path, source: str) -> Upload:

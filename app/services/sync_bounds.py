@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
-from urllib.parse import unquote, urljoin, urlsplit, urlunsplit
+from urllib.parse import SplitResult, unquote, urljoin, urlsplit, urlunsplit
 
 from app.core.errors import ApiError
 from engine.errors import NotConfigured
@@ -80,33 +80,40 @@ def _segments(path: str) -> list[str]:
     return out
 
 
-def place(url: str) -> Place:
-    """`url` parsed and normalised; ApiError (invalid_request) for what cannot be a sync source."""
+def _parsed(url: str) -> tuple[SplitResult, int | None]:
+    """`url` split (git's scp-like `user@host:path` read as the ssh URL it names) with its port,
+    once the parts a sync never takes are refused: spaces, backslashes, control characters, an
+    encoded slash, a scheme other than http(s), ssh, git or file, credentials."""
     text = url.strip()
     if any(c in text for c in "\\\x00\r\n\t "):
         raise ApiError(
             "invalid_request", f"{url!r}: a URL to sync cannot hold spaces, backslashes or control characters"
         )
     scp = _SCP.match(text) if "://" not in text else None
-    if scp is not None:  # git's scp-like form: the ssh place it names
+    if scp is not None:
         text = f"ssh://{scp['user'] + '@' if scp['user'] else ''}{scp['host']}/{scp['path'].lstrip('/')}"
     try:
         parts = urlsplit(text)
         port = parts.port
     except ValueError as exc:
         raise ApiError("invalid_request", f"{url!r} is not a URL: {exc}") from None
-    scheme = parts.scheme.lower()
     if _ENCODED_SEPARATOR.search(parts.path):
         raise ApiError("invalid_request", f"{url!r}: a URL to sync cannot hold an encoded slash or backslash")
-    if scheme not in ("http", "https", "ssh", "git", "file"):
+    if parts.scheme.lower() not in ("http", "https", "ssh", "git", "file"):
         raise ApiError("invalid_request", f"{url!r} is not an http(s), file, ssh or git URL")
-    if parts.password is not None or (parts.username is not None and scheme != "ssh"):
+    if parts.password is not None or (parts.username is not None and parts.scheme.lower() != "ssh"):
         raise ApiError(
             "invalid_request",
             "a URL to sync cannot carry credentials (they would be stored as every document's source): "
             "give the server access another way (a git credential helper, an ssh key)",
         )
-    host = (parts.hostname or "").rstrip(".")
+    return parts, port
+
+
+def place(url: str) -> Place:
+    """`url` parsed and normalised; ApiError (invalid_request) for what cannot be a sync source."""
+    parts, port = _parsed(url)
+    scheme, host = parts.scheme.lower(), (parts.hostname or "").rstrip(".")
     if scheme == "file":
         if host not in ("", "localhost"):
             raise ApiError("invalid_request", f"{url!r}: a file URL names no other host")

@@ -258,6 +258,54 @@ class Crawl:
     stopped: str | None = None
 
 
+class _Frontier:
+    """The pages a crawl has yet to fetch: links breadth-first from the start pages (each with its
+    depth), then the stored pages it did not reach (no link followed from them); each page once."""
+
+    def __init__(self, scope: str, first: list[str], known: Collection[str], max_depth: int) -> None:
+        self.scope, self.max_depth = scope, max_depth
+        self.queue = deque((u, 0) for u in dict.fromkeys(first))
+        self.seen = set(first)
+        self.revisits = deque(u for u in known if _wanted(u, scope))
+
+    def next(self) -> tuple[str, int] | None:
+        while not self.queue and self.revisits:  # the links are exhausted: the stored pages not reached
+            url = self.revisits.popleft()
+            if url not in self.seen:
+                self.seen.add(url)
+                self.queue.append((url, self.max_depth))
+        return self.queue.popleft() if self.queue else None
+
+    def follow(self, page: Any, depth: int) -> None:
+        """Queue the links of an HTML page fetched at `depth`, within the scope, while depth allows."""
+        if depth >= self.max_depth:
+            return
+        links = _Links()
+        links.feed(page.content.decode(page.encoding or "utf-8", errors="replace"))
+        for href in links.hrefs:
+            target = _page_url(urljoin(str(page.url), href))
+            if target not in self.seen and _wanted(target, self.scope):
+                self.seen.add(target)
+                self.queue.append((target, depth + 1))
+
+
+def _fetch(get: Callable[[str], Any], url: str, out: Crawl) -> Any | None:
+    """The page at `url` when it answers 200; otherwise None, its failure recorded (and the page
+    marked gone on a 404 or 410)."""
+    try:
+        r = get(url)
+    except Exception as exc:  # any transport error or refusal: that page fails, the crawl goes on
+        why = str(exc) if isinstance(exc, FetchRefused) else f"fetch failed: {type(exc).__name__}: {exc}"
+        out.failures.append({"source": url, "error": why})
+        return None
+    if r.status_code != 200:
+        out.failures.append({"source": url, "error": f"HTTP {r.status_code}"})
+        if r.status_code in GONE:
+            out.gone.add(url)
+        return None
+    return r
+
+
 def crawl(
     start: str,
     max_pages: int,
@@ -278,27 +326,20 @@ def crawl(
     deadline = None if seconds is None else time.monotonic() + seconds
     rules = rules or robots(start, get)
     delay = min(float(rules.crawl_delay(AGENT) or 0), CRAWL_DELAY_MAX)
-    listed = is_sitemap(start)
+    listed = is_sitemap(start)  # a sitemap's pages: links not followed
     first = (
         [u for u in map(_page_url, sitemap_pages(start, get)) if _wanted(u, scope)] if listed else [_page_url(start)]
     )
-    revisits = [u for u in known if _wanted(u, scope)]
-    queue, seen = deque((u, 0) for u in dict.fromkeys(first)), set(first)
+    frontier = _Frontier(scope, first, known, 0 if listed else max_depth)
     out, fetched = Crawl(), 0
-    while queue or revisits:
-        if not queue:  # the links are exhausted: the stored pages it did not reach, once each
-            url = revisits.pop(0)
-            if url in seen:
-                continue
-            seen.add(url)
-            queue.append((url, max_depth))
+    while (step := frontier.next()) is not None:
         if fetched >= max_pages:
             out.stopped = f"the page budget ({max_pages}) was spent"
             break
         if deadline is not None and time.monotonic() > deadline:
             out.stopped = f"the time limit ({seconds:g} s) was reached"
             break
-        url, depth = queue.popleft()
+        url, depth = step
         if not rules.can_fetch(AGENT, url):
             out.forbidden += 1
             continue
@@ -307,28 +348,13 @@ def crawl(
         fetched += 1
         if progress is not None:
             progress(fetched, max_pages)
-        try:
-            r = get(url)
-        except Exception as exc:  # any transport error or refusal: that page fails, the crawl goes on
-            why = str(exc) if isinstance(exc, FetchRefused) else f"fetch failed: {type(exc).__name__}: {exc}"
-            out.failures.append({"source": url, "error": why})
-            continue
-        if r.status_code != 200:
-            out.failures.append({"source": url, "error": f"HTTP {r.status_code}"})
-            if r.status_code in GONE:
-                out.gone.add(url)
+        if (r := _fetch(get, url, out)) is None:
             continue
         kind = r.headers.get("content-type", "").split(";")[0].strip() or None
         name = Path(urlsplit(url).path).name or "index.html"
         out.pages[url] = Upload(data=r.content, source=url, filename=name, content_type=kind)
-        if not listed and depth < max_depth and kind in ("text/html", "application/xhtml+xml"):
-            links = _Links()
-            links.feed(r.content.decode(r.encoding or "utf-8", errors="replace"))
-            for href in links.hrefs:
-                target = _page_url(urljoin(str(r.url), href))
-                if target not in seen and _wanted(target, scope):
-                    seen.add(target)
-                    queue.append((target, depth + 1))
+        if kind in ("text/html", "application/xhtml+xml"):
+            frontier.follow(r, depth)
     return out
 
 

@@ -62,8 +62,15 @@ class EmbedderReplica:
 
     def info(self) -> dict[str, Any]:
         e = self.embedder
-        return {"dim": e.dim, "name": e.name, "max_tokens": e.max_tokens, "dtype": e.dtype_name,
-                "question_model": self.question_model, "path": str(e.path), "max_batch": self.max_batch}  # fmt: skip
+        return {
+            "dim": e.dim,
+            "name": e.name,
+            "max_tokens": e.max_tokens,
+            "dtype": e.dtype_name,
+            "question_model": self.question_model,
+            "path": str(e.path),
+            "max_batch": self.max_batch,
+        }
 
     def questions_many(self, asked: list[list[str]]) -> list[Vectors]:
         """[n, D] for each caller's n questions, in the callers' order: one forward pass for all."""

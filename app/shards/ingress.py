@@ -15,6 +15,7 @@ dir is shared (its lock held shared, uploads spooled there for whichever replica
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +26,6 @@ from engine.errors import NotConfigured
 
 APP = "moerag-ingress"  # its Serve application: one for the cluster, whatever the shard map's version
 DEPLOYMENT = "ingress"
-
-
-def build_app() -> Any:
-    """The app of one ingress replica (Serve calls it when the replica starts): settings from the
-    environment `ingress_env` gave it; the runtime starts in the lifespan (Serve runs it), so a
-    replica takes requests once it is ready."""
-    from app.api.main import create_app
-
-    return create_app(Settings(), start_in_background=False)
 
 
 def ingress_env(settings: Settings, shard_map: Path, admin_token: str) -> dict[str, str]:
@@ -69,8 +61,10 @@ def start_http(spec: IngressSpec) -> None:
         )
 
 
-def deploy(spec: IngressSpec, env: dict[str, str]) -> None:
-    """Run (or update) the ingress application: `spec.replicas` replicas of the app, on `/`."""
+def deploy(spec: IngressSpec, env: dict[str, str], build_app: Callable[[], Any]) -> None:
+    """Run (or update) the ingress application: `spec.replicas` replicas of the app `build_app`
+    makes (app.api.main.worker_app: settings from the environment `ingress_env` gave it, the
+    runtime started in the lifespan Serve runs, so a replica takes requests once it is ready), on `/`."""
     serve = require()
     start_http(spec)
     deployment = serve.deployment(

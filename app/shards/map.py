@@ -110,7 +110,7 @@ class ShardMap:
         return [np.flatnonzero(shard == i) for i in range(len(self.shards))]
 
 
-def parse(data: Any, version: str = "") -> ShardMap:
+def parse(data: Any, version: str = "") -> ShardMap:  # noqa: C901
     """A shard map from its parsed YAML; InvalidSetting says what is wrong."""
     if not isinstance(data, dict) or not isinstance(data.get("shards"), list) or not data["shards"]:
         raise InvalidSetting("a shard map is a mapping with a non-empty list 'shards'")

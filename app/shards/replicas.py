@@ -136,9 +136,13 @@ class ShardReplica:
                 log.exception("shard replica: following the index log failed; retrying")
 
     def lexical(
-        self, w: QueryWeights, k: int, lists: npt.NDArray[np.int64] | None, ids: npt.NDArray[np.int64] | None,
+        self,
+        w: QueryWeights,
+        k: int,
+        lists: npt.NDArray[np.int64] | None,
+        ids: npt.NDArray[np.int64] | None,
         at_least: int = 0,
-    ) -> LexicalAnswer:  # fmt: skip
+    ) -> LexicalAnswer:
         """Its chunks' BM25 scored with the whole store's term weights (engine.sharded_lexical): its k
         best (within `lists`), its best per list and the scores of `ids`, at catalogue version
         `at_least` or later (for the lists its chunks are in)."""
@@ -365,16 +369,24 @@ def _batched(serve: Any) -> type[ShardReplica]:
             return await asyncio.to_thread(self.search_many, q, k, lists, at_least, bm25)
 
         async def lexical(  # type: ignore[override]
-            self, w: QueryWeights, k: int, lists: npt.NDArray[np.int64] | None, ids: npt.NDArray[np.int64] | None,
+            self,
+            w: QueryWeights,
+            k: int,
+            lists: npt.NDArray[np.int64] | None,
+            ids: npt.NDArray[np.int64] | None,
             at_least: int = 0,
-        ) -> LexicalAnswer:  # fmt: skip
+        ) -> LexicalAnswer:
             """`ShardReplica.lexical` off the replica's event loop (its searches keep being batched)."""
             return await asyncio.to_thread(ShardReplica.lexical, self, w, k, lists, ids, at_least)
 
         async def rows(  # type: ignore[override]
-            self, q: npt.NDArray[np.float32], k: int, lists: Sequence[npt.NDArray[np.int64]],
-            through: int | None = None, at_least: int = 0,
-        ) -> Stamped:  # fmt: skip
+            self,
+            q: npt.NDArray[np.float32],
+            k: int,
+            lists: Sequence[npt.NDArray[np.int64]],
+            through: int | None = None,
+            at_least: int = 0,
+        ) -> Stamped:
             """`ShardReplica.rows` off the replica's event loop."""
             return await asyncio.to_thread(ShardReplica.rows, self, q, k, lists, through, at_least)
 
