@@ -127,9 +127,18 @@ def dies_with_caller() -> None:
 
 
 def exit_with_parent(parent: int) -> None:
-    """Make this helper process (a BM25 rebuild worker) end at once when `parent` is gone: a
-    thread watching the parent pid. Not the kernel's parent-death signal: that fires when the
-    parent *thread* that started the helper ends, and a pool starts its workers from any thread."""
+    """Make this helper process (a BM25 rebuild worker) end at once when `parent` is gone: the
+    kernel's parent-death SIGKILL where there is one (Linux), and a thread watching the parent pid
+    besides (a parent gone before this call, other systems). The signal does not wait for this
+    process to be scheduled: a rebuild worker runs at a low priority, and on two busy cores its
+    watch thread once took over 5 s to notice. (The signal fires when the parent *thread* that
+    started this process ends; a pool starts its workers from its caller's or its manager's
+    thread, both alive while the pool is: a worker killed early fails one rebuild, which the
+    server then runs itself.)"""
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:  # gone before the signal was asked for
+        os._exit(1)
 
     def watch() -> None:
         while os.getppid() == parent:

@@ -21,6 +21,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.db import make_engine, make_sessionmaker
+from app.core.lifeline import helpers_die_with_this_process
 from app.core.locking import exit_with_parent
 from app.core.models import Chunk
 from app.store.catalogue import read_version
@@ -118,6 +119,7 @@ class LexicalManager:
             # A fresh interpreter a rebuild (never fork a process that runs threads), gone with it:
             # no memory held between rebuilds, no process left behind by a parent that dies.
             context = multiprocessing.get_context("spawn")
+            helpers_die_with_this_process()  # its worker dies with this process from its first import
             self._pool = ProcessPoolExecutor(
                 1, context, initializer=_worker_start, initargs=(self.niceness, os.getpid()), max_tasks_per_child=1
             )
