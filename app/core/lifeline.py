@@ -13,9 +13,29 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+from collections.abc import Callable
 
 HELPER_OF = "MOERAG_HELPER_OF"  # the pid of the process whose helpers die with it
 _PR_SET_PDEATHSIG = 1
+
+
+def _prctl() -> Callable[[int, int], int] | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux
+        return None
+
+
+_PRCTL = _prctl()  # looked up once, before any fork: a child between fork and exec only calls it
+
+
+def parent_death_signal(sig: int) -> bool:
+    """Ask the kernel to send `sig` to this process when the thread that started it ends (Linux's
+    PR_SET_PDEATHSIG); False where there is no such thing. Safe in a `preexec_fn`."""
+    if _PRCTL is None:
+        return False
+    _PRCTL(_PR_SET_PDEATHSIG, sig)
+    return True
 
 
 def helpers_die_with_this_process() -> None:
@@ -34,9 +54,7 @@ def bind_to_parent() -> None:
         if not _alive(parent):  # its parent died before this process got here: an orphan
             os._exit(1)
         return  # a grandchild, or another process's child: not a helper of `parent`
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the pool initializer's watch alone
+    if not parent_death_signal(signal.SIGKILL):  # not Linux: the pool initializer's watch alone
         return
     if os.getppid() != parent:  # it died before the signal was asked for
         os._exit(1)

@@ -13,8 +13,6 @@ dies with its supervisor (`die_with_parent`): a killed supervisor leaves no orph
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import fcntl
 import json
 import logging
@@ -22,11 +20,12 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 from sqlalchemy import Connection, Engine, text
+
+from app.core.lifeline import parent_death_signal
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +84,6 @@ class DataDirLock:
             self._file = None
 
 
-_PR_SET_PDEATHSIG = 1
 _WATCH_SECONDS = 0.5
 
 
@@ -95,8 +93,7 @@ def die_with_parent(parent: int, grace_seconds: float = 3.0) -> None:
     kill interrupts, SQL and the index log recover, as after any crash). The kernel sends the
     SIGTERM at once where it can (Linux's PR_SET_PDEATHSIG); a thread watching the parent pid
     covers the rest (a parent already gone before this call, other systems) and the grace."""
-    with contextlib.suppress(OSError, AttributeError):  # not Linux: the watch alone
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    parent_death_signal(signal.SIGTERM)  # not Linux: the watch alone
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -109,36 +106,16 @@ def die_with_parent(parent: int, grace_seconds: float = 3.0) -> None:
     threading.Thread(target=watch, name="moerag-parent-watch", daemon=True).start()
 
 
-def _prctl() -> Callable[[int, int], int] | None:
-    try:
-        return ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):  # not Linux
-        return None
-
-
-_PRCTL = _prctl()  # looked up before any fork: a child between fork and exec only calls it
-
-
 def dies_with_caller() -> None:
     """A `preexec_fn` for a short-lived child (git): SIGKILL it when the thread that started it, and
     so this process, is gone. `subprocess.run` holds that thread until the child ends."""
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    parent_death_signal(signal.SIGKILL)
 
 
 def exit_with_parent(parent: int) -> None:
-    """Make this helper process (a BM25 rebuild worker) end at once when `parent` is gone: the
-    kernel's parent-death SIGKILL where there is one (Linux), and a thread watching the parent pid
-    besides (a parent gone before this call, other systems). The signal does not wait for this
-    process to be scheduled: a rebuild worker runs at a low priority, and on two busy cores its
-    watch thread once took over 5 s to notice. (The signal fires when the parent *thread* that
-    started this process ends; a pool starts its workers from its caller's or its manager's
-    thread, both alive while the pool is: a worker killed early fails one rebuild, which the
-    server then runs itself.)"""
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # gone before the signal was asked for
-        os._exit(1)
+    """Make this helper process (a BM25 rebuild worker) end when `parent` is gone, where the
+    kernel's parent-death signal, asked for at its first import (app.core.lifeline), is not to be
+    had: a thread watching the parent pid."""
 
     def watch() -> None:
         while os.getppid() == parent:
