@@ -32,6 +32,7 @@ from app.services.console_sessions import ConsoleSessions
 from app.services.content_fit import ContentFit
 from app.services.documents import Ingestor
 from app.services.expert_scopes import scope_handler
+from app.services.expert_undo import undo_job
 from app.services.generation import Generators
 from app.services.indexing import IndexManager
 from app.services.jobs import JobRunner
@@ -305,6 +306,7 @@ class Runtime:
                     "train": train_job(routers),
                     "refit": Refit(indexes, routers, content_fit.new_topics).job,
                     "scope": scope_handler(indexes, routers),
+                    "undo": undo_job(indexes, routers),
                     "sync": sync_handler(ingestor, s.resolved_data_dir / "sources", s),
                 },
                 exclusive=self.engine.dialect.name == "sqlite",  # else other processes may run jobs too

@@ -75,7 +75,7 @@ class Citation:
 @dataclass
 class Route:
     path: Literal["expert", "fallback"]
-    reason: str  # a code: confident, forced, no_router, none_class, low_confidence, ...
+    reason: str  # a code: confident, forced, one_expert, no_router, none_class, low_confidence, ...
     detail: str  # the same in words
     expert: ExpertProfile | None
     confidence: float | None
@@ -317,6 +317,11 @@ class AskPipeline:
             if not chosen.clusters:
                 return make("fallback", "expert_has_no_clusters", f"expert {chosen.name!r} owns no clusters", chosen)
             return make("expert", "forced", f"expert {chosen.name!r} requested", chosen)
+        mapped = [e.name for e in experts.values() if e.clusters]
+        if len(mapped) < 2:  # no gate to choose: no confidence is claimed (1.000 over one class means nothing)
+            why = f"one expert ({mapped[0]!r}) owns lists" if mapped else "no expert owns lists"
+            detail = f"{why}: there is no gate to route between, so the whole store is searched"
+            return Route("fallback", "one_expert", detail, None, None, [], cfg.threshold, version, None, 0, 0)
         if router is None or not top:
             return make("fallback", "no_router", "no router is trained and active yet", None)
         best, p = top[0]

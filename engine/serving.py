@@ -42,6 +42,7 @@ class ExpertProfile:
     top_k: int
     threshold: float | None
     clusters: tuple[int, ...]
+    slugs: tuple[str, ...] = ()  # model-id tails, the current one first (app.services.chat)
 
 
 @dataclass(frozen=True)

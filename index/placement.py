@@ -98,6 +98,13 @@ def place(
     return out
 
 
+def held_groups(owners: Ints, clusters: Ints, groups: Ints) -> dict[int, int]:
+    """owner id -> the group holding most of its vectors where they are now (clusters [N], each
+    vector's list; groups [C]); -1 is a group (the lists no expert owns)."""
+    pairs, _, majority = _majority(np.asarray(owners, dtype=np.int64), np.asarray(groups, dtype=np.int64)[clusters])
+    return {int(o): int(g) for o, g in pairs[majority]}
+
+
 def outside(owners: Ints, clusters: Ints, groups: Ints) -> npt.NDArray[np.bool_]:
     """[N] True for a vector outside its owner's majority group (what a scoped search cannot reach)."""
     _, inverse, majority = _majority(np.asarray(owners, dtype=np.int64), np.asarray(groups, dtype=np.int64)[clusters])

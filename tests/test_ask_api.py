@@ -184,7 +184,9 @@ def test_expert_admin_crud_and_proposals(client: TestClient, routed: dict[str, A
     )
     detail = client.get(f"/admin/api/clusters/{cluster}", headers=AUTH).json()
     assert detail["samples"] and detail["size"] >= len(detail["samples"])
-    assert client.delete(f"/admin/api/experts/{e['id']}", headers=AUTH).status_code == 204
+    deleted = client.delete(f"/admin/api/experts/{e['id']}", headers=AUTH)
+    assert deleted.status_code == 200 and deleted.json()["deleted"]["name"] == "renamed", deleted.text
+    assert deleted.json()["lists"] == 1 and "fallback" in deleted.json()["documents_go_to"]
     assert client.get(f"/admin/api/clusters/{cluster}", headers=AUTH).json()["expert_id"] is None
     assert (
         client.post(
@@ -195,7 +197,11 @@ def test_expert_admin_crud_and_proposals(client: TestClient, routed: dict[str, A
     proposals = client.post("/admin/api/experts/propose", json={"n": 2, "keep_mapped": False}, headers=AUTH).json()[
         "proposals"
     ]
-    assert sorted(c for p in proposals for c in p["cluster_ids"]) == sorted(routed["topic_of"])
+    # The experts the operator made are owned: only the clusters nobody owns are regrouped.
+    clusters = client.get("/admin/api/clusters", params={"limit": 500}, headers=AUTH).json()["items"]
+    assert sorted(c for p in proposals for c in p["cluster_ids"]) == sorted(
+        c["id"] for c in clusters if c["expert_id"] is None
+    )
     assert all(p["name"] and p["keywords"] and p["titles"] for p in proposals)
 
 
@@ -204,7 +210,24 @@ def test_training_without_experts_is_refused(client: TestClient) -> None:
     job = wait_job(client, client.post("/admin/api/router/train", headers=AUTH).json()["id"])
     assert job["status"] == "failed" and "map at least one cluster" in job["error"]
     res = ask(client, question="hello")
-    assert res["route"]["path"] == "fallback" and res["route"]["reason"] == "no_router"
+    assert res["route"]["path"] == "fallback" and res["route"]["reason"] == "one_expert"
+    assert res["route"]["confidence"] is None and "no expert owns lists" in res["route"]["detail"]
+
+
+def test_one_expert_is_no_gate_and_claims_no_confidence(client: TestClient) -> None:
+    for i in range(3):
+        text = f"# Notes {i}\n\nGit branches, commits and rebases, note {i}. " * 8
+        assert client.post("/documents", json={"text": text, "source": f"n{i}.md"}, headers=AUTH).status_code == 201
+    only = client.post("/admin/api/experts", json={"name": "everything"}, headers=AUTH).json()
+    clusters = [c["id"] for c in client.get("/admin/api/clusters", headers=AUTH).json()["items"]]
+    assert client.post(
+        "/admin/api/clusters/assign", json={"cluster_ids": clusters, "expert_id": only["id"]}, headers=AUTH
+    )
+    job = wait_job(client, client.post("/admin/api/router/train", headers=AUTH).json()["id"])
+    assert job["status"] == "failed" and "no gate to train" in job["error"], job
+    route = ask(client, question="How do I rebase a branch?")["route"]
+    assert (route["path"], route["reason"], route["confidence"]) == ("fallback", "one_expert", None), route
+    assert "'everything'" in route["detail"] and route["top"] == []
 
 
 def test_expert_nprobe_caps_the_lists_the_expert_path_scans(client: TestClient, routed: dict[str, Any]) -> None:

@@ -160,6 +160,20 @@ def test_console_end_to_end_in_chromium(tmp_path: Path) -> None:
             expect(page.locator("#status")).to_have_text(f"{len(git_clusters)} clusters assigned")
             assert dialogs["seen"][-1].startswith(f"Map {len(git_clusters)} clusters to “git”?")
             page.screenshot(path=str(ARTIFACTS / "3-clusters.png"), full_page=True)
+            # One expert owns lists: no gate, and no accuracy or confidence is claimed anywhere.
+            page.click("#tab-overview")
+            expect(page.locator("#ov-next")).to_contain_text("One expert owns lists: there is no gate")
+            expect(page.locator("#ov-router")).to_contain_text("no gate")
+            page.click("#tab-router")
+            page.click("#rt-train")
+            expect(page.locator("#status")).to_contain_text("training failed", timeout=60_000)
+            expect(page.locator("#status")).to_contain_text("no gate to train")
+            expect(page.locator("#rt-reliability")).to_contain_text("no gate to train")
+            sqlite = api.post("/admin/api/experts", json={"name": "sqlite"}).json()["id"]
+            others = sorted({c["id"] for c in api.get("/admin/api/clusters").json()["items"]} - set(git_clusters))
+            assert api.post("/admin/api/clusters/assign", json={"cluster_ids": others[:1], "expert_id": sqlite})
+            page.click("#tab-overview")
+            expect(page.locator("#ov-next")).to_be_hidden()
 
             page.click("#tab-router")
             for n in (1, 2):  # two versions, so one can be rolled back to
@@ -333,9 +347,9 @@ def walk_proposal_diff(page: Any, api: Any, git_clusters: list[int]) -> None:
     page.click("#tab-clusters")
     page.uncheck("#pr-keep")
     page.fill("#pr-n", "2")
-    page.click("#pr-run")
-    expect(page.locator("#pr-summary")).to_contain_text("1 cluster taken from existing experts")
-    expect(page.locator("#pr-summary")).to_contain_text("with no clusters")
+    page.click("#pr-run")  # every expert here is the operator's: "keep" unticked moves none of theirs
+    expect(page.locator("#pr-summary")).to_contain_text("0 clusters taken from existing experts")
+    expect(page.locator("#pr-summary")).to_contain_text("Owned experts keep their clusters: “git”")
     page.check("#pr-keep")
     page.fill("#pr-n", "1")
     page.click("#pr-run")
@@ -365,6 +379,13 @@ def walk_define_by_documents(page: Any, api: Any, dialogs: dict[str, Any]) -> No
     listed = {e["id"]: e for e in api.get("/admin/api/experts").json()["items"]}
     assert listed[expert]["documents"] == {"source_prefix": "python-"} and listed[expert]["clusters"]
     page.screenshot(path=str(ARTIFACTS / "3f-define-by-documents.png"), full_page=True)
+    expect(page.locator(f"#ex-rows tr[data-id='{expert}'] .ex-owned")).to_have_text("team's")
+    # The history lists the definition first; undo reverts it (the expert is defined by its lists again).
+    expect(page.locator("#ex-history tr").first).to_contain_text("defined 'python notes'")
+    page.click("#ex-undo")
+    expect(page.locator("#status")).to_contain_text("undone: defined 'python notes'", timeout=180_000)
+    assert dialogs["seen"][-1].startswith("Undo “defined 'python notes'")
+    assert api.get("/admin/api/experts").json()["items"][-1]["documents"] is None
 
 
 def walk_sync_a_folder(page: Any, root: Path) -> None:
@@ -402,8 +423,11 @@ def walk_refit_and_history(page: Any, api: Any, dialogs: dict[str, Any]) -> None
     expect(page.locator("#clusters")).to_be_visible()
     page.click("#rf-plan")
     expect(page.locator("#status")).to_contain_text("re-fitted:", timeout=180_000)
-    assert dialogs["seen"][-1].startswith("Apply this re-fit?") and "new “Sourdough" in dialogs["seen"][-1]
-    expect(page.locator("#rf-diff")).to_contain_text("new “Sourdough")
+    assert dialogs["seen"][-1].startswith("Apply this re-fit?") and re.search(
+        r"new “[^”]*Sourdough", dialogs["seen"][-1]
+    )
+    assert "owned, unchanged “git”" in dialogs["seen"][-1]
+    expect(page.locator("#rf-diff")).to_contain_text(re.compile(r"new “[^”]*Sourdough"))
     expect(page.locator("#stale-banner")).to_be_hidden()
     names = [e["name"] for e in api.get("/admin/api/experts").json()["items"]]
     assert any("ourdough" in n for n in names), names

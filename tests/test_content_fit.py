@@ -10,9 +10,9 @@ from sqlalchemy import select, update
 
 from app.core.models import Chunk, Cluster, Document, IndexState
 from app.services.proposals import labels, name_groups
-from app.services.refit import _components, _match
 from engine.embedder import Embedder
 from engine.route_check import no_expert_fits
+from engine.topics import MAX_NAME, document_vectors, slug, topic_names, topics
 from index import ClusteredIndex, kmeans
 from index.fit import document_fit, document_fits_within, document_floors, fits, floors
 
@@ -48,13 +48,35 @@ def test_no_expert_fits_when_most_of_the_best_passages_fit_below_their_floor() -
     assert no_expert_fits([], "calendar") is None
 
 
-def test_new_content_lists_join_when_alike_and_each_group_keeps_at_most_one_expert() -> None:
-    c = np.array([[1, 0, 0], [0.9, 0.436, 0], [0, 0, 1]], dtype=np.float32)
-    assert sorted(map(sorted, _components(c, 0.5))) == [[0, 1], [2]]
-    # Group 1's chunks were all held by expert 7, which holds more of group 0: group 1 is new.
-    group = np.array([0, 0, 0, 1, 1])
-    assert _match(group, [7, 7, 7, 7, None], 2) == [7, None]
-    assert _match(group, [None, None, 7, 8, 8], 2) == [None, 8]  # 1 of 3 is under half: no keep
+def test_documents_group_into_topics_and_small_topics_stay_unassigned() -> None:
+    rng = np.random.default_rng(0)
+    axes = np.eye(8, dtype=np.float32)
+    # three topics of 4, 3 and 2 documents (two chunks each) around three directions
+    centres = [0] * 4 + [1] * 3 + [2] * 2
+    x = np.stack([axes[c] + 0.15 * rng.standard_normal(8) for c in centres for _ in range(2)]).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    documents = np.repeat(np.arange(10, 19), 2)
+    ids, vectors = document_vectors(x, documents)
+    assert ids.tolist() == list(range(10, 19)) and np.allclose(np.linalg.norm(vectors, axis=1), 1)
+    found = topics(vectors)
+    assert found.tolist() == [0, 0, 0, 0, 1, 1, 1, -1, -1]  # 2 documents: under MIN_TOPIC_DOCUMENTS
+    assert topics(vectors, 2, min_size=1).max() == 1  # asked for two: two
+    assert topics(vectors[:1]).tolist() == [-1] and topics(vectors[:0]).tolist() == []
+
+
+def test_topic_names_are_short_distinct_words_of_the_topic() -> None:
+    docs = [
+        ("Varroa mites", ["Counting mites"], "bees hive varroa mites colony treatment"),
+        ("Honey harvest", ["Extracting"], "bees honey hive frames extractor colony"),
+        ("Sourdough starter", ["Feeding"], "sourdough starter flour water levain"),
+        ("Sourdough bread", ["Proofing"], "sourdough dough proof loaf bake levain"),
+        ("json", ["Encoders"], "json encoder decoder python object"),
+    ]
+    names = topic_names(docs, [0, 0, 1, 1, 9], [0, 1], taken=["Sourdough · Levain · Starter"])
+    assert all(len(n) <= MAX_NAME and 2 <= len(n.split(" · ")) <= 3 for n in names.values()), names
+    assert any(w in names[0].lower() for w in ("bees", "hive", "honey", "varroa"))
+    assert "sourdough" in names[1].lower() and names[1] != "Sourdough · Levain · Starter"
+    assert slug("Sourdough · Starter") == "sourdough-starter" and slug("  ") == "expert"
 
 
 def test_names_never_come_from_folders_and_never_repeat() -> None:

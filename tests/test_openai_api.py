@@ -43,7 +43,10 @@ def _same_route(route: dict[str, Any], asked: dict[str, Any]) -> None:
 
 def test_models_are_the_knowledge_base_and_one_per_expert(live: Server) -> None:
     ids = [m.id for m in _client(live).models.list()]
-    assert ids == ["moerag"] + [f"moerag/{e['name']}" for e in sorted(_experts(live), key=lambda e: e["id"])]
+    per_expert = [
+        [f"moerag/{e['slugs'][0]}", f"moerag/expert-{e['id']}"] for e in sorted(_experts(live), key=lambda e: e["id"])
+    ]
+    assert ids == ["moerag"] + [i for pair in per_expert for i in pair]
     assert len(ids) > 2
 
 
@@ -73,12 +76,29 @@ def test_plain_and_streamed_completions_carry_the_citations_and_route_of_ask(liv
 def test_an_expert_model_asks_that_expert(live: Server) -> None:
     expert = _experts(live)[-1]
     done = _client(live).chat.completions.create(
-        model=f"moerag/{expert['name']}", messages=[{"role": "user", "content": QUESTION}]
+        model=f"moerag/{expert['slugs'][0]}", messages=[{"role": "user", "content": QUESTION}]
     )
     route = done.model_extra["moerag"]["route"]  # type: ignore[index]
     assert route["path"] == "expert" and route["expert"] == {"id": expert["id"], "name": expert["name"]}
     asked = _ask(live, query=QUESTION, mode="expert", expert=expert["id"])
     _same_route(route, asked["route"])
+
+
+def test_a_renamed_expert_answers_to_its_old_model_id(live: Server) -> None:
+    expert = _experts(live)[0]
+    url, auth = f"{live.url}/admin/api/experts/{expert['id']}", {"Authorization": f"Bearer {TOKEN}"}
+    old = f"moerag/{expert['slugs'][0]}"
+    renamed = httpx.patch(url, headers=auth, json={"name": "Renamed for clients"})
+    try:
+        assert renamed.status_code == 200 and renamed.json()["slugs"][:2] == ["renamed-for-clients", old[7:]]
+        ids = [m.id for m in _client(live).models.list()]
+        assert "moerag/renamed-for-clients" in ids and old not in ids and f"moerag/expert-{expert['id']}" in ids
+        for model in (old, "moerag/renamed-for-clients", f"moerag/expert-{expert['id']}"):
+            done = _client(live).chat.completions.create(model=model, messages=[{"role": "user", "content": QUESTION}])
+            assert done.model_extra["moerag"]["route"]["expert"]["id"] == expert["id"], model  # type: ignore[index]
+    finally:
+        back = httpx.patch(url, headers=auth, json={"name": expert["name"]})
+        assert back.json()["slugs"][0] == old[7:]
 
 
 def test_errors_come_in_openai_s_shape(live: Server) -> None:

@@ -100,11 +100,21 @@ def test_proposal_keeps_manual_mappings_and_shows_the_diff(client: TestClient, r
     assert kept["diff"]["kept_clusters"] == len(routed["topic_of"]) - len(python)
     assert "python" in kept["proposals"][0]["name"]  # named from its documents' titles
 
+    # The operator's experts are owned: "keep" unticked regroups nothing of theirs.
+    owned = client.post("/admin/api/experts/propose", json={"n": 2, "keep_mapped": False}, headers=AUTH).json()
+    assert owned["diff"]["moved"] == [] and owned["diff"]["emptied_experts"] == []
+    assert {e["name"] for e in owned["diff"]["owned_kept"]} >= {"debian", "git", "sqlite"}
+    # Released to automation (owned: false), their clusters are regrouped, and the diff says so.
+    for t in ("git", "sqlite", "debian"):
+        released = client.patch(f"/admin/api/experts/{experts[t]}", json={"owned": False}, headers=AUTH)
+        assert released.status_code == 200 and released.json()["owned"] is False
     regroup = client.post("/admin/api/experts/propose", json={"n": 2, "keep_mapped": False}, headers=AUTH).json()
     moved = {m["cluster_id"]: m["from_expert_id"] for m in regroup["diff"]["moved"]}
     mapped = {c: experts[t] for c, t in routed["topic_of"].items() if t != "python"}
     assert moved == mapped
     assert sorted(e["name"] for e in regroup["diff"]["emptied_experts"]) == ["debian", "git", "sqlite"]
+    for t in ("git", "sqlite", "debian"):  # the team's again
+        assert client.patch(f"/admin/api/experts/{experts[t]}", json={"owned": True}, headers=AUTH).json()["owned"]
 
     wrong = client.post("/admin/api/experts/propose", json={"n": 1, "apply": True, "names": ["a", "b"]}, headers=AUTH)
     assert wrong.status_code == 409

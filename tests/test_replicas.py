@@ -105,6 +105,8 @@ def test_a_second_process_follows_ingest_delete_recluster_and_router(start: Call
     git_lists = sorted({int(c) for c in a.indexes.index.assign(a.embedder.encode([TOPICS["git"]]))})
     expert_service.assign(a.sessions, git_lists, git)
     wait_until(lambda: git in b.state().experts and b.state().experts[git].clusters == tuple(git_lists))
+    rest = expert_service.create(a.sessions, {"name": "the rest"}).id  # a gate needs two experts
+    expert_service.assign(a.sessions, sorted(set(range(4)) - set(git_lists)), rest)
     a.indexes.realign()
     wait_until(lambda: converged(b, a))
     result = a.routers.train(activate=True, force=True)

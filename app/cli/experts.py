@@ -1,5 +1,6 @@
 """`moerag experts refit`: re-fit the experts to the content, the diff shown first, applied with --yes;
-`moerag experts define`: an expert defined by documents (ids, a source folder, a tag)."""
+`moerag experts define`: an expert defined by documents (ids, a source folder, a tag);
+`moerag experts history` and `moerag experts undo`: the changes that can be undone, and the undo."""
 
 from __future__ import annotations
 
@@ -21,9 +22,11 @@ def add_commands(sub: Any, remote: argparse.ArgumentParser) -> None:
         parents=[remote],
         help="recluster, propose experts, show the diff; with --yes apply it and retrain the router",
     )
-    refit.add_argument("--experts", type=int, default=0, help="experts to make (default: as many as today, else 6)")
+    refit.add_argument(
+        "--experts", type=int, default=0, help="experts in all (default: today's kept, one new expert a new topic)"
+    )
     refit.add_argument("--clusters", type=int, default=0, help="lists to make (default: automatic, from the size)")
-    refit.add_argument("--keep-emptied", action="store_true", help="keep the experts the refit leaves empty")
+    refit.add_argument("--keep-emptied", action="store_true", help="keep the unowned experts the refit leaves empty")
     refit.add_argument("--yes", action="store_true", help="apply the plan (without it only the diff is printed)")
     refit.set_defaults(func=cmd_refit)
     define = actions.add_parser(
@@ -37,6 +40,13 @@ def add_commands(sub: Any, remote: argparse.ArgumentParser) -> None:
     define.add_argument("--tag", help="documents whose metadata tags hold this")
     define.add_argument("--clear", action="store_true", help="define it by its clusters again (it keeps them)")
     define.set_defaults(func=cmd_define)
+    history = actions.add_parser("history", parents=[remote], help="the changes to the experts that undo can revert")
+    history.set_defaults(func=cmd_history)
+    undo = actions.add_parser(
+        "undo", parents=[remote], help="undo the last change to the experts (re-fit, proposal, map, define, delete)"
+    )
+    undo.add_argument("--yes", action="store_true", help="undo it (without it only the change is shown)")
+    undo.set_defaults(func=cmd_undo)
 
 
 def cmd_refit(args: argparse.Namespace) -> None:
@@ -70,6 +80,58 @@ def cmd_refit(args: argparse.Namespace) -> None:
         print(f"applied: {len(result['experts'])} experts over {result['clusters']} lists; router {result['router']}")
     else:
         print("nothing changed: run again with --yes to apply this plan")
+
+
+def _history(args: argparse.Namespace, undo: bool) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The undoable changes, newest first, and (`undo`) the result of undoing the newest."""
+    settings = settings_from(args)
+    server = server_for(args, settings)
+    if server:
+        from app.cli.remote import Remote
+
+        with Remote(server, token_for(args, settings, admin=True)) as api:
+            items = list(api.call("GET", "/admin/api/experts/history", params={"limit": 20})["items"])
+            if not (undo and items):
+                return items, None
+            return items, dict(api.follow_job(api.call("POST", "/admin/api/experts/undo", ok=(202,)))["result"])
+    from app.services import expert_history, expert_undo
+    from engine.errors import MoeragError
+
+    with local_runtime(settings) as rt:
+        items = expert_history.history(rt.sessions, 0, 20)[1]
+        if not (undo and items):
+            return items, None
+        try:
+            return items, expert_undo.undo(rt.indexes, rt.routers.activate, rt.routers.retrain)
+        except MoeragError as exc:
+            raise SystemExit(f"moerag: {exc.code}: {exc.message}") from None
+
+
+def cmd_history(args: argparse.Namespace) -> None:
+    items, _ = _history(args, undo=False)
+    if args.json:
+        print(json.dumps(items, default=str))
+        return
+    for v in items:
+        print(f"{v['id']:>5}  {v['created_at']}  {v['summary']}")
+    if not items:
+        print("no change to the experts to undo")
+
+
+def cmd_undo(args: argparse.Namespace) -> None:
+    items, result = _history(args, undo=args.yes)
+    if not items:
+        raise SystemExit("moerag: nothing to undo: no change to the experts is recorded")
+    if result is None:
+        print(f"would undo: {items[0]['summary']} (experts before it: {', '.join(items[0]['experts']) or 'none'})")
+        print("nothing changed: run again with --yes to undo it")
+        return
+    if args.json:
+        print(json.dumps(result))
+        return
+    back = ", ".join(result.get("restored", [])) or "none"
+    removed = ", ".join(result.get("removed", [])) or "none"
+    print(f"undone: {result['summary']}; experts restored: {back}; removed: {removed}")
 
 
 def cmd_define(args: argparse.Namespace) -> None:
@@ -172,11 +234,21 @@ def describe(plan: dict[str, Any]) -> str:
         f"{len(plan['experts'])} experts:"
     ]
     for e in plan["experts"]:
-        what = "new " if e["new"] else f"keeps expert {e['expert_id']} "
+        what = (
+            "new "
+            if e["new"]
+            else f"owned, unchanged: expert {e['expert_id']} "
+            if e.get("owned")
+            else f"keeps expert {e['expert_id']} "
+        )
         titles = "; ".join(e["titles"][:3])
-        lines.append(f"  {what}{e['name']!r}: {e['lists']} lists, {e['chunks']} chunks ({titles})")
+        size = f"{e.get('documents', '?')} documents, {e['lists']} lists, {e['chunks']} chunks"
+        lines.append(f"  {what}{e['name']!r}: {size} ({titles})")
     for e in plan["emptied_experts"]:
         lines.append(f"  emptied: expert {e['id']} {e['name']!r} (deleted unless --keep-emptied)")
+    left = plan.get("unassigned") or {}
+    if left.get("documents"):
+        lines.append(f"  unassigned: {left['documents']} documents ({left['why']}): {'; '.join(left['titles'][:5])}")
     if plan.get("note"):
         lines.append(f"  note: {plan['note']}")
     return "\n".join(lines)

@@ -129,7 +129,7 @@ def ensure_sample(settings: Settings) -> None:
         # already take the expert path.
         from app.services.experts import propose_and_apply
 
-        propose_and_apply(rt.sessions, 5, rt.embedder.dim, apply=True)
+        propose_and_apply(rt.sessions, 5, rt.embedder.dim, apply=True, accepted=False)  # not the team's yet
         rt.indexes.realign()  # each document's chunks into its expert's lists
         log.warning("training the router on the sample corpus")
         rt.routers.train()

@@ -138,6 +138,11 @@ class Expert(Base):
     threshold: Mapped[float | None] = mapped_column(Float, nullable=True)
     # Defined by documents (app.services.expert_documents): {"ids", "source_prefix", "tag"}; None: by clusters.
     documents: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # The team's (named, edited, defined, mapped or accepted by an operator): no automatic action
+    # deletes, renames or merges it, or moves its documents (docs/decisions/expert-ownership.md).
+    owned: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # Its model ids' tails, the current one first: a rename keeps the old ones answering (/v1).
+    slugs: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 
@@ -200,6 +205,26 @@ class RouterVersion(Base):
     temperature: Mapped[float] = mapped_column(Float)
     metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     active: Mapped[bool] = mapped_column(Boolean, default=False, index=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class ExpertsVersion(Base):
+    """The experts and their mapping as they were before one change (app.services.expert_history):
+    undo restores them, with the clustering and the router version active then."""
+
+    __tablename__ = "experts_version"
+    __table_args__ = never_reused()
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    action: Mapped[str] = mapped_column(String(40))  # refit, propose, map, define, delete, ...
+    summary: Mapped[str] = mapped_column(Text, default="")
+    experts: Mapped[list[dict[str, Any]]] = mapped_column(JSON)  # every expert's row
+    clusters: Mapped[list[dict[str, Any]]] = mapped_column(JSON)  # id, expert_id, keywords, fit_floor
+    index_version: Mapped[str] = mapped_column(String(64))
+    router_version_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # npz of centroids [C, D], chunk ids [N] and their lists [N]: the clustering itself, kept by a
+    # change that replaces it (re-fit, define); None where the lists stayed as they were.
+    layout: Mapped[bytes | None] = mapped_column(LargeBinary, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
 
 

@@ -30,6 +30,9 @@ class ExpertPatch(BaseModel):
     generator: str | None = Field(None, pattern=GENERATOR_NAME)
     top_k: TopK | None = None
     threshold: Share | None = None
+    owned: bool | None = Field(
+        None, description="false releases the expert to automation (a re-fit may regroup it); any other edit owns it"
+    )
 
 
 class ExpertOut(BaseModel):
@@ -43,6 +46,8 @@ class ExpertOut(BaseModel):
     top_k: int
     threshold: float | None
     documents: dict[str, Any] | None = Field(None, description="Defined by these documents (null: by its clusters).")
+    owned: bool = Field(False, description="The team's: no re-fit, proposal or realign deletes, renames or merges it.")
+    slugs: list[str] | None = Field(None, description="Its /v1 model ids' tails (moerag/<slug>), the current first.")
     clusters: list[int] = Field(default_factory=list)
 
 

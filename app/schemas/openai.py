@@ -32,7 +32,10 @@ class ChatMessage(BaseModel):
 class ChatIn(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    model: str = Field(description='"moerag" routes as /ask does; "moerag/<expert name>" asks that expert.')
+    model: str = Field(
+        description='"moerag" routes as /ask does; "moerag/<slug>" or "moerag/expert-<id>" asks that expert '
+        "(GET /v1/models)."
+    )
     messages: list[ChatMessage] = Field(
         min_length=1,
         description="The last user message is the question; the earlier user messages are the conversation "

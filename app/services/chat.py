@@ -1,6 +1,8 @@
 """The OpenAI chat-completions use case: the knowledge base is the model.
 
-`moerag` routes as `/ask` does; `moerag/<expert name>` asks that expert (mode=expert). The last
+`moerag` routes as `/ask` does; `moerag/<slug>` or `moerag/expert-<id>` asks that expert
+(mode=expert): the slug is its name's (engine.topics.slug), and a renamed expert keeps answering to
+its old slugs, so a client that saved a model id keeps working. The last
 user message is the question. The answer's text ends with its numbered sources; citations, route,
 query id and timings travel in the extra field `moerag`, as `/ask` returns them.
 """
@@ -10,7 +12,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -21,6 +23,7 @@ from app.services.answering import AnswerParts, Asked, citations, finish, prepar
 from app.services.ask import route_json
 from engine.followup import make_standalone, standalone_chain
 from engine.generators import GeneratorError
+from engine.serving import ExpertProfile
 
 
 class LogAnswer(Protocol):
@@ -30,14 +33,26 @@ class LogAnswer(Protocol):
 
 
 MODEL = "moerag"
-EXPERT_MODEL = MODEL + "/"  # + an expert's name
+EXPERT_MODEL = MODEL + "/"  # + an expert's slug, or expert-<id>
 _LISTED_SINCE = int(time.time())  # the models' `created`
 
 
 def models(rt: AnswerParts) -> ModelList:
-    """`moerag`, then one `moerag/<name>` an expert, in id order."""
-    names = [MODEL] + [EXPERT_MODEL + p.name for _, p in sorted(rt.state().experts.items())]
+    """`moerag`, then per expert in id order `moerag/<slug>` and `moerag/expert-<id>`."""
+    names = [MODEL]
+    for i, p in sorted(rt.state().experts.items()):
+        names += [EXPERT_MODEL + p.slugs[0]] if p.slugs else []
+        names.append(f"{EXPERT_MODEL}expert-{i}")
     return ModelList(data=[ModelOut(id=name, created=_LISTED_SINCE) for name in names])
+
+
+def model_ids(experts: Mapping[int, ExpertProfile]) -> dict[str, int | None]:
+    """Every model id that answers: {id: its expert, None for `moerag`}; an expert's current and
+    old slugs, its `expert-<id>`, and its name as it is now."""
+    out: dict[str, int | None] = {}
+    for i, p in sorted(experts.items(), reverse=True):  # the lower id wins a shared old slug
+        out |= {EXPERT_MODEL + name: i for name in (*p.slugs[1:], p.name, *p.slugs[:1], f"expert-{i}")}
+    return out | {MODEL: None}
 
 
 @dataclass(frozen=True)
@@ -68,8 +83,7 @@ def ask_body(rt: AnswerParts, body: ChatIn) -> tuple[AskIn, str | None]:
     The question: with a `conversation_id`, the last user message (made standalone from the stored
     turns); without one, the last user message made standalone from the messages before it
     (engine.followup: by the configured model, else the rule applied to each user message in turn)."""
-    by_model: dict[str, int | None] = {MODEL: None}
-    by_model |= {EXPERT_MODEL + p.name: i for i, p in rt.state().experts.items()}  # names are unique
+    by_model = model_ids(rt.state().experts)
     if body.model not in by_model:
         raise ApiError("model_not_found", f"the model {body.model!r} does not exist; GET /v1/models lists them")
     expert = by_model[body.model]

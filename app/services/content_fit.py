@@ -15,11 +15,16 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.models import Chunk, Cluster, Document, Expert, IndexState, cluster_owners, stack
 from app.services.indexing import IndexManager
+from engine.topics import MIN_TOPIC_DOCUMENTS
 from index.fit import document_fits_within, document_floors, fits, floors
 
 log = logging.getLogger(__name__)
 
 DRIFT_DOCUMENTS_SHOWN = 20  # documents named in the report; the counts cover all of them
+# Drift calls for a re-fit ("outgrown") when the content that fits no expert could make an expert
+# of its own (engine.topics.MIN_TOPIC_DOCUMENTS documents) or is this share of all chunks; less
+# (one stray file) is reported, never raised.
+DRIFT_SHARE = 0.10
 
 
 def outside_fit() -> Any:
@@ -166,7 +171,7 @@ def _new_topics(s: Session, floors_for: Callable[[Session, int], dict[int, float
 
 def _drift(s: Session, new: list[int]) -> dict[str, Any]:
     """The documents most of whose chunks fit below their lists' floors, and the `new` topics."""
-    none = {"chunks": 0, "documents": 0, "shown": [], "summary": "every document fits an expert"}
+    none = {"chunks": 0, "documents": 0, "shown": [], "meaningful": False, "summary": "every document fits an expert"}
     if (s.scalar(select(func.count(Expert.id))) or 0) == 0:
         return none | {"summary": "no experts yet"}
     outside = func.sum(outside_fit())
@@ -189,13 +194,22 @@ def _drift(s: Session, new: list[int]) -> dict[str, Any]:
         d: (t, src)
         for d, t, src in s.execute(select(Document.id, Document.title, Document.source).where(Document.id.in_(first)))
     }
+    total = s.scalar(select(func.count(Chunk.id))) or 1
+    meaningful = documents >= MIN_TOPIC_DOCUMENTS or chunks >= DRIFT_SHARE * total
+    summary = f"content outgrew the experts: {chunks} chunks from {documents} documents fit no expert"
+    if not meaningful:
+        summary = (
+            f"{documents} document(s) ({chunks} chunks) fit no expert: under {MIN_TOPIC_DOCUMENTS} documents and "
+            f"{DRIFT_SHARE:.0%} of the chunks, too little for an expert of its own; the fallback answers them"
+        )
     return {
         "chunks": chunks,
         "documents": documents,
+        "meaningful": meaningful,
         "shown": [
             {"id": d, "title": about[d][0], "source": about[d][1], "chunks": found[d][0], "outside": found[d][1]}
             for d in first
             if d in about
         ],
-        "summary": f"content outgrew the experts: {chunks} chunks from {documents} documents fit no expert",
+        "summary": summary,
     }

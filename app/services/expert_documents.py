@@ -14,6 +14,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.models import Document, Expert
+from app.services import expert_history as history
 from engine.errors import Conflict, NotFound
 
 
@@ -60,7 +61,10 @@ def define(sessions: sessionmaker[Session], expert_id: int, selector: dict[str, 
         expert = s.get(Expert, expert_id)
         if expert is None:
             raise NotFound(f"expert {expert_id} not found")
+        what = f"defined {expert.name!r} by {selector}" if selector else f"{expert.name!r} defined by its lists again"
+        history.record(s, "define", what, layout=bool(selector))  # the scope job replaces its lists
         expert.documents = selector or None
+        expert.owned = True
         if not selector:
             return 0
         s.flush()

@@ -4,64 +4,110 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, select, update
+from sqlalchemy import CursorResult, distinct, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.core.models import Cluster, Expert, cluster_owners
+from app.core.models import Chunk, Cluster, Expert, cluster_owners
+from app.services import expert_history as history
 from app.services import proposals
 from app.services.paging import scalar_page
 from engine.errors import Conflict, NotFound
 from engine.serving import ExpertProfile
+from engine.topics import slug
 
 EXPERT_FIELDS = ("name", "description", "system_prompt", "generator", "top_k", "threshold")
 
 
-def create_expert(s: Session, fields: dict[str, Any]) -> Expert:
-    expert = Expert(**{k: v for k, v in fields.items() if k in EXPERT_FIELDS})
+def _slug_for(s: Session, expert: Expert) -> str:
+    """The expert's name as a model-id tail no other expert answers to (its id added when one does)."""
+    wanted = slug(expert.name)
+    for other, slugs in s.execute(select(Expert.id, Expert.slugs).where(Expert.id != expert.id)):
+        if wanted in (slugs or []) or wanted == f"expert-{other}":
+            return f"{wanted}-{expert.id}"
+    return wanted
+
+
+def create_expert(s: Session, fields: dict[str, Any], *, owned: bool = True) -> Expert:
+    """A new expert; `owned` unless machine-made and not yet accepted (the sample's first experts)."""
+    expert = Expert(**{k: v for k, v in fields.items() if k in EXPERT_FIELDS}, owned=owned)
     s.add(expert)
     try:
         s.flush()
     except IntegrityError:
         raise Conflict(f"an expert named {fields.get('name')!r} already exists") from None
+    expert.slugs = [_slug_for(s, expert)]
     return expert
 
 
 def update_expert(s: Session, expert_id: int, fields: dict[str, Any]) -> Expert:
+    """Edit an expert: it becomes the team's (owned), unless the edit is `owned: false` (released
+    to automation). A new name adds a model-id slug; the old ones keep answering."""
     expert = s.get(Expert, expert_id)
     if expert is None:
         raise NotFound(f"expert {expert_id} not found")
+    history.record(s, "edit", f"edited {expert.name!r} ({', '.join(sorted(fields))})")
     for k, v in fields.items():
         if k in EXPERT_FIELDS:
             setattr(expert, k, v)
+    expert.owned = bool(fields.get("owned", True))
     try:
         s.flush()
     except IntegrityError:
         raise Conflict(f"an expert named {fields.get('name')!r} already exists") from None
+    current = _slug_for(s, expert) if "name" in fields or not expert.slugs else (expert.slugs or [""])[0]
+    expert.slugs = [current, *(old for old in expert.slugs or [] if old != current)]
     return expert
 
 
-def delete_expert(s: Session, expert_id: int) -> None:
+def documents_held(s: Session, expert_id: int) -> int:
+    """Documents with chunks in the expert's lists."""
+    lists = select(Cluster.id).where(Cluster.expert_id == expert_id)
+    return s.scalar(select(func.count(distinct(Chunk.document_id))).where(Chunk.cluster_id.in_(lists))) or 0
+
+
+def delete_expert(s: Session, expert_id: int) -> dict[str, Any]:
+    """Delete an expert. -> what was deleted and where its documents go: its lists stay, without an
+    expert, so the fallback answers their questions until lists are mapped or a re-fit places them."""
     expert = s.get(Expert, expert_id)
     if expert is None:
         raise NotFound(f"expert {expert_id} not found")
+    held = documents_held(s, expert_id)
+    lists = len(s.scalars(select(Cluster.id).where(Cluster.expert_id == expert_id)).all())
     s.execute(update(Cluster).where(Cluster.expert_id == expert_id).values(expert_id=None))
     s.delete(expert)
+    return {
+        "deleted": {"id": expert_id, "name": expert.name, "owned": expert.owned},
+        "documents": held,
+        "lists": lists,
+        "documents_go_to": DELETED_DOCUMENTS_GO_TO,
+    }
 
 
-def assign_clusters(s: Session, cluster_ids: list[int], expert_id: int | None) -> int:
+DELETED_DOCUMENTS_GO_TO = (
+    "no expert: the fallback (whole-store retrieval) answers them until their lists are mapped to an "
+    "expert or a re-fit gives them one; POST /admin/api/experts/undo restores the expert"
+)
+
+
+def assign_clusters(s: Session, cluster_ids: list[int], expert_id: int | None, *, record: bool = True) -> int:
     """Map clusters to an expert (None: unmap). Unknown ids are an error, and nothing changes.
 
     The UPDATE comes first: it takes the write lock (SQLite) or the rows' locks (PostgreSQL), so a
     recluster cannot replace the clusters between the check and the change; the check follows."""
     wanted = set(cluster_ids)
+    if record:
+        history.record(s, "map", f"{len(wanted)} list(s) mapped to expert {expert_id}")
     try:
         result = s.execute(update(Cluster).where(Cluster.id.in_(wanted)).values(expert_id=expert_id))
     except IntegrityError:  # the foreign key: no such expert
         raise NotFound(f"expert {expert_id} not found") from None
     changed = cast(CursorResult[Any], result).rowcount
-    if expert_id is not None and s.get(Expert, expert_id) is None:
+    target = s.get(Expert, expert_id) if expert_id is not None else None
+    if expert_id is not None and target is None:
         raise NotFound(f"expert {expert_id} not found")
+    if target is not None:
+        target.owned = True  # the operator's mapping
     if changed != len(wanted):
         known = set(s.scalars(select(Cluster.id).where(Cluster.id.in_(wanted))))
         raise NotFound(f"clusters not found: {sorted(wanted - known)[:20]}")
@@ -78,6 +124,7 @@ def list_page(sessions: sessionmaker[Session], offset: int, limit: int) -> tuple
 
 def create(sessions: sessionmaker[Session], fields: dict[str, Any]) -> Expert:
     with sessions.begin() as s:
+        history.record(s, "create", f"created {fields.get('name')!r}")
         return create_expert(s, fields)
 
 
@@ -86,9 +133,11 @@ def edit(sessions: sessionmaker[Session], expert_id: int, fields: dict[str, Any]
         return update_expert(s, expert_id, fields)
 
 
-def delete(sessions: sessionmaker[Session], expert_id: int) -> None:
+def delete(sessions: sessionmaker[Session], expert_id: int) -> dict[str, Any]:
     with sessions.begin() as s:
-        delete_expert(s, expert_id)
+        expert = s.get(Expert, expert_id)
+        history.record(s, "delete", f"deleted {expert.name if expert else expert_id!r}")
+        return delete_expert(s, expert_id)
 
 
 def assign(sessions: sessionmaker[Session], cluster_ids: list[int], expert_id: int | None) -> int:
@@ -105,12 +154,17 @@ def propose_and_apply(
     keep_mapped: bool = True,
     names: list[str] | None = None,
     delete_emptied: bool = True,
+    accepted: bool = True,
 ) -> dict[str, Any]:
     """`proposals.propose`; with `apply`, each proposal becomes an expert (under the operator's
-    `names` where given, made unique) owning its clusters, in one transaction; the experts the
-    proposal empties are deleted first unless `delete_emptied` is false."""
+    `names` where given, made unique) owning its clusters, in one transaction (a version undo
+    restores); the experts the proposal empties (never owned ones) are deleted first unless
+    `delete_emptied` is false. The new experts are owned (`accepted`), unless machine-made."""
     with sessions.begin() as s:
         result = proposals.propose(s, n, dim, keep_mapped)
+        if apply:
+            made = len(result["proposals"])
+            history.record(s, "propose", f"a proposal of {made} expert(s) accepted (keep mappings: {keep_mapped})")
         if names is not None and len(names) != len(result["proposals"]):
             raise Conflict(
                 f"the proposal now has {len(result['proposals'])} experts and {len(names)} names were given:"
@@ -132,8 +186,9 @@ def propose_and_apply(
                 taken.add(name)
                 p["name"] = name
                 description = "Covers: " + "; ".join(p["titles"][:3])
-                e = create_expert(s, {"name": name, "description": description[:1000]})
-                assign_clusters(s, p["cluster_ids"], e.id)
+                e = create_expert(s, {"name": name, "description": description[:1000]}, owned=accepted)
+                assign_clusters(s, p["cluster_ids"], e.id, record=False)
+                e.owned = accepted
                 p["expert_id"] = e.id
     return result
 
@@ -146,7 +201,14 @@ def profiles(s: Session) -> dict[int, ExpertProfile]:
             owned.setdefault(eid, []).append(cid)
     return {
         e.id: ExpertProfile(
-            e.id, e.name, e.system_prompt, e.generator, e.top_k, e.threshold, tuple(sorted(owned.get(e.id, [])))
+            e.id,
+            e.name,
+            e.system_prompt,
+            e.generator,
+            e.top_k,
+            e.threshold,
+            tuple(sorted(owned.get(e.id, []))),
+            tuple(e.slugs or ()),
         )
         for e in s.scalars(select(Expert))
     }

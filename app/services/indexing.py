@@ -13,7 +13,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.core.models import Chunk, Cluster, IndexState, cluster_owners, stack
+from app.core.models import Chunk, Cluster, Expert, IndexState, cluster_owners, stack
 from app.core.settings import Settings
 from app.services import expert_documents
 from app.services.reclustering import owners_of, recluster
@@ -25,7 +25,7 @@ from engine.errors import IndexMoved
 from index import ClusteredIndex, IndexCorrupt
 from index.fit import document_fit, fits
 from index.list_map import ListMap
-from index.placement import leakage, outside, place
+from index.placement import held_groups, leakage, outside, place
 from index.shards import shard_failures
 
 log = logging.getLogger(__name__)
@@ -319,7 +319,8 @@ class IndexManager:
         return [None] * len(lists) if fit is None else [float(f) for f in fit]
 
     def realign(self, progress: Progress | None = None) -> dict[str, Any]:
-        """Re-place every chunk after the cluster -> expert mapping changed; moves only what must move."""
+        """Re-place every chunk after the cluster -> expert mapping changed; moves only what must move,
+        and never a document an owned expert holds (app.core.models.Expert.owned) out of its lists."""
         report = progress or (lambda done, total: None)
         with self.write_lock:
             groups = self.groups()
@@ -328,6 +329,7 @@ class IndexManager:
                     select(Chunk.id, Chunk.document_id, Chunk.cluster_id, Chunk.embedding).order_by(Chunk.id)
                 ).all()
                 pins = expert_documents.pinned(s)
+                owned = set(s.scalars(select(Expert.id).where(Expert.owned)))
             report(1, 3)
             n = len(rows)
             ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=n)
@@ -335,7 +337,10 @@ class IndexManager:
             before = np.fromiter((r[2] for r in rows), dtype=np.int64, count=n)
             x = stack((r[3] for r in rows), self.dim)
             leak_before = leakage(owners, before, groups)
-            after = place(x, owners, self.index.centroids(), groups, *pins) if self.index.nlist > 1 else before
+            # An owned expert's documents stay in its lists (they follow a list the operator moved).
+            held = {d: g for d, g in held_groups(owners, before, groups).items() if g in owned}
+            pinned = ({**held, **pins[0]}, pins[1])
+            after = place(x, owners, self.index.centroids(), groups, *pinned) if self.index.nlist > 1 else before
             moved = np.flatnonzero(after != before)
             report(2, 3)
             if moved.size:

@@ -184,15 +184,23 @@ def propose(s: Session, n: int, dim: int, keep_mapped: bool = True) -> dict[str,
     """Group clusters into n proposed experts by their centroids, with the diff against today.
 
     keep_mapped: clusters an expert already owns stay where they are and only unmapped clusters
-    are grouped (the operator's mapping is never undone unless asked); otherwise every cluster is
-    regrouped and `diff` lists each cluster taken from its expert and the experts left empty.
+    are grouped (the operator's mapping is never undone unless asked); otherwise the clusters of
+    experts nobody owns are regrouped too, and `diff` lists each cluster taken from its expert and
+    the experts left empty (deleted on apply). An owned expert's clusters never move.
     """
     clusters = s.scalars(select(Cluster).order_by(Cluster.id)).all()
-    movable = [c for c in clusters if not (keep_mapped and c.expert_id is not None)]
+    owned = {e: name for e, name in s.execute(select(Expert.id, Expert.name).where(Expert.owned))}
+    movable = [c for c in clusters if c.expert_id is None or not (keep_mapped or c.expert_id in owned)]
     experts: dict[int, str] = {e: name for e, name in s.execute(select(Expert.id, Expert.name))}
-    diff: dict[str, Any] = {"keep_mapped": keep_mapped, "kept_clusters": len(clusters) - len(movable), "moved": []}
+    diff: dict[str, Any] = {
+        "keep_mapped": keep_mapped,
+        "kept_clusters": len(clusters) - len(movable),
+        "owned_kept": [{"id": e, "name": name} for e, name in sorted(owned.items())],
+        "moved": [],
+    }
     if not movable:
-        return {"proposals": [], "diff": diff | {"emptied_experts": []}, "note": "no unmapped cluster to group"}
+        why = "every cluster belongs to an expert the team owns" if owned and not keep_mapped else "no unmapped cluster"
+        return {"proposals": [], "diff": diff | {"emptied_experts": []}, "note": f"nothing to group: {why}"}
     per_label, per_title, size = _labels_per_cluster(s, [c.id for c in movable])
     facts = [
         ListFacts(per_label.get(c.id, Counter()), per_title.get(c.id, Counter()), size.get(c.id, 0), c.keywords or [])
@@ -218,8 +226,8 @@ def propose(s: Session, n: int, dim: int, keep_mapped: bool = True) -> dict[str,
                 "takes_from": dict(moved),
             }
         )
-    # Kept mappings leave every expert its clusters; a regroup takes all of them.
-    owners = set() if keep_mapped else {c.expert_id for c in clusters if c.expert_id is not None}
+    # Kept mappings leave every expert its clusters; a regroup takes all of an unowned expert's.
+    owners = set() if keep_mapped else {c.expert_id for c in movable if c.expert_id is not None}
     diff["emptied_experts"] = [{"id": e, "name": experts[e]} for e in sorted(owners)]
     note = fewer_note(n, len(groups), len(movable), sum(size.values()))
     return {"proposals": proposals, "diff": diff, "note": note}

@@ -1,14 +1,27 @@
-"""Re-fit the experts to the content, as one action: recluster -> proposal -> diff -> accept -> retrain.
+"""Re-fit the experts to the content, as one action: plan -> diff -> accept -> retrain.
 
-`plan` computes everything in memory and changes nothing: the lists (their count from the
-corpus size unless given), the experts they group into, named from their documents' titles,
-and the diff against today (experts kept, created, emptied). `apply` computes the same plan on
-the store as it is then and writes it in one transaction (lists, experts, every chunk's list
-and fit), deletes the experts it empties (unless told not to), and trains and activates a router.
+Automation proposes; it never overrules the team (docs/decisions/expert-ownership.md). An owned
+expert (app.core.models.Expert.owned: named, edited, defined, mapped or accepted by an operator)
+keeps its lists exactly and every document it holds: nothing here deletes, renames or merges it,
+or moves its documents. (A document stored since the last fitting that fits none of the experts,
+a new topic, is not its own because it landed in its lists; a document it is defined by is.)
+What a plan groups is the rest, a document at a time:
 
-A group keeps today's expert that already held most of its chunks, one group per expert,
-counting only chunks that fit that expert's content (index.fit): a new topic that landed in an
-old expert's lists is not that expert's content, so it gets an expert of its own.
+- the documents of experts nobody owns, which stay with their expert while they fit it;
+- new content: documents that fit no expert (index.fit, the drift report's rules) or sit in
+  lists no expert owns. It is grouped by topic (engine.topics): one new expert per topic of at
+  least MIN_TOPIC_DOCUMENTS documents, named from the words that set it apart (c-TF-IDF); a
+  smaller topic stays unassigned (the fallback answers it) and the plan lists it as such.
+
+`experts=n` asks for n experts in all: the owned ones stay, and every document nobody owns is
+grouped into the other n - owned by topic, each topic keeping the unowned expert that held most
+of its chunks. Each group gets lists fitted on its own chunks (k-means, the automatic count),
+and each document is placed in its group's lists.
+
+`plan` computes all this in memory and changes nothing. `apply` computes it again on the store
+as it is then and writes it in one transaction, with a version undo restores (lists included):
+the experts the plan empties are deleted (never owned ones), every expert in the plan becomes
+owned (the operator accepted it), and a router is trained and activated.
 """
 
 from __future__ import annotations
@@ -16,69 +29,118 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.core.models import Document, Expert, stack
-from app.services import expert_documents, expert_scopes, reclustering
-from app.services.experts import create_expert, delete_expert
+from app.core.models import Cluster, Document, Expert, stack
+from app.services import expert_documents, reclustering
+from app.services import expert_history as history
+from app.services.experts import DELETED_DOCUMENTS_GO_TO, create_expert, delete_expert
 from app.services.indexing import IndexManager
 from app.services.jobs import JobContext
-from app.services.proposals import Group, ListFacts, fewer_note, group_lists, labels, named_groups
 from app.services.routing import RouterManager
 from engine.errors import NotTrainable
-from engine.keywords import cluster_keywords
-from index import ClusteredIndex, auto_cluster_count, kmeans
+from engine.topics import MIN_TOPIC_DOCUMENTS, document_vectors, topic_names, topics
+from index import auto_cluster_count, kmeans
 
 log = logging.getLogger(__name__)
 Progress = Callable[[int, int], None]
 
-NEW_TOPIC_JOIN = 0.5  # lists of new content whose centroids are at least this alike become one expert
-KEEP_SHARE = 0.5  # a group keeps today's expert when that expert held at least this share of its chunks
-DEFAULT_EXPERTS = 6  # experts asked for when neither the request nor today's experts say
+KEEP_SHARE = 0.5  # a topic keeps an unowned expert that held at least this share of its chunks
+UNASSIGNED = -1  # the group of documents no expert holds: the fallback answers them
+_DOCUMENT_TEXT = 5_000  # characters of a document that naming reads
+
+
+@dataclass
+class _Group:
+    """One expert of the plan: kept (owned or not) or new; its documents and lists."""
+
+    expert_id: int | None
+    name: str
+    owned: bool
+    documents: list[int]
+    lists: list[int] = field(default_factory=list)
+    chunks: int = 0
+
+
+@dataclass(frozen=True)
+class _Store:
+    """What a plan reads: chunk rows (reclustering.read_chunks) and vectors x [N, D], each chunk's
+    document [N], the documents [M] with their vectors [M, D], each chunk's document row [N] and
+    expert [N] (held), each document's expert [M] (holder), whether it fits it [M], whether it is
+    a new topic stored since the fitting [M] (fresh) or one an expert is defined by [M], today's
+    experts {id: (name, owned)}, titles, each expert's lists and the lists' centroids."""
+
+    rows: list[Any]
+    x: np.ndarray
+    documents: np.ndarray
+    doc_ids: np.ndarray
+    doc_vectors: np.ndarray
+    doc_of: np.ndarray
+    held: np.ndarray
+    holder: np.ndarray
+    today: dict[int, tuple[str, bool]]
+    fits: np.ndarray
+    fresh: np.ndarray
+    by_selector: np.ndarray
+    titles: dict[int, str]
+    lists_of: dict[int, list[int]]
+    centroid_of: dict[int, Any]
+    defined: set[int]
+
+    @property
+    def owned(self) -> set[int]:
+        return {e for e, (_, owned) in self.today.items() if owned}
 
 
 @dataclass
 class _Plan:
     layout: reclustering.Clustering
-    groups: list[Group]
-    group_of_list: np.ndarray  # [C] group of each list
-    keeps: list[int | None]  # per group: today's expert it keeps, else None (a new expert)
-    experts: dict[int, str]  # today's experts
-    asked: int
-
-    def emptied(self) -> list[int]:
-        return sorted(set(self.experts) - {e for e in self.keeps if e is not None})
+    groups: list[_Group]
+    unassigned: list[int]  # documents of topics too small to stand alone
+    emptied: dict[int, str]  # unowned experts left without documents: deleted on apply
+    titles: dict[int, str]
+    keywords: list[list[str]]  # per group
+    note: str | None
+    defined: set[int]  # experts defined by documents: they keep theirs, with their lists
 
     def to_json(self) -> dict[str, Any]:
         sizes = np.bincount(self.layout.assigned, minlength=self.layout.k)
         out = []
         for g, group in enumerate(self.groups):
-            lists = np.flatnonzero(self.group_of_list == g)
-            keep = self.keeps[g]
             out.append(
                 {
-                    "name": self.experts[keep] if keep is not None else group.name,
-                    "expert_id": keep,
-                    "new": keep is None,
-                    "lists": len(lists),
-                    "chunks": int(sizes[lists].sum()),
-                    "titles": group.titles,
-                    "keywords": group.keywords,
+                    "name": group.name,
+                    "expert_id": group.expert_id,
+                    "new": group.expert_id is None,
+                    "owned": group.owned,
+                    "documents": len(group.documents),
+                    "lists": len(group.lists),
+                    "chunks": int(sizes[group.lists].sum()) if group.lists else 0,
+                    "titles": [self.titles.get(d, "") for d in group.documents[:5]],
+                    "keywords": self.keywords[g],
                 }
             )
-        smallest = int(sizes.min(initial=0))
         return {
             "chunks": len(self.layout.ids),
             "clusters": self.layout.k,
-            "smallest_list": smallest,
+            "smallest_list": int(sizes.min(initial=0)),
             "experts": out,
-            "emptied_experts": [{"id": e, "name": self.experts[e]} for e in self.emptied()],
-            "note": fewer_note(self.asked, len(self.groups), self.layout.k, len(self.layout.ids)),
+            "emptied_experts": [
+                {"id": e, "name": name, "documents_go_to": "the new groups above, or the fallback when unassigned"}
+                for e, name in sorted(self.emptied.items())
+            ],
+            "owned_kept": [g.name for g in self.groups if g.owned],
+            "unassigned": {
+                "documents": len(self.unassigned),
+                "titles": [self.titles.get(d, "") for d in self.unassigned[:10]],
+                "why": f"topics of fewer than {MIN_TOPIC_DOCUMENTS} documents stay with the fallback",
+            },
+            "note": self.note,
         }
 
 
@@ -90,8 +152,8 @@ class Refit:
         self.new_topics = new_topics  # {document: fit margin} of documents newer than the experts (index.fit)
 
     def job(self, ctx: JobContext) -> dict[str, Any]:
-        """The `refit` job: params experts, clusters (0: automatic), apply (False: the plan only),
-        delete_emptied (True)."""
+        """The `refit` job: params experts (0: keep today's, new ones by topic), clusters (0:
+        automatic), apply (False: the plan only), delete_emptied (True: unowned experts left empty)."""
         p = ctx.params
         experts, clusters = int(p.get("experts") or 0), int(p.get("clusters") or 0)
         if not p.get("apply"):
@@ -110,42 +172,34 @@ class Refit:
         report = progress or (lambda done, total: None)
         with self.indexes.write_lock:
             plan = self._plan(experts, clusters, lambda d, t: report(d * 40 // t, 100))
-            created: dict[int, int] = {}
+            ids: list[int] = []
 
             def owners(s: Session) -> list[int | None]:
+                history.record(s, "refit", _summary(plan), layout=True)
                 if delete_emptied:
-                    for e in plan.emptied():
+                    for e in plan.emptied:
                         delete_expert(s, e)
                     s.flush()
-                taken = set(s.scalars(select(Expert.name)))
-                ids: list[int | None] = []
-                for g, group in enumerate(plan.groups):
-                    keep = plan.keeps[g]
-                    if keep is None:
-                        name, i = group.name, 2
-                        while name in taken:
-                            name, i = f"{group.name} ({i})", i + 1
-                        taken.add(name)
-                        description = "Covers: " + "; ".join(group.titles[:3])
-                        keep = created[g] = create_expert(s, {"name": name, "description": description[:1000]}).id
-                    ids.append(keep)
-                return [ids[int(g)] if g >= 0 else None for g in plan.group_of_list]
+                for group in plan.groups:
+                    if group.expert_id is None:
+                        description = "Covers: " + "; ".join(plan.titles.get(d, "") for d in group.documents[:3])
+                        group.expert_id = create_expert(s, {"name": group.name, "description": description[:1000]}).id
+                    expert = s.get(Expert, group.expert_id)
+                    if expert is not None:
+                        expert.owned = True  # accepted from the plan
+                    ids.append(group.expert_id)
+                return [ids[g] if g >= 0 else None for g in plan.layout.groups]
 
             fresh, n = reclustering.commit(self.indexes, plan.layout, owners)
-            version = fresh.version
-            with self.indexes.sessions() as s:
-                carved = sorted(set(expert_documents.pinned(s)[0].values()))
-            for e in carved:  # their documents' chunks were placed in the new lists: their own again
-                version = expert_scopes.carve(self.indexes, e)["version"]
             report(50, 100)
-        result = plan.to_json() | {"applied": True, "version": version, "deleted_emptied": delete_emptied}
-        result["defined_by_documents"] = carved
-        for g, e in created.items():
-            result["experts"][g]["expert_id"] = e
-        with self.routers.sessions() as s:
-            names = dict(s.execute(select(Expert.id, Expert.name)).tuples().all())
-        for entry in result["experts"]:
-            entry["name"] = names.get(entry["expert_id"], entry["name"])
+        result = plan.to_json() | {"applied": True, "version": fresh.version, "deleted_emptied": delete_emptied}
+        for entry, group in zip(result["experts"], plan.groups, strict=True):
+            entry["expert_id"] = group.expert_id
+        if delete_emptied:
+            result["deleted_experts"] = [
+                {"id": e, "name": name, "documents_go_to": DELETED_DOCUMENTS_GO_TO} for e, name in plan.emptied.items()
+            ]
+        result["defined_by_documents"] = sorted(plan.defined)
         result["router"] = self.routers.retrain(lambda d, t: report(50 + d * 50 // max(t, 1), 100))
         report(100, 100)
         log.info("experts re-fitted: %d lists, %d experts, %d chunks", plan.layout.k, len(plan.groups), n)
@@ -153,131 +207,207 @@ class Refit:
 
     def _plan(self, experts: int, clusters: int, progress: Progress | None) -> _Plan:
         report = progress or (lambda done, total: None)
+        store = self._read()
+        report(1, 4)
+        groups, assign = _grouped(store, experts)
+        report(2, 4)
+        layout, keywords = self._lay_out(store, assign, groups, clusters)
+        report(3, 4)
+        self._name(store, assign, groups)
+        kept_ids = {g.expert_id for g in groups}
+        emptied = {e: name for e, (name, o) in store.today.items() if not o and e not in kept_ids}
+        unassigned = store.doc_ids[assign == UNASSIGNED].tolist()
+        report(4, 4)
+        new = [g for g in groups if not g.owned]
+        note = None
+        if experts > 0 and len(groups) < experts:
+            note = (
+                f"{len(groups)} expert(s), not {experts}: {len(store.owned)} are owned by the team and stay as they "
+                f"are; the documents nobody owns form only {len(new)} topic(s) of at least {MIN_TOPIC_DOCUMENTS} "
+                "documents"
+            )
+        elif not new and unassigned:
+            note = f"no new topic has {MIN_TOPIC_DOCUMENTS} documents yet: {len(unassigned)} stay with the fallback"
+        return _Plan(layout, groups, unassigned, emptied, store.titles, keywords, note, store.defined)
+
+    def _read(self) -> _Store:
         rows, owner = reclustering.read_chunks(self.indexes)
+        if not rows:
+            raise NotTrainable("nothing to re-fit: the store has no chunks; upload documents first")
+        n = len(rows)
+        x = stack((r[2] for r in rows), self.indexes.dim)  # [N, D]
+        documents = np.fromiter((r[4] for r in rows), dtype=np.int64, count=n)  # [N]
         with self.indexes.sessions() as s:
             where, defined = expert_documents.pinned(s)
-        rows = [r for r in rows if r[4] not in where]  # experts defined by documents keep theirs (`apply`)
-        if not rows:
-            raise NotTrainable("nothing to re-fit: the store has no chunks outside experts defined by documents")
-        report(1, 4)
-        n = len(rows)
-        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=n)
-        x = stack((r[2] for r in rows), self.indexes.dim)  # [N, D]
-        documents = np.fromiter((r[4] for r in rows), dtype=np.int64, count=n)
-        with self.indexes.sessions() as s:
-            today = {e: name for e, name in s.execute(select(Expert.id, Expert.name)) if e not in defined}
+            experts = s.execute(select(Expert.id, Expert.name, Expert.owned)).all()
+            today = {e: (name, bool(owned) or e in defined) for e, name, owned in experts}
             titles = dict(s.execute(select(Document.id, Document.title)).tuples().all())
-        # Today's expert of each chunk, where the chunk fits its list (unknown fit counts as fitting)
-        # or its document does: a few outliers of a document that fits are not new content; a
-        # document newer than the experts that fits none of them is (the drift report's rules,
-        # app.services.content_fit).
-        below = np.array([r[6] is not None and r[6] < 0 for r in rows], dtype=bool)  # [N]
-        new = [d for d, m in (self.new_topics() if self.new_topics is not None else {}).items() if m < 0]
-        fitting = ~(below & outgrown_documents(documents, below)) & ~np.isin(documents, new)  # [N]
-        held = [owner.get(r[1]) if ok else None for r, ok in zip(rows, fitting, strict=True)]
-        extend = experts == 0 and bool(today) and not fitting.all()
-        if extend:  # the content that fits no expert gets lists of its own, so it is not split into old ones
-            known = reclustering.cluster(self.indexes, x[fitting], clusters)  # [C1, D]
-            fresh = kmeans(
-                x[~fitting], auto_cluster_count(int((~fitting).sum())), seed=self.indexes.settings.cluster_seed
-            )
-            centroids = np.concatenate([known, fresh])  # [C, D]
-        else:
-            centroids = reclustering.cluster(self.indexes, x, clusters)  # [C, D]
-        k = len(centroids)
-        nearest = ClusteredIndex.create(centroids, "").assign(x)  # [N]
-        report(2, 4)
-        facts = _facts(rows, nearest, k, titles)
-        asked = experts or (len(today) if len(today) >= 2 else DEFAULT_EXPERTS)
-        if extend:
-            groups, keeps, group_of_list = _extend(nearest, held, facts, centroids, k - len(fresh))
-            asked = len(groups)
-        else:
-            groups = group_lists(centroids, facts, asked)
-            group_of_list = np.zeros(k, dtype=np.int64)
-            for g, group in enumerate(groups):
-                group_of_list[group.lists] = g
-            keeps = _match(group_of_list[nearest], held, len(groups))
-        report(3, 4)
-        layout = reclustering.lay_out(ids, x, documents, [r[3] for r in rows], centroids, group_of_list)
-        report(4, 4)
-        return _Plan(layout, groups, group_of_list, keeps, today, asked)
+            lists = s.execute(select(Cluster.id, Cluster.centroid, Cluster.expert_id)).all()
+        held = np.array([owner.get(r[1]) or UNASSIGNED for r in rows], dtype=np.int64)  # [N] each chunk's expert
+        doc_ids, doc_vectors = document_vectors(x, documents)  # [M], [M, D]
+        doc_of = np.searchsorted(doc_ids, documents)  # [N] row of each chunk's document
+        holder = _holders(doc_of, held, len(doc_ids))  # [M] each document's expert, by most chunks
+        for d, e in where.items():  # a document an expert is defined by is that expert's
+            if (i := int(np.searchsorted(doc_ids, d))) < len(doc_ids) and doc_ids[i] == d:
+                holder[i] = e
+        newer = self.new_topics() if self.new_topics else {}
+        fresh = np.isin(doc_ids, [d for d, margin in newer.items() if margin < 0])  # [M]
+        lists_of: dict[int, list[int]] = {}
+        for c, _, owner_id in lists:
+            if owner_id is not None:
+                lists_of.setdefault(owner_id, []).append(c)
+        return _Store(
+            rows=rows,
+            x=x,
+            documents=documents,
+            doc_ids=doc_ids,
+            doc_vectors=doc_vectors,
+            doc_of=doc_of,
+            held=held,
+            holder=holder,
+            today=today,
+            fits=~_new_content(rows, documents, doc_ids, fresh),
+            fresh=fresh,
+            by_selector=np.isin(doc_ids, list(where)),
+            titles=titles,
+            lists_of=lists_of,
+            centroid_of={c: centroid for c, centroid, _ in lists},
+            defined=defined,
+        )
+
+    def _lay_out(
+        self, store: _Store, assign: np.ndarray, groups: list[_Group], clusters: int
+    ) -> tuple[reclustering.Clustering, list[list[str]]]:
+        """Lists for each group (an owned expert's as they are; k-means lists of the others' chunks),
+        every chunk placed in its document's group. -> (the clustering, keywords per group)."""
+        rows, x, lists_of = store.rows, store.x, store.lists_of
+        chunk_group = assign[store.doc_of]  # [N]
+        seed = self.indexes.settings.cluster_seed
+        parts: list[np.ndarray] = []
+        group_of_list: list[int] = []
+        for g in [*range(len(groups)), UNASSIGNED]:
+            mine = chunk_group == g
+            group = groups[g] if g >= 0 else None
+            if group is not None and group.owned and lists_of.get(group.expert_id or -1):
+                mapped = sorted(lists_of[group.expert_id or -1])
+                centroids = stack((store.centroid_of[c] for c in mapped), self.indexes.dim)
+            elif mine.any():
+                asked = max(1, round(clusters * mine.sum() / len(x))) if clusters else 0
+                centroids = kmeans(x[mine], auto_cluster_count(int(mine.sum()), requested=asked), seed=seed)
+            else:
+                continue
+            if group is not None:
+                group.lists = list(range(len(group_of_list), len(group_of_list) + len(centroids)))
+                group.chunks = int(mine.sum())
+            parts.append(centroids)
+            group_of_list += [g] * len(centroids)
+        if not parts:
+            raise NotTrainable("nothing to re-fit: no document is left to group")
+        pins = {int(d): int(a) for d, a in zip(store.doc_ids, assign, strict=True)}
+        layout = reclustering.lay_out(
+            np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)),
+            x,
+            store.documents,
+            [r[3] for r in rows],
+            np.concatenate(parts).astype(np.float32),
+            np.array(group_of_list, dtype=np.int64),
+            (pins, set(range(len(groups)))),
+        )
+        keywords = [_merged_keywords(layout.keywords, group.lists) for group in groups]
+        return layout, keywords
+
+    def _name(self, store: _Store, assign: np.ndarray, groups: list[_Group]) -> None:
+        """New groups get topic names (engine.topics), set apart from every other group and the rest."""
+        unnamed = [g for g, group in enumerate(groups) if not group.name]
+        if not unnamed:
+            return
+        headings: dict[int, set[str]] = {}
+        texts: dict[int, list[str]] = {}
+        for r in store.rows:
+            if r[5]:
+                headings.setdefault(r[4], set()).add(r[5].split(" > ")[-1])
+            if sum(map(len, texts.setdefault(r[4], []))) < _DOCUMENT_TEXT:
+                texts[r[4]].append(r[3])
+        docs = [
+            (store.titles.get(int(d), "") or "", sorted(headings.get(int(d), ())), " ".join(texts.get(int(d), [])))
+            for d in store.doc_ids
+        ]
+        names = topic_names(docs, assign.tolist(), unnamed, [name for name, _ in store.today.values()])
+        for g in unnamed:
+            groups[g].name = names[g]
 
 
-def _facts(rows: list[Any], lists: np.ndarray, k: int, titles: dict[int, str]) -> list[ListFacts]:
-    """Per list (chunks by their nearest list): what naming reads."""
-    per_label = [Counter[str]() for _ in range(k)]
-    per_title = [Counter[str]() for _ in range(k)]
-    for r, c in zip(rows, lists, strict=True):
-        title = titles.get(r[4], "") or ""
-        per_label[c].update(labels(title, r[5] or ""))
-        per_title[c][title] += 1
-    keywords = cluster_keywords([r[3] for r in rows], lists, k)
-    sizes = np.bincount(lists, minlength=k)
-    return [ListFacts(per_label[c], per_title[c], int(sizes[c]), keywords[c]) for c in range(k)]
-
-
-def _match(group: np.ndarray, held: list[int | None], n_groups: int) -> list[int | None]:
-    """[N] each chunk's group and today's expert holding it -> per group, the expert it keeps.
-
-    One group per expert and one expert per group, largest overlaps first; a group keeps an
-    expert only when that expert held at least KEEP_SHARE of the group's chunks.
-    """
-    overlap = Counter((int(g), e) for g, e in zip(group, held, strict=True) if e is not None)
-    size = np.bincount(group, minlength=n_groups)
-    keeps: list[int | None] = [None] * n_groups
-    used: set[int] = set()
-    for (g, e), count in sorted(overlap.items(), key=lambda kv: (-kv[1], kv[0])):
-        if keeps[g] is None and e not in used and count >= KEEP_SHARE * size[g]:
-            keeps[g] = e
-            used.add(e)
-    return keeps
-
-
-def _extend(
-    nearest: np.ndarray, held: list[int | None], facts: list[ListFacts], centroids: np.ndarray, first_new: int
-) -> tuple[list[Group], list[int | None], np.ndarray]:
-    """Today's experts keep the lists their fitting content dominates; the lists from `first_new`
-    on (the content that fits no expert) become new experts, lists joined when their centroids
-    are alike (NEW_TOPIC_JOIN). -> (groups, the expert each keeps or None, [C] group of each list, -1: none)."""
-    k = len(facts)
-    dominant: list[int | None] = []
-    for c in range(first_new):
-        votes = Counter(e for e, at in zip(held, nearest, strict=True) if at == c)
-        dominant.append(votes.most_common(1)[0][0] if votes else None)
-    experts = sorted({e for e in dominant if e is not None})
-    members = [[c for c in range(first_new) if dominant[c] == e] for e in experts]
-    occupied = [c for c in range(first_new, k) if facts[c].chunks]  # a new list nothing is nearest to stays empty
-    members += [[occupied[i] for i in m] for m in _components(centroids[occupied], NEW_TOPIC_JOIN)]
-    groups = named_groups(members, facts)
-    keeps: list[int | None] = [*experts, *([None] * (len(groups) - len(experts)))]
-    group_of_list = np.full(k, -1, dtype=np.int64)
+def _grouped(store: _Store, experts: int) -> tuple[list[_Group], np.ndarray]:
+    """Every document's group: an owned expert's documents stay with it; the rest are grouped by
+    topic (see the module doc). -> (groups, [M] group of each document, UNASSIGNED: none)."""
+    owned = store.owned
+    groups = [_Group(e, store.today[e][0], True, []) for e in sorted(owned)]
+    assign = np.full(len(store.doc_ids), UNASSIGNED, dtype=np.int64)  # [M]
+    stays = ~store.fresh | store.by_selector  # a new topic that landed in an owned expert's lists is not its own
     for g, group in enumerate(groups):
-        group_of_list[group.lists] = g
-    return groups, keeps, group_of_list
+        assign[(store.holder == group.expert_id) & stays] = g
+    open_docs = np.flatnonzero(assign == UNASSIGNED)  # rows of documents nobody owns
+    if experts > 0:  # regroup everything nobody owns into the experts asked for beyond the owned
+        found = topics(store.doc_vectors[open_docs], max(1, experts - len(owned)))
+        for t in range(int(found.max(initial=-1)) + 1):
+            members = open_docs[found == t]
+            keep = _kept_expert(members, store, {g.expert_id for g in groups})
+            groups.append(_Group(keep, store.today[keep][0] if keep else "", False, []))
+            assign[members] = len(groups) - 1
+    else:
+        kept = open_docs[store.fits[open_docs] & (store.holder[open_docs] != UNASSIGNED)]
+        for e in sorted(set(store.holder[kept].tolist())):  # unowned experts keep what still fits them
+            groups.append(_Group(e, store.today[e][0], False, []))
+            assign[kept[store.holder[kept] == e]] = len(groups) - 1
+        new = np.setdiff1d(open_docs, kept)
+        found = topics(store.doc_vectors[new])
+        for t in range(int(found.max(initial=-1)) + 1):
+            groups.append(_Group(None, "", False, []))
+            assign[new[found == t]] = len(groups) - 1
+    for g, group in enumerate(groups):
+        group.documents = store.doc_ids[assign == g].tolist()
+    return groups, assign
 
 
-def _components(centroids: np.ndarray, join: float) -> list[list[int]]:
-    """Positions of centroids [M, D] joined where two cosines are at least `join`, transitively."""
-    parent = list(range(len(centroids)))
-
-    def root(i: int) -> int:
-        while parent[i] != i:
-            parent[i] = parent[parent[i]]
-            i = parent[i]
-        return i
-
-    sims = centroids @ centroids.T  # [M, M]
-    for i, j in zip(*np.nonzero(np.triu(sims >= join, 1)), strict=True):
-        parent[root(int(i))] = root(int(j))
-    found: dict[int, list[int]] = {}
-    for i in range(len(centroids)):
-        found.setdefault(root(i), []).append(i)
-    return list(found.values())
+def _holders(doc_of: np.ndarray, held: np.ndarray, m: int) -> np.ndarray:
+    """[N] each chunk's document row, [N] its expert (-1: none) -> [M] each document's expert by most chunks."""
+    out = np.full(m, UNASSIGNED, dtype=np.int64)
+    counts: list[Counter[int]] = [Counter() for _ in range(m)]
+    for d, e in zip(doc_of.tolist(), held.tolist(), strict=True):
+        counts[d][e] += 1
+    for d, c in enumerate(counts):
+        out[d] = c.most_common(1)[0][0]
+    return out
 
 
-def outgrown_documents(documents: np.ndarray, below: np.ndarray) -> np.ndarray:
-    """[N] each chunk's document, [N] chunk below its floor -> [N] whether most of its document is."""
-    _, inverse, counts = np.unique(documents, return_inverse=True, return_counts=True)
-    outside = np.bincount(inverse.reshape(-1), weights=below.astype(np.float64), minlength=len(counts))
-    return np.asarray((2 * outside > counts)[inverse.reshape(-1)], dtype=bool)
+def _new_content(rows: list[Any], documents: np.ndarray, doc_ids: np.ndarray, fresh: np.ndarray) -> np.ndarray:
+    """[M] whether each document is new content: most of its chunks fit their list below its floor,
+    or it is newer than the experts and fits none of them (`fresh`; app.services.content_fit's rules)."""
+    below = np.array([r[6] is not None and r[6] < 0 for r in rows], dtype=np.float64)  # [N]
+    doc_of = np.searchsorted(doc_ids, documents)
+    outside = np.bincount(doc_of, weights=below, minlength=len(doc_ids))
+    size = np.bincount(doc_of, minlength=len(doc_ids))
+    return np.asarray((2 * outside > size) | fresh, dtype=bool)
+
+
+def _kept_expert(members: np.ndarray, store: _Store, taken: set[int | None]) -> int | None:
+    """The unowned expert holding at least KEEP_SHARE of these documents' chunks (most first), else None."""
+    mine = store.held[np.isin(store.doc_of, members)]
+    votes = Counter(e for e in mine.tolist() if e != UNASSIGNED and e not in store.owned and e not in taken)
+    for e, count in votes.most_common():
+        if count >= KEEP_SHARE * len(mine):
+            return int(e)
+    return None
+
+
+def _merged_keywords(per_list: list[list[str]], lists: list[int]) -> list[str]:
+    counts = Counter(w for c in lists for w in per_list[c])
+    return [w for w, _ in counts.most_common(5)]
+
+
+def _summary(plan: _Plan) -> str:
+    made = sum(g.expert_id is None for g in plan.groups)
+    return (
+        f"re-fit: {made} new expert(s), {len(plan.groups) - made} kept, {len(plan.emptied)} emptied, "
+        f"{len(plan.unassigned)} document(s) unassigned"
+    )

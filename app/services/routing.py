@@ -29,6 +29,11 @@ from index.store import ClusteredIndex
 log = logging.getLogger(__name__)
 Progress = Callable[[int, int], None]
 
+ONE_EXPERT = (
+    "fewer than two experts own lists: there is no gate to train, and every question is answered from the "
+    "whole store (route reason one_expert); re-fit the experts (POST /admin/api/experts/refit) to make more"
+)
+
 
 @dataclass
 class _Corpus:
@@ -75,11 +80,12 @@ class RouterManager:
         cluster moves to another expert, or a recluster, it routes by the old one until it is
         retrained. Returns router_version, stale (None: a router too old to tell),
         changed_clusters (whose expert differs from the router's copy), the reason in words, and
-        drift: the documents whose content fits no expert (outgrown: any; then a re-fit is due).
+        drift: the documents whose content fits no expert (outgrown: enough of them to make an
+        expert of their own, app.services.content_fit.DRIFT_SHARE; then a re-fit is due).
         """
         out = self._staleness()
         drift = self.drift() if self.drift is not None else None
-        if drift is None or not drift["documents"]:
+        if drift is None or not drift.get("meaningful", drift["documents"]):
             return out | {"outgrown": False, "drift": drift}
         reason = drift["summary"] if out["reason"] in ("up to date", "no active router") else out["reason"]
         return out | {"outgrown": True, "drift": drift, "reason": reason}
@@ -268,7 +274,7 @@ class RouterManager:
         with self.sessions() as s:
             owning = s.scalar(select(func.count(distinct(Cluster.expert_id))).where(Cluster.expert_id.is_not(None)))
         if (owning or 0) < 2:
-            return {"skipped": "one expert: there is nothing to route between"}
+            return {"skipped": ONE_EXPERT}
         trained = self.train(progress, activate=True, force=True)
         return {k: trained[k] for k in ("version", "active", "accuracy", "held_back") if k in trained}
 
@@ -287,12 +293,12 @@ class RouterManager:
         report = progress or (lambda d, t: None)
         # Progress: embedding the samples 0-40%, the epochs 40-70%, the query adapter 70-100%.
         corpus = self._corpus(exclude_documents)  # one read serves the gate and the adapter
+        if len({r[2] for r in corpus.lists if r[2] is not None}) < 2:
+            raise NotTrainable(ONE_EXPERT)
         data, expert_ids, info = self.training_set(corpus, lambda d, t: report(d * 40 // max(t, 1), 100))
         cfg = TrainConfig(threshold=self.settings.route_threshold, seed=self.settings.router_seed)
         net, temperature, metrics = train(data, cfg, lambda d, t: report(40 + d * 30 // t, 100))
         metrics.update(info)
-        if len({r[2] for r in corpus.lists if r[2] is not None}) == 1:  # every confident route goes to it
-            metrics["warning"] = "one expert: routing means nothing until there are two (propose or refit the experts)"
         chunks = data.x[: len(corpus.rows)]  # [M, D] the chunk rows lead the training matrix
         adapter, adapter_metrics = self.fit_adapter(corpus, chunks, lambda d, t: report(70 + d * 30 // max(t, 1), 100))
         metrics.update(adapter_metrics)

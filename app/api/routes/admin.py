@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
 from starlette.concurrency import run_in_threadpool
@@ -31,7 +31,7 @@ from app.schemas.admin import (
 )
 from app.schemas.api import PAGE_DEFAULT, PAGE_LIMIT, ClusterOut, JobOut, Page, ScopeLeakageOut
 from app.services import clusters as cluster_service
-from app.services import expert_documents
+from app.services import expert_documents, expert_history
 from app.services import experts as expert_service
 from app.services import questions as question_service
 from app.services import sync as sync_service
@@ -150,11 +150,27 @@ def patch_expert(expert_id: IdPath, body: ExpertPatch, rt: RuntimeDep) -> Expert
     return _expert_out(expert, _owned(rt))
 
 
-@router.delete("/experts/{expert_id:int}", status_code=204)
-def delete_expert(expert_id: IdPath, rt: RuntimeDep) -> Response:
-    expert_service.delete(rt.sessions, expert_id)
+@router.delete("/experts/{expert_id:int}")
+def delete_expert(expert_id: IdPath, rt: RuntimeDep) -> dict[str, Any]:
+    """Delete an expert: -> what was deleted, its documents and where they go (the fallback, until
+    their lists are mapped or a re-fit places them); `POST /experts/undo` brings it back."""
+    result = expert_service.delete(rt.sessions, expert_id)
     rt.mapping_changed()
-    return Response(status_code=204)
+    return result
+
+
+@router.get("/experts/history", response_model=Page[dict[str, Any]])
+def experts_history(rt: RuntimeDep, offset: Offset = 0, limit: Limit = PAGE_DEFAULT) -> Page[dict[str, Any]]:
+    """The changes to the experts and their mapping that can be undone, newest first."""
+    total, rows = expert_history.history(rt.sessions, offset, limit)
+    return Page(items=rows, total=total, offset=offset, limit=limit)
+
+
+@router.post("/experts/undo", response_model=JobOut, status_code=202)
+def undo_experts(rt: RuntimeDep) -> JobOut:
+    """Undo the last change to the experts (re-fit, proposal, map, define, delete, edit): a job
+    restores the experts, their mapping, the lists when the change replaced them, and the router."""
+    return JobOut.model_validate(rt.jobs.submit("undo", {}, total=1, coalesce=True))
 
 
 @router.put("/experts/{expert_id:int}/documents", response_model=JobOut, status_code=202)

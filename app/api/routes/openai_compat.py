@@ -21,7 +21,8 @@ _STREAM = {"text/event-stream": {"schema": {"type": "object", "properties": {"da
 
 @router.get("/models", response_model=ModelList)
 def models(rt: RuntimeDep) -> ModelList:
-    """The knowledge base as models: `moerag` (routed as /ask) and `moerag/<expert name>` per expert."""
+    """The knowledge base as models: `moerag` (routed as /ask), and per expert `moerag/<slug>` and
+    `moerag/expert-<id>`."""
     return chat.models(rt)
 
 

@@ -22,8 +22,13 @@ const pages = {
     $("ov-cards").innerHTML = [["documents", s.documents], ["chunks", s.chunks], ["clusters", s.clusters],
       ["experts", state.experts.length], ["questions", ov.questions], ["kernels", ov.kernels]]
       .map(([k, v]) => `<div class="card"><span class="muted">${k}</span><b id="ov-${k}">${v}</b></div>`).join("");
-    const m = ov.router && ov.router.metrics;
-    $("ov-router").innerHTML = ov.router ? `version <b>${ov.router.id}</b> — accuracy ${m.accuracy?.toFixed(3)}, ECE ${m.ece_before?.toFixed(3)} → ${m.ece_after?.toFixed(3)},
+    const m = ov.router && ov.router.metrics, mapped = state.experts.filter((e) => e.clusters.length).length;
+    const next = !s.documents ? "Next step: upload your documents (Documents, or POST /documents/bulk)."
+      : !mapped ? "Next step: Clusters › Create experts from my documents — one expert per topic of your documents."
+      : mapped < 2 ? "One expert owns lists: there is no gate to route between, so every question searches the whole store. Re-fit when you have more topics." : "";
+    $("ov-next").hidden = !next; $("ov-next").textContent = next;
+    if (mapped < 2) $("ov-router").innerHTML = '<span class="muted">no gate: fewer than two experts own lists (no accuracy or confidence to show)</span>';
+    else $("ov-router").innerHTML = ov.router ? `version <b>${ov.router.id}</b> — accuracy ${m.accuracy?.toFixed(3)}, ECE ${m.ece_before?.toFixed(3)} → ${m.ece_after?.toFixed(3)},
       coverage at ${m.threshold} ${pct(m.coverage_at_threshold)} (accuracy ${pct(m.accuracy_at_threshold)})` : '<span class="muted">no router trained yet</span>';
     const span = ov.share.length > 1 ? ov.share[1].start - ov.share[0].start : 0;
     const when = (t) => new Date(t * 1000).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", ...(span < 120 ? { second: "2-digit" } : {}) });
@@ -57,8 +62,14 @@ const pages = {
       <td><input data-f="system_prompt" value="${esc(e.system_prompt)}"></td><td><input data-f="generator" value="${esc(e.generator)}"></td>
       <td><input data-f="top_k" type="number" min="1" max="50" value="${e.top_k}"></td>
       <td><input data-f="threshold" type="number" step="0.01" min="0" max="1" value="${e.threshold ?? ""}"></td>
-      <td title="${e.documents ? esc(`defined by documents: ${JSON.stringify(e.documents)}`) : "defined by its clusters"}">${e.clusters.length}${e.documents ? " (by documents)" : ""}</td><td><button class="ex-save">Save</button> <button class="ex-delete danger">Delete</button></td></tr>`);
-    $("ex-rows").innerHTML = rows.join("") || '<tr><td colspan="9" class="muted">no experts yet</td></tr>';
+      <td title="${e.documents ? esc(`defined by documents: ${JSON.stringify(e.documents)}`) : "defined by its clusters"}">${e.clusters.length}${e.documents ? " (by documents)" : ""}</td>
+      <td class="ex-owned">${e.owned ? "team's" : '<span class="muted">automatic</span>'}</td><td><button class="ex-save">Save</button> <button class="ex-delete danger">Delete</button></td></tr>`);
+    $("ex-rows").innerHTML = rows.join("") || '<tr><td colspan="10" class="muted">no experts yet: upload documents, then Clusters › Create experts from my documents</td></tr>';
+    const past = (await api("GET", "/admin/api/experts/history?limit=20")).items;
+    $("ex-history").innerHTML = past.map((v) => `<tr><td>${v.id}</td><td>${new Date(v.created_at).toLocaleString()}</td><td>${esc(v.summary)}</td>
+      <td class="small">${esc(v.experts.join(", ")) || '<span class="muted">none</span>'}</td></tr>`).join("") || '<tr><td colspan="4" class="muted">no change to undo</td></tr>';
+    $("ex-undo").disabled = !past.length;
+    $("ex-undo").title = past.length ? `undo: ${past[0].summary}` : "nothing to undo";
     const chosen = $("ex-def-expert").value;
     $("ex-def-expert").innerHTML = expertOptions(chosen ? +chosen : null, false);
     document.querySelectorAll(".ex-save").forEach((b) => b.addEventListener("click", async () => {
@@ -68,19 +79,21 @@ const pages = {
     }));
     document.querySelectorAll(".ex-delete").forEach((b) => b.addEventListener("click", async () => {
       const e = state.experts.find((x) => x.id === +b.closest("tr").dataset.id);
-      if (!confirm(`Delete expert "${e.name}"? Its ${e.clusters.length} clusters become unmapped and the router must be retrained.`)) return;
-      await api("DELETE", `/admin/api/experts/${e.id}`); status("deleted"); await refresh("experts");
+      if (!confirm(`Delete expert "${e.name}"${e.owned ? " (owned by the team)" : ""}? It is deleted; its ${plural(e.clusters.length, "cluster")} become unmapped, so the fallback answers its documents' questions until they are mapped or a re-fit places them. Undo brings it back.`)) return;
+      const r = await api("DELETE", `/admin/api/experts/${e.id}`);
+      status(`deleted “${r.deleted.name}”: ${plural(r.documents, "document")} go to ${r.documents_go_to}`); await refresh("experts");
     }));
   },
   async router() {
     const versions = await all("/admin/api/router/versions");
-    const active = versions.find((v) => v.active);
+    const gate = state.experts.filter((e) => e.clusters.length).length >= 2;
+    const active = gate ? versions.find((v) => v.active) : null;  // one expert: no gate, no figures claimed
     $("rt-rows").innerHTML = versions.map((v) => {
       const m = v.metrics, held = m.held_back;
       const note = v.active ? " <b>(active)</b>" : held ? ` <span class="badge warn" title="${esc(held.reason)}">held back</span>` : "";
       return `<tr data-id="${v.id}"><td>${v.id}${note}</td><td>${new Date(v.created_at).toLocaleString()}</td>
-        <td>${m.accuracy?.toFixed(3)}</td><td>${m.ece_before?.toFixed(3)} → ${m.ece_after?.toFixed(3)}</td>
-        <td>${pct(m.coverage_at_threshold)}</td><td>${pct(m.accuracy_at_threshold)}</td>
+        ${gate ? `<td>${m.accuracy?.toFixed(3)}</td><td>${m.ece_before?.toFixed(3)} → ${m.ece_after?.toFixed(3)}</td>
+        <td>${pct(m.coverage_at_threshold)}</td><td>${pct(m.accuracy_at_threshold)}</td>` : '<td colspan="4" class="muted">no gate: fewer than two experts own lists</td>'}
         <td>${v.active ? "" : `<button class="rt-activate" id="activate-${v.id}">Activate</button>`}</td></tr>`;
     }).join("") || '<tr><td colspan="7" class="muted">no versions yet</td></tr>';
     document.querySelectorAll(".rt-activate").forEach((b) => b.addEventListener("click", () => activate(+b.closest("tr").dataset.id, versions)));
@@ -92,7 +105,10 @@ const pages = {
       $("rt-coverage").innerHTML = lineChart([{ name: "share on the expert path", points: cov.map((c) => [c.threshold, c.coverage]) },
         { name: "accuracy there", points: cov.filter((c) => c.coverage > 0).map((c) => [c.threshold, c.accuracy]) }],
         { xLabel: "confidence threshold", yLabel: "share of questions", vline: active.metrics.threshold });
-    } else { $("rt-reliability").innerHTML = $("rt-coverage").innerHTML = '<p class="muted">train a router first</p>'; }
+    } else {
+      $("rt-reliability").innerHTML = $("rt-coverage").innerHTML = gate ? '<p class="muted">train a router first</p>'
+        : '<p class="muted">fewer than two experts own lists: there is no gate to train, and every question searches the whole store</p>';
+    }
   },
   async questions() {
     const qs = (await api("GET", "/admin/api/questions?limit=100")).items;
@@ -179,7 +195,9 @@ function showProposal(r) {
   const d = r.diff, moves = d.moved.length;
   $("pr-diff").innerHTML = `<p id="pr-summary">${plural(r.proposals.length, "new expert")} over ${plural(r.proposals.reduce((n, p) => n + p.cluster_ids.length, 0), "cluster")};
     ${d.keep_mapped ? `keeps the ${plural(d.kept_clusters, "cluster")} experts already own.` : `${plural(moves, "cluster")} taken from existing experts` +
-      (d.emptied_experts.length ? `, leaving ${d.emptied_experts.map((e) => `“${esc(e.name)}”`).join(", ")} with no clusters.` : ".")}</p>`;
+      (d.emptied_experts.length ? `; ${d.emptied_experts.map((e) => `“${esc(e.name)}”`).join(", ")} would be left empty and deleted.` : ".")}
+    ${d.owned_kept && d.owned_kept.length ? ` Owned experts keep their clusters: ${d.owned_kept.map((e) => `“${esc(e.name)}”`).join(", ")}.` : ""}</p>` +
+    (r.note ? `<p id="pr-note" class="muted">${esc(r.note)}</p>` : "");
   $("pr-rows").innerHTML = r.proposals.map((p, i) => `<tr><td><input class="pr-name" data-i="${i}" value="${esc(p.name)}" aria-label="name of proposed expert ${i + 1}"></td>
     <td>${p.cluster_ids.length} <span class="muted small">(${p.chunks} chunks)</span></td>
     <td class="small">${p.titles.slice(0, 3).map(esc).join("<br>")}</td>
@@ -214,9 +232,10 @@ async function checkStaleness() {
 
 // The re-fit: a plan job (nothing changes), its diff, a confirmation, then the apply job.
 function describeRefit(plan) {
-  const rows = plan.experts.map((e) => `${e.new ? "new" : "keeps"} “${e.name}”: ${plural(e.lists, "list")}, ${e.chunks} chunks`);
-  const gone = plan.emptied_experts.map((e) => `emptied “${e.name}”${$("rf-delete").checked ? " (deleted)" : " (kept, empty)"}`);
-  return [`${plan.chunks} chunks into ${plural(plan.clusters, "list")}, ${plural(plan.experts.length, "expert")}:`, ...rows, ...gone, ...(plan.note ? [plan.note] : [])];
+  const rows = plan.experts.map((e) => `${e.new ? "new" : e.owned ? "owned, unchanged" : "keeps"} “${e.name}”: ${plural(e.documents, "document")}, ${plural(e.lists, "list")}, ${e.chunks} chunks`);
+  const gone = plan.emptied_experts.map((e) => `emptied “${e.name}”${$("rf-delete").checked ? " (deleted; its documents go to the groups above or the fallback)" : " (kept, empty)"}`);
+  const left = plan.unassigned.documents ? [`${plural(plan.unassigned.documents, "document")} unassigned (${plan.unassigned.why}): ${plan.unassigned.titles.slice(0, 5).join(", ")}`] : [];
+  return [`${plan.chunks} chunks into ${plural(plan.clusters, "list")}, ${plural(plan.experts.length, "expert")}:`, ...rows, ...gone, ...left, ...(plan.note ? [plan.note] : [])];
 }
 async function refit() {
   const body = { experts: $("rf-experts").value ? +$("rf-experts").value : null, clusters: $("rf-clusters").value ? +$("rf-clusters").value : null };
@@ -225,10 +244,11 @@ async function refit() {
   if (planned.status !== "done") return status(`re-fit plan failed: ${planned.error}`, true);
   const lines = describeRefit(planned.result);
   $("rf-diff").innerHTML = `<ul>${lines.map((l) => `<li>${esc(l)}</li>`).join("")}</ul>`;
-  if (!confirm(`Apply this re-fit?\n\n${lines.join("\n")}\n\nThe router is retrained afterwards.`)) return status("re-fit not applied");
+  if (!confirm(`Apply this re-fit?\n\n${lines.join("\n")}\n\nThe router is retrained afterwards; Experts › Undo reverts it.`)) return status("re-fit not applied");
   const done = await waitJob((await api("POST", "/admin/api/experts/refit", { ...body, apply: true, delete_emptied: $("rf-delete").checked })).id, $("rf-progress"), $("rf-job"));
   if (done.status !== "done") return status(`re-fit failed: ${done.error}`, true);
-  status(`re-fitted: ${plural(done.result.experts.length, "expert")} over ${plural(done.result.clusters, "list")}`);
+  const router = done.result.router || {};
+  status(`re-fitted: ${plural(done.result.experts.length, "expert")} over ${plural(done.result.clusters, "list")}` + (router.skipped ? ` — ${router.skipped}` : ""));
   await refresh("clusters");
 }
 // Each tab is a history entry: Back and Forward switch tabs (`popstate` shows without a new entry).
@@ -259,7 +279,7 @@ on("pr-run", "click", async () => {
 });
 on("pr-accept", "click", async () => {
   const p = state.proposal, names = [...document.querySelectorAll(".pr-name")].map((i) => i.value);
-  const lose = p.diff.emptied_experts.length ? `\n${p.diff.emptied_experts.length} experts lose every cluster.` : "";
+  const lose = p.diff.emptied_experts.length ? `\n${plural(p.diff.emptied_experts.length, "expert")} are deleted (left with no cluster): ${p.diff.emptied_experts.map((e) => e.name).join(", ")}. Experts › Undo brings them back.` : "";
   if (!confirm(`Create ${names.length} experts (${names.join(", ")}) and map their clusters?${lose}\nThe router must be retrained afterwards.`)) return;
   const r = await api("POST", "/admin/api/experts/propose", { n: +$("pr-n").value, keep_mapped: p.diff.keep_mapped, apply: true, names });
   status(`${plural(r.proposals.length, "expert")} created: ${r.proposals.map((x) => x.name).join(", ")}`);
@@ -286,6 +306,13 @@ on("ex-new", "submit", async (e) => {
   new FormData(e.target).forEach((v, k) => { body[k] = v; });
   body.top_k = +body.top_k; body.threshold = body.threshold === "" ? null : +body.threshold;
   await api("POST", "/admin/api/experts", body); e.target.reset(); status("expert created"); await refresh("experts");
+});
+on("ex-undo", "click", async () => {
+  const past = (await api("GET", "/admin/api/experts/history?limit=1")).items;
+  if (!past.length || !confirm(`Undo “${past[0].summary}”? The experts, their mapping${past[0].lists_replaced ? ", the lists" : ""} and the router go back to how they were before it.`)) return;
+  const done = await waitJob((await api("POST", "/admin/api/experts/undo", {})).id, $("ex-undo-progress"), $("ex-undo-job"));
+  if (done.status !== "done") return status(`undo failed: ${done.error}`, true);
+  status(`undone: ${done.result.summary}`); await refresh("experts");
 });
 on("stale-retrain", "click", () => { show("router"); $("rt-train").click(); });
 on("stale-refit", "click", () => { show("clusters"); $("rf-title").scrollIntoView(); $("rf-plan").focus(); });
