@@ -42,18 +42,36 @@ def test_ingest_folder_twice_then_rebuild_and_search(
     assert recl["clusters"] == 1 and recl["chunks"] == first["chunks"]  # too small to split
     assert "upgraded" in run(capsys, "--data-dir", data, "db", "upgrade")
 
-    # Ask before any router exists: the fallback says why.
+    # Ask before two experts own lists: the fallback says why.
     answer = json.loads(run(capsys, "--data-dir", data, "ask", "--json", "git rebase and merge").splitlines()[-1])
-    assert answer["route"]["reason"] == "no_router" and answer["citations"]
+    assert answer["route"]["reason"] == "one_expert" and answer["citations"]
     with pytest.raises(SystemExit, match="map at least one cluster"):
         main(["--data-dir", data, "router", "train"])
+    from sqlalchemy import select
+
     from app.core.db import make_engine, make_sessionmaker
+    from app.core.models import Chunk, Document
     from app.services.experts import assign_clusters, create_expert
 
     engine = make_engine(f"sqlite:///{data}/moerag.db")
     with make_sessionmaker(engine).begin() as s:
         expert = create_expert(s, {"name": "everything"})
         assign_clusters(s, [0], expert.id)
+    engine.dispose()
+    # One expert: no gate to train, and no accuracy or confidence claimed.
+    with pytest.raises(SystemExit, match="no gate to train"):
+        main(["--data-dir", data, "router", "train"])
+    answer = json.loads(run(capsys, "--data-dir", data, "ask", "--json", "git rebase").splitlines()[-1])
+    assert (answer["route"]["reason"], answer["route"]["confidence"]) == ("one_expert", None)
+
+    # Two lists, two experts: a gate to train.
+    assert json.loads(run(capsys, "--data-dir", data, "recluster", "--clusters", "2").splitlines()[-1])["clusters"] == 2
+    engine = make_engine(f"sqlite:///{data}/moerag.db")
+    with make_sessionmaker(engine).begin() as s:
+        git_list = s.scalar(select(Chunk.cluster_id).join(Document).where(Document.source.endswith("git.md")))
+        assert git_list is not None
+        assign_clusters(s, [git_list], expert.id)
+        assign_clusters(s, [1 - git_list], create_expert(s, {"name": "the rest"}).id)
     engine.dispose()
     trained = json.loads(run(capsys, "--data-dir", data, "router", "train").strip().splitlines()[-1])
     assert trained["active"] and trained["version"] == 1

@@ -33,7 +33,10 @@ def test_copy_a_sqlite_store_to_postgresql_and_serve_from_it(tmp_path: Path, emb
             source.ingestor.ingest(Upload(data=topic_doc(t, i, 4).encode(), source=f"{t}-{i}.md"))
     source.indexes.recluster()
     git = expert_service.create(source.sessions, {"name": "git"}).id
-    expert_service.assign(source.sessions, [int(source.indexes.index.assign(embedder.encode([TOPICS["git"]]))[0])], git)
+    git_list = int(source.indexes.index.assign(embedder.encode([TOPICS["git"]]))[0])
+    expert_service.assign(source.sessions, [git_list], git)
+    rest = expert_service.create(source.sessions, {"name": "the rest"}).id  # a gate needs two experts
+    expert_service.assign(source.sessions, sorted(set(range(4)) - {git_list}), rest)
     version = source.routers.train(activate=True, force=True)["version"]
     question = embedder.encode(["how does a rebase replay commits"])
     before = source.indexes.index.search(question, 5)

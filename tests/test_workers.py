@@ -141,8 +141,14 @@ def test_workers_share_one_catalogue_and_survive_a_killed_worker(tmp_path: Path)
         assert hits[0]["source"] == "git.md"
 
         # Router versions: activation and roll-back reach every worker.
-        expert = client.post("/admin/api/experts", json={"name": "everything"}).json()["id"]
-        client.post("/admin/api/clusters/assign", json={"cluster_ids": [0], "expert_id": expert})
+        # Two lists, two experts: a gate needs two experts to route between.
+        job = client.post("/admin/api/recluster", json={"clusters": 2}).json()["id"]
+        while get(client, f"/jobs/{job}")["status"] not in ("done", "failed"):
+            time.sleep(0.2)
+        assert get(client, f"/jobs/{job}")["status"] == "done"
+        for c, name in enumerate(("everything", "everything else")):
+            expert = client.post("/admin/api/experts", json={"name": name}).json()["id"]
+            client.post("/admin/api/clusters/assign", json={"cluster_ids": [c], "expert_id": expert})
         versions = []
         for _ in range(2):
             job = client.post("/admin/api/router/train", json={"activate": True, "force": True}).json()["id"]
