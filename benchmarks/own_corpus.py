@@ -1,8 +1,8 @@
-"""A team's own corpus on top of the sample store, before and after one re-fit (issue 40).
+"""A team's own corpus on top of the sample store, before and after one re-fit.
 
-The pydoc sample store (built here, as `moerag serve --sample` builds it), then the eight
-documents of tests/data/own_topics (sourdough baking, Kubernetes networking: topics the sample
-never saw). Each of their six questions and six questions on the sample's own modules is asked
+The pydoc sample store (built here, as `moerag serve --sample` builds it), then the twelve
+documents of tests/data/own_topics (sourdough baking, Kubernetes networking, beekeeping: topics
+the sample never saw). Each of their nine questions and six questions on the sample's own modules is asked
 before and after `Refit.apply` (the one re-fit action), with its route; the drift report and the
 re-fit's plan are recorded too.
 
@@ -64,6 +64,7 @@ def main() -> None:
     from app.cli.sample import ensure_sample
     from app.core.settings import Settings
     from app.runtime import Runtime
+    from app.services.content_fit import ContentFit
     from app.services.refit import Refit
 
     shutil.rmtree(args.work, ignore_errors=True)
@@ -80,7 +81,9 @@ def main() -> None:
         result["before"] = routes(rt, questions)
         stale = rt.routers.staleness()
         result["drift"] = {k: stale["drift"][k] for k in ("documents", "chunks", "summary")}
-        refit = Refit(rt.indexes, rt.routers)
+        refit = Refit(
+            rt.indexes, rt.routers, ContentFit(rt.sessions, rt.indexes, lambda: rt.catalogue.version).new_topics
+        )
         result["plan"] = refit.plan()
         t0 = time.perf_counter()
         applied = refit.apply()

@@ -196,3 +196,26 @@ def test_mapping_a_cluster_while_a_recluster_replaces_them_is_never_a_server_err
             assert r.json()["expert_id"] == expert
     worker.join()
     assert codes[200] + codes[404] > 0
+
+
+def test_a_recluster_into_fewer_lists_keeps_every_owned_expert_and_its_documents(
+    client: TestClient, routed: dict[str, Any]
+) -> None:
+    from sqlalchemy import select
+
+    from app.core.models import Chunk, Cluster, Document
+
+    rt = client.app.state.runtime  # type: ignore[attr-defined]
+    job = client.post("/admin/api/recluster", json={"clusters": 2}, headers=AUTH).json()
+    assert wait_job(client, job["id"])["status"] == "done"
+    with rt.sessions() as s:
+        rows = s.execute(
+            select(Document.source, Cluster.expert_id)
+            .join(Chunk, Chunk.document_id == Document.id)
+            .join(Cluster, Cluster.id == Chunk.cluster_id)
+        ).all()
+    for topic, expert in routed["experts"].items():  # outvoted in two lists, each still holds its own
+        held = {e for src, e in rows if src.startswith(f"{topic}-")}
+        assert held == {expert}, (topic, held)
+    history = client.get("/admin/api/experts/history", headers=AUTH).json()["items"]
+    assert history[0]["action"] == "recluster" and history[0]["lists_replaced"]

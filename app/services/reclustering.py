@@ -19,15 +19,16 @@ import numpy as np
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.core.models import Chunk, Cluster, Document, IndexState, cluster_owners, stack
+from app.core.models import Chunk, Cluster, Document, Expert, IndexState, cluster_owners, stack
 from app.core.settings import Settings
 from app.services import expert_documents
+from app.services import expert_history as history
 from app.services.jobs import JobContext
 from app.services.sql_index import Progress
 from engine.keywords import cluster_keywords
 from index import ClusteredIndex, auto_cluster_count, kmeans
 from index.fit import document_fits_within, fits, floors
-from index.placement import place
+from index.placement import held_groups, place
 
 
 class IndexManager(Protocol):
@@ -183,7 +184,8 @@ def read_chunks(indexes: IndexManager) -> tuple[list[Any], dict[int, int | None]
 
 def recluster(indexes: IndexManager, clusters: int = 0, progress: Progress | None = None) -> dict[str, Any]:
     """k-means into `clusters` lists (0: the setting, else the automatic count); experts carry over
-    by majority vote of the chunks; each document's chunks stay inside one expert's lists."""
+    by majority vote of the chunks; each document's chunks stay inside one expert's lists, and an
+    owned expert keeps its documents (given lists of their own when the vote leaves it none)."""
     report = progress or (lambda done, total: None)
     with indexes.write_lock:
         rows, old_expert = read_chunks(indexes)
@@ -201,10 +203,24 @@ def recluster(indexes: IndexManager, clusters: int = 0, progress: Progress | Non
         experts = [v.most_common(1)[0][0] if v else None for v in votes]
         documents = np.fromiter((r[4] for r in rows), dtype=np.int64, count=n)
         with indexes.sessions() as s:
-            pins = expert_documents.pinned(s)  # documents of experts defined by them stay theirs
+            where, reserved = expert_documents.pinned(s)  # documents of experts defined by them stay theirs
+            owned = set(s.scalars(select(Expert.id).where(Expert.owned)))
+        held = _owned_documents(rows, documents, old_expert, owned)
+        for e in sorted(set(held.values()) - {v for v in experts if v is not None}):  # outvoted: lists of its own
+            mine = np.isin(documents, [d for d, owner in held.items() if owner == e])
+            extra = kmeans(x[mine], auto_cluster_count(int(mine.sum())), seed=indexes.settings.cluster_seed)
+            centroids = np.concatenate([centroids, extra]).astype(np.float32)
+            experts += [e] * len(extra)
+        k = len(centroids)
+        pins = ({**held, **where}, reserved)
         layout = lay_out(ids, x, documents, [r[3] for r in rows], centroids, owners_of(experts), pins)
         report(3, 4)
-        fresh, n = commit(indexes, layout, lambda s: experts)
+
+        def owners(s: Session) -> list[int | None]:
+            history.record(s, "recluster", f"reclustered into {k} lists", layout=True)
+            return experts
+
+        fresh, n = commit(indexes, layout, owners)
         report(4, 4)
     sizes = np.bincount(layout.assigned, minlength=k) if n else np.zeros(k, dtype=np.int64)
     log.info("reclustered %d chunks into %d clusters (version %s)", n, k, fresh.version)
@@ -215,6 +231,18 @@ def recluster(indexes: IndexManager, clusters: int = 0, progress: Progress | Non
         "largest": int(sizes.max(initial=0)),
         "smallest": int(sizes.min(initial=0)),
     }
+
+
+def _owned_documents(
+    rows: list[Any], documents: np.ndarray, expert_of: dict[int, int | None], owned: set[int]
+) -> dict[int, int]:
+    """{document: the owned expert holding most of its chunks now}: a recluster keeps them there."""
+    if not owned:
+        return {}
+    lists = np.fromiter((-1 if r[1] is None else r[1] for r in rows), dtype=np.int64, count=len(rows))
+    size = int(lists.max(initial=-1)) + 1
+    groups = owners_of([expert_of.get(c) for c in range(size)])
+    return {d: g for d, g in held_groups(documents, lists, groups).items() if g in owned}
 
 
 def recluster_job(indexes: IndexManager, retrain: Callable[[], int | None]) -> Callable[[JobContext], dict[str, Any]]:
