@@ -1,7 +1,9 @@
 """/ask end to end on real embeddings: experts, router training, both paths, forced modes, logs."""
 
 import re
+import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -9,7 +11,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from app.core.models import Chunk
-from tests.conftest import AUTH
+from tests.conftest import AUTH, TOKEN
 from tests.helpers import topic_doc, wait_job
 
 
@@ -62,7 +64,7 @@ def test_forced_modes(client: TestClient, routed: dict[str, Any]) -> None:
     res = ask(client, question="git branches", mode="expert", expert=sqlite)
     assert res["route"]["path"] == "expert" and res["route"]["reason"] == "forced"
     assert res["route"]["expert"]["id"] == sqlite
-    assert all("sqlite" in c["source"] for c in res["citations"])
+    assert res["citations"] and all("sqlite" in c["source"] for c in res["citations"])
     res = ask(client, question="How does a git rebase replay commits onto another branch?", mode="fallback")
     assert res["route"]["path"] == "fallback" and res["route"]["reason"] == "forced"
     unknown = client.post("/ask", json={"question": "x", "mode": "expert", "expert": 9999})
@@ -251,25 +253,58 @@ def test_expert_nprobe_caps_the_lists_the_expert_path_scans(client: TestClient, 
     assert [c["chunk_id"] for c in capped["citations"]] == [c["chunk_id"] for c in full["citations"]]
 
 
-def test_kernel_scoped_search_matches_faiss_on_the_expert_path(client: TestClient, routed: dict[str, Any]) -> None:
-    rt = client.app.state.runtime  # type: ignore[attr-defined]
+def test_kernel_scoped_search_matches_faiss_on_the_expert_path(
+    client: TestClient,
+    routed: dict[str, Any],
+    routed_store: Any,
+    embedder: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A server started with MOERAG_SCOPED_SEARCH=kernel (as a GPU deployment starts) answers the
+    expert path with the scoped kernel (its torch twin here) over the expert-sorted matrix, and
+    gives FAISS's answer. A spy counts the kernel's searches: a pipeline that skipped the kernel
+    branch would leave it at 0."""
+    from app.api.main import create_app
+    from app.core.settings import Settings
+    from app.runtime import Runtime
+    from engine.expert_matrix import ExpertMatrix
+    from tests.conftest import ROUTED_SETTINGS
+
     question = {"question": "How does a git rebase replay commits onto another branch?", "top_k": 5, "generate": False}
     by_faiss = ask(client, **question)
-    assert rt.state().matrix is None  # no GPU: FAISS serves the expert path
-    rt.answers.size = 0  # a setting changed behind the catalogue's back (a restart in production)
-    rt.settings.scoped_search = "kernel"  # the GPU layout, scanned here by the kernel's torch twin
-    by_kernel = ask(client, **question)
-    assert by_kernel["route"]["path"] == by_faiss["route"]["path"] == "expert"
-    assert [c["chunk_id"] for c in by_kernel["citations"]] == [c["chunk_id"] for c in by_faiss["citations"]]
-    assert [round(c["score"], 4) for c in by_kernel["citations"]] == [
-        round(c["score"], 4) for c in by_faiss["citations"]
-    ]
-    assert by_kernel["route"]["vectors_scanned"] == by_faiss["route"]["vectors_scanned"]
-    # Mapping a cluster away from git rebuilds the layout: its chunks leave git's segment.
-    owned = [c for c, t in routed["topic_of"].items() if t == "git"]
-    client.post("/admin/api/clusters/assign", json={"cluster_ids": owned, "expert_id": None}, headers=AUTH)
-    res = ask(client, question="x", mode="expert", expert=routed["experts"]["git"])
-    assert res["route"]["reason"] == "expert_has_no_clusters"
+    rt = client.app.state.runtime  # type: ignore[attr-defined]
+    assert rt.state().matrix is None  # no GPU, scoped_search auto: FAISS serves the expert path
+    searched = {"kernel": 0}
+    original = ExpertMatrix.search
+
+    def spy(self: ExpertMatrix, q: Any, expert_ids: list[int], k: int) -> Any:
+        searched["kernel"] += 1
+        return original(self, q, expert_ids, k)
+
+    monkeypatch.setattr(ExpertMatrix, "search", spy)
+    shutil.copytree(routed_store.data, tmp_path / "kernel")
+    kernel_settings = Settings(
+        data_dir=tmp_path / "kernel", admin_token=TOKEN, scoped_search="kernel", answer_cache=0, **ROUTED_SETTINGS
+    )
+    app = create_app(kernel_settings, runtime=Runtime(kernel_settings, embedder=embedder), start_in_background=False)
+    with TestClient(app) as kernel_client:
+        kernel_rt = kernel_client.app.state.runtime  # type: ignore[attr-defined]
+        assert kernel_rt.state().matrix is not None  # chosen at start, as the server would
+        by_kernel = ask(kernel_client, **question)
+        assert searched["kernel"] == 1, "the expert path did not take the kernel branch"
+        assert by_kernel["route"]["path"] == by_faiss["route"]["path"] == "expert"
+        assert by_kernel["citations"], by_kernel
+        assert [c["chunk_id"] for c in by_kernel["citations"]] == [c["chunk_id"] for c in by_faiss["citations"]]
+        assert [round(c["score"], 4) for c in by_kernel["citations"]] == [
+            round(c["score"], 4) for c in by_faiss["citations"]
+        ]
+        assert by_kernel["route"]["vectors_scanned"] == by_faiss["route"]["vectors_scanned"]
+        # Mapping a cluster away from git rebuilds the layout: its chunks leave git's segment.
+        owned = [c for c, t in routed["topic_of"].items() if t == "git"]
+        kernel_client.post("/admin/api/clusters/assign", json={"cluster_ids": owned, "expert_id": None}, headers=AUTH)
+        res = ask(kernel_client, question="x", mode="expert", expert=routed["experts"]["git"])
+        assert res["route"]["reason"] == "expert_has_no_clusters"
 
 
 def test_remapping_re_places_a_stray_chunk_in_sql_and_in_the_index(client: TestClient, routed: dict[str, Any]) -> None:

@@ -105,11 +105,17 @@ def test_the_serving_path_runs_in_many_threads_beside_bulk_encoding(embedder: Em
 
     def bulk() -> None:
         start.wait()
-        embedder.encode(["a long bulk text about databases " * 20] * 16)
+        try:
+            assert embedder.encode(["a long bulk text about databases " * 20] * 16).shape[0] == 16
+        except BaseException as exc:
+            errors.append(exc)
 
     def count() -> None:
         start.wait()
-        embedder.count_tokens(["some text to count"] * 500)
+        try:
+            assert len(embedder.count_tokens(["some text to count"] * 500)) == 500
+        except BaseException as exc:
+            errors.append(exc)
 
     threads = [threading.Thread(target=ask, args=(q,)) for q in questions]
     threads += [threading.Thread(target=bulk), threading.Thread(target=count)]
@@ -117,6 +123,7 @@ def test_the_serving_path_runs_in_many_threads_beside_bulk_encoding(embedder: Em
         t.start()
     for t in threads:
         t.join(120)
+    assert not [t for t in threads if t.is_alive()], "a thread did not finish in 120 s"
     assert not errors, errors[0]
 
 

@@ -50,7 +50,7 @@ def update_expert(s: Session, expert_id: int, fields: dict[str, Any]) -> Expert:
     for k, v in fields.items():
         if k in EXPERT_FIELDS:
             setattr(expert, k, v)
-    expert.owned = bool(fields.get("owned", True))
+    expert.owned = fields.get("owned") is not False
     try:
         s.flush()
     except IntegrityError:
