@@ -172,6 +172,7 @@ class Refit:
         report = progress or (lambda done, total: None)
         with self.indexes.write_lock:
             plan = self._plan(experts, clusters, lambda d, t: report(d * 40 // t, 100))
+            created = [g.expert_id is None for g in plan.groups]
             ids: list[int] = []
 
             def owners(s: Session) -> list[int | None]:
@@ -193,8 +194,8 @@ class Refit:
             fresh, n = reclustering.commit(self.indexes, plan.layout, owners)
             report(50, 100)
         result = plan.to_json() | {"applied": True, "version": fresh.version, "deleted_emptied": delete_emptied}
-        for entry, group in zip(result["experts"], plan.groups, strict=True):
-            entry["expert_id"] = group.expert_id
+        for entry, group, new in zip(result["experts"], plan.groups, created, strict=True):
+            entry["expert_id"], entry["new"] = group.expert_id, new
         if delete_emptied:
             result["deleted_experts"] = [
                 {"id": e, "name": name, "documents_go_to": DELETED_DOCUMENTS_GO_TO} for e, name in plan.emptied.items()
