@@ -77,7 +77,7 @@ def fit(
     queries (recall@10), or when there is too little to learn from.
 
     init [D, D]: W starts there and is pulled towards it instead of the identity (a narrower
-    adapter grown from a broader one; `benchmarks/adapter_variants.py`)."""
+    adapter grown from a broader one; `adapter-variants-f32.json`)."""
     cfg = config or AdapterConfig()
     report = progress or (lambda d, t: None)
     n, m = len(queries), len(chunks)

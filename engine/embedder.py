@@ -211,7 +211,7 @@ class Embedder:
         exported to ONNX and run by ONNX Runtime (`onnx_questions`; needs the `onnx` extra).
         "auto": ONNX Runtime where the model runs in float32 and the extra is installed (on a
         2-core AMD EPYC without bf16 units, two threads calling it: 1.4x the questions per second of
-        the trace one at a time, 1.3x in batches of eight; benchmarks/question_model.py), else the
+        the trace one at a time, 1.3x in batches of eight; `question-model.json`), else the
         trace; torch in bfloat16 stays (its traced batches were 5x faster than float32 on an AMX
         CPU). `wide_threads` > 1: ONNX Runtime also gets a session with that many intra-op
         threads, for `encode_questions(wide=True)`. Returns what was decided.

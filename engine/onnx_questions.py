@@ -4,7 +4,7 @@
 `OnnxQuestions`: the model's own Rust tokenizer, configured once (`QuestionTokens`), ONNX Runtime
 on the NumPy arrays, and the model's mean pooling in NumPy. sentence-transformers' input module
 and its torch pooling cost ~1 ms a question more on two AMD EPYC cores (p50 7.89 against 6.81
-ms, paired: `benchmarks/question_path.py`), all of it under the GIL; the ids are the same and
+ms, paired: `question-path.json`), all of it under the GIL; the ids are the same and
 the vectors within 6e-8 (`Embedder._adopt` checks every way against eager).
 """
 

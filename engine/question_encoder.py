@@ -117,7 +117,7 @@ class QuestionEncoder:
         alone: no other answer is in flight, so the model may take every core (`encode_wide`). A
         wide call has no batch to wait for and its caller nothing to do meanwhile, so it runs in
         the caller's thread: handing it to a batch thread and back cost ~0.3 ms a question
-        (`benchmarks/question_path.py`)."""
+        (`question-path.json`)."""
         hit = self._cached(question)
         if hit is not None:
             return done_future(hit)

@@ -215,31 +215,6 @@ def test_the_expert_path_is_right_where_the_answer_page_sits() -> None:
     assert right_page_on_path([route("fallback", None)], [1]) == 0.0
 
 
-def test_a_seed_row_carries_the_trained_versions_held_out_figures() -> None:
-    """What a build could choose among clusterings by sits beside the dev figures of each seed."""
-    from benchmarks.cluster_seeds import MODES, seed_row
-
-    retrieval = {name: {"hit@10": 0.8, "mrr@10": 0.6} for name in MODES.values()}
-    router = {"expert_path_share": 0.8, "expert_path_accuracy": 0.99, "accuracy": 0.9, "ece_after": 0.08}
-    result = {"retrieval": retrieval, "router": router, "vectors_scanned": {"expert path share of global": 0.2},
-              "leakage": {"faq_page_chunks_outside": 0}}  # fmt: skip
-    trained = {"accuracy": 0.95612, "coverage_at_threshold": 0.9, "accuracy_at_threshold": 0.97, "ece_after": 0.009}
-    row = seed_row(7, result, trained)
-    assert row["seed"] == 7 and row["routed hit@10"] == 0.8 and row["held-out accuracy"] == 0.9561
-    assert row["held-out ECE"] == 0.009 and "held-out ECE" not in seed_row(7, result)
-
-
-def test_adapter_variants_report_every_set_and_variant() -> None:
-    from benchmarks.adapter_variants import figures, markdown
-
-    assert figures([1, None, 2, None]) == {"hit@10": 0.5, "mrr@10": 0.375}
-    cell = {"hit@10": 0.5, "mrr@10": 0.375}
-    result = {"global": {"bare model": {"dev": cell, "extra": cell}},
-              "oracle scope": {"dev": {"global adapter": cell}, "extra": {"global adapter": cell}}}  # fmt: skip
-    text = markdown(result)
-    assert "| bare model | 0.5 (0.375) | 0.5 (0.375) |" in text and "| global adapter | 0.5 (0.375) |" in text
-
-
 def test_route_losses_list_the_questions_the_modes_disagree_on_with_their_route() -> None:
     from types import SimpleNamespace
 
@@ -373,22 +348,6 @@ def test_the_capacity_projection_scales_the_measured_cost_by_the_vectors_scanned
     x = row["encodings"]["x"]
     assert x["memory_gib"] == round(50e6 * 100 / 2**30, 1) and x["exact_fallback_ms_one_core"] == 500.0
     assert x["cores_for_500_routed_q_per_s_with_check"] == round(500 * 40 * 50e6 / 7071 * 10 / 1e9, 1)
-
-
-def test_followup_conversations_pair_each_question_with_a_follow_up_and_a_switch() -> None:
-    from benchmarks.followups import FOLLOW_UPS, conversations
-
-    qs = [{"question": f"q{i}", "domain": d} for i, d in enumerate(["git", "git", "sqlite"])]
-    convs = conversations(qs)
-    assert [c["kind"] for c in convs] == ["follow-up", "switch"] * 3
-    follow = convs[0::2]
-    assert [c["second"] for c in follow] == list(FOLLOW_UPS[:3]) and [c["domain"] for c in follow] == ["git"] * 2 + [
-        "sqlite"
-    ]
-    switch = convs[1::2]
-    assert [(c["first"], c["second"], c["domain"]) for c in switch] == [
-        ("q0", "q2", "sqlite"), ("q1", "q2", "sqlite"), ("q2", "q0", "git")
-    ]  # fmt: skip
 
 
 def test_the_gpu_pipeline_check_forgives_only_the_order_of_tied_chunks() -> None:
