@@ -34,6 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.common import write_result
 from benchmarks.evalcorpus import load_questions
 from benchmarks.scaling import real_vectors
 from engine.embedder import Embedder
@@ -175,7 +176,7 @@ def main() -> None:
         + (f" --name {args.name}" if args.name != "capacity" else ""),
     }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_result(RESULTS / f"{args.name}.json", result)
     print(json.dumps(result["projected"], indent=2))
 
 

@@ -22,6 +22,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.common import write_result
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -71,7 +73,7 @@ def main() -> None:
     overlap = [len(set(a) & set(b)) / 10 for a, b in zip(exact, coded, strict=True)]
     result["sq8"]["recall@10"] = round(sum(overlap) / len(overlap), 4)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_result(RESULTS / f"{args.name}.json", result)
 
 
 if __name__ == "__main__":

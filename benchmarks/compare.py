@@ -38,8 +38,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks import evalcorpus, load, peers, routing, scaling
+from benchmarks.common import percentile, write_result
 from benchmarks.retrieval_metrics import first_hits, metrics_for, paired_difference
-from benchmarks.routing import ROUTED, percentile
+from benchmarks.routing import ROUTED
 
 RESULTS = Path(__file__).resolve().parent / "results"
 STAGES = ("corpus", "ingest", "peer", "quality", "speed", "load", "scaling", "report")
@@ -394,7 +395,7 @@ def main() -> None:
 
     def save(stage: str, data: dict[str, Any]) -> None:
         data["command"] = command
-        (res / f"compare-{stage}.json").write_text(json.dumps(data, indent=2))
+        write_result(res / f"compare-{stage}.json", data)
 
     for stage in args.stages:
         log(f"stage {stage}")
@@ -436,7 +437,7 @@ def main() -> None:
                 if f.exists():
                     merged[name] = json.loads(f.read_text())
             merged["plots"] = plots(merged, res)
-            (res / "compare.json").write_text(json.dumps(merged, indent=2))
+            write_result(res / "compare.json", merged)
             (res / "compare.md").write_text(markdown(merged))
             print(markdown(merged))
         log(f"stage {stage} done in {time.perf_counter() - t:.0f} s")

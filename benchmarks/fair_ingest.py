@@ -29,6 +29,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.common import write_result
 from tests.server import Server
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -160,7 +161,7 @@ def main() -> None:
         server.stop()
     print(json.dumps(out, indent=1))
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(out, indent=1) + "\n")
+    write_result(RESULTS / f"{args.name}.json", out)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.common import write_result
+
 ROOT = Path(__file__).resolve().parent.parent
 BUNDLE = ROOT / ".gpu-carry" / "pipeline"
 TOP_K = 10
@@ -202,7 +204,7 @@ def check(out: Path, device: str) -> None:
         "ms_a_question_as_served": {"p50": round(float(np.median(ms)), 2),
                                     "p99": round(float(np.percentile(ms, 99)), 2)},
     }  # fmt: skip
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(out, result)
     print(json.dumps({k: v for k, v in result.items() if "differ" not in k}))
     if differ or forced_differ:
         raise SystemExit(f"{len(differ)} (kernel as chosen) and {len(forced_differ)} (Triton forced) of {len(want)} "

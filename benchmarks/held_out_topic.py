@@ -38,6 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.common import write_result
 from benchmarks.evalcorpus import domain_of, html_files, is_hit, load_questions, uploads
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -190,7 +191,7 @@ def main() -> None:
     result["command"] = " ".join(["python", *sys.argv])
     result["model"] = {"name": embedder.name, "dtype": embedder.dtype_name}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2))
+    write_result(RESULTS / f"{args.name}.json", result)
     print(json.dumps(result, indent=2))
 
 

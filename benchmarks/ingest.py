@@ -23,6 +23,7 @@ from app.cli.sample import SAMPLE_MODULES, build_sample_corpus
 from app.core.settings import Settings
 from app.runtime import Runtime
 from app.services.documents import Upload
+from benchmarks.common import write_result
 from engine.chunking import chunk_document
 from engine.embedder import Embedder
 from engine.parsing import parse
@@ -92,7 +93,7 @@ def main() -> None:
     }
     print(json.dumps(result))
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+        write_result(args.json, result)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.common import write_result
 from index import ClusteredIndex
 from kernels.gate_topk import gate_topk_torch, gate_topk_triton
 from kernels.scoped_search import scoped_search_torch, scoped_search_triton
@@ -127,7 +128,7 @@ def main() -> None:
         gpu += [gpu_gate_row(qn, e, args.repeat) for qn, e in ((1, 8), (1024, 64), (4096, 257))]
         result["gpu"] = run_rows(gpu)
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2))
+        write_result(args.json, result)
 
 
 if __name__ == "__main__":

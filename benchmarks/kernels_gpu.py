@@ -35,6 +35,7 @@ import triton.testing
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.common import write_result
 from kernels.gate_topk import gate_topk_torch, gate_topk_triton
 from kernels.scoped_search import scoped_search_torch, scoped_search_triton, scoped_search_triton_serial
 
@@ -186,11 +187,11 @@ def main() -> None:
             torch.cuda.empty_cache()
             by_size[n] = torch.nn.functional.normalize(torch.randn(n, D, device=DEVICE), dim=1)
         result["scoped"].append(row(by_size[n], store, n_q, r, gb_s))
-        args.json.write_text(json.dumps(result, indent=2))  # what ran so far, if the time runs out
+        write_result(args.json, result)  # what ran so far, if the time runs out
     by_size.clear()
     result["gate"] = gate_rows()
     result["embedding"] = embedding_row()
-    args.json.write_text(json.dumps(result, indent=2))
+    write_result(args.json, result)
 
 
 if __name__ == "__main__":

@@ -53,8 +53,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.common import percentile, write_result
 from benchmarks.evalcorpus import load_questions
-from benchmarks.routing import percentile
 from tests.server import Server, free_port  # the same `moerag serve` launcher the crash-recovery tests use
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -438,7 +438,7 @@ def main() -> None:
         http_clients=tuple(args.http_client),
     )
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2))
+    write_result(RESULTS / f"{args.name}.json", result)
     print(json.dumps({k: v for k, v in result.items() if k != "levels"}, indent=2))
 
 

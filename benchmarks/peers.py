@@ -28,6 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.common import write_result
 from benchmarks.evalcorpus import html_files
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -104,7 +105,7 @@ def langchain_build(
         ),  # rounded to 0.0 on tiny runs, a division by zero in compare.py
         "chunks_per_second": round(len(chunks) / (time.perf_counter() - t0), 2),
     }
-    (out / "build.json").write_text(json.dumps(stats, indent=2))
+    write_result(out / "build.json", stats)
     return stats
 
 
@@ -130,7 +131,7 @@ def langchain_build_cached(
     out.mkdir(parents=True, exist_ok=True)
     store.save_local(str(out))
     stats = {"chunks": len(chunks), "total_seconds": round(time.perf_counter() - t0, 1), "dtype": embedder.dtype_name}
-    (out / "build.json").write_text(json.dumps(stats, indent=2))
+    write_result(out / "build.json", stats)
     return stats
 
 

@@ -47,6 +47,7 @@ from app.runtime import Runtime
 from app.shards.client import searches
 from app.shards.map import ShardMap, parse
 from app.shards.replicas import deploy
+from benchmarks.common import write_result
 from benchmarks.evalcorpus import load_questions
 from engine.pipeline import AskRequest
 from index import ClusteredIndex
@@ -321,7 +322,7 @@ def main() -> None:
         + (f" --name {args.name}" if args.name != "ray-scale" else ""),
     }
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_result(RESULTS / f"{args.name}.json", result)
     print(json.dumps(result["questions_per_second"], indent=2))
 
 

@@ -27,6 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.common import write_result
 from benchmarks.evalcorpus import FAQ_PAGES, domain_of, html_files, load_questions
 from benchmarks.retrieval_metrics import first_hits, metrics_for, paired_difference
 
@@ -198,7 +199,7 @@ def main() -> None:
         result["diff"] = {n: question_diff(ranked[n], ranked[base], questions, (n, base)) for n in names[1:]}
         print(json.dumps(result["against_" + base], indent=1))
     if args.out:
-        args.out.write_text(json.dumps(result, indent=2))
+        write_result(args.out, result)
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.common import percentile, write_result
 from benchmarks.evalcorpus import FAQ_PAGES, domain_of, load_questions
 from benchmarks.retrieval_metrics import first_hits, metrics_for, paired_difference
 from benchmarks.routing_report import (
@@ -323,14 +324,6 @@ def also(rt: Any, path: Path, experts: dict[str, int]) -> dict[str, Any]:
     return result
 
 
-def percentile(sorted_values: list[float], p: float) -> float:
-    """Nearest-rank percentile of an ascending list."""
-    if not sorted_values:
-        return float("nan")
-    rank = min(len(sorted_values) - 1, max(0, int(np.ceil(p / 100 * len(sorted_values))) - 1))
-    return round(sorted_values[rank], 2)
-
-
 def prepare_store(rt: Any, corpus: Path) -> dict[str, Any]:
     """Ingest the mirror into an empty store (embeddings come from the text-hash cache when present)."""
     from benchmarks.evalcorpus import ingest_into
@@ -418,7 +411,7 @@ def main() -> None:
     finally:
         rt.close()
     args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / f"{args.name}.json").write_text(json.dumps(result, indent=2))
+    write_result(args.results / f"{args.name}.json", result)
     report = markdown(result) + "\n\n```json\n" + json.dumps(result, indent=2) + "\n```\n"
     (args.results / f"{args.name}.md").write_text(report)
     print(markdown(result))

@@ -22,7 +22,6 @@ synthetic vectors. Queries are the FAQ dev questions, embedded. Per size, one pr
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import sqlite3
 import statistics
@@ -36,6 +35,7 @@ import numpy.typing as npt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.common import write_result
 from index import ClusteredIndex
 from index.clustering import auto_cluster_count, kmeans
 
@@ -205,7 +205,7 @@ def main() -> None:
     out = run(real_vectors(args.data_dir), queries, args.sizes, args.nprobe, lambda m: print(m, flush=True))
     out["command"] = " ".join(["python", *sys.argv])
     args.out.parent.mkdir(exist_ok=True)
-    args.out.write_text(json.dumps(out, indent=2))
+    write_result(args.out, out)
     print(markdown(out))
 
 

@@ -27,8 +27,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.common import percentile, write_result
 from benchmarks.evalcorpus import load_questions
-from benchmarks.routing import percentile
 from tests.server import Server
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -170,7 +170,7 @@ def main() -> None:
         server.stop()
     result["command"] = " ".join(["python", *sys.argv])
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "soak.json").write_text(json.dumps(result, indent=2))
+    write_result(RESULTS / "soak.json", result)
     plot(result, RESULTS / "soak.png")
     print(json.dumps({k: v for k, v in result.items() if k != "windows"}, indent=2))
 

@@ -28,9 +28,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.common import percentile, write_result
 from benchmarks.evalcorpus import load_questions
 from benchmarks.load import NO_CACHE
-from benchmarks.routing import percentile
 from tests.server import Server
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -131,7 +131,7 @@ def main() -> None:
     result["settings"] = {k: v for k, v in vars(args).items() if k != "data_dir"}
     result["command"] = " ".join(["python", *sys.argv])
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_result(RESULTS / f"{args.name}.json", result)
     print(json.dumps(result, indent=2))
 
 
