@@ -98,10 +98,16 @@ def place(
     return out
 
 
-def held_groups(owners: Ints, clusters: Ints, groups: Ints) -> dict[int, int]:
-    """owner id -> the group holding most of its vectors where they are now (clusters [N], each
-    vector's list; groups [C]); -1 is a group (the lists no expert owns)."""
-    pairs, _, majority = _majority(np.asarray(owners, dtype=np.int64), np.asarray(groups, dtype=np.int64)[clusters])
+def held_groups(x: Floats, owners: Ints, clusters: Ints, centroids: Floats, groups: Ints) -> dict[int, int]:
+    """owner id -> the group holding most of its vectors where they are now (x [N, D] in lists
+    clusters [N]; centroids [C, D]; groups [C]; -1 is a group, the lists no expert owns). Ties go
+    to the larger summed similarity to the lists, as the vote's do (`owner_groups`)."""
+    clusters = np.asarray(clusters, dtype=np.int64)
+    similarity = np.einsum(
+        "nd,nd->n", np.asarray(x, dtype=np.float32), np.asarray(centroids, dtype=np.float32)[clusters]
+    )
+    owners, groups = np.asarray(owners, dtype=np.int64), np.asarray(groups, dtype=np.int64)
+    pairs, _, majority = _majority(owners, groups[clusters], similarity.astype(np.float64))
     return {int(o): int(g) for o, g in pairs[majority]}
 
 

@@ -338,7 +338,8 @@ class IndexManager:
             x = stack((r[3] for r in rows), self.dim)
             leak_before = leakage(owners, before, groups)
             # An owned expert's documents stay in its lists (they follow a list the operator moved).
-            held = {d: g for d, g in held_groups(owners, before, groups).items() if g in owned}
+            centroids = self.index.centroids()
+            held = {d: g for d, g in held_groups(x, owners, before, centroids, groups).items() if g in owned}
             pinned = ({**held, **pins[0]}, pins[1])
             after = place(x, owners, self.index.centroids(), groups, *pinned) if self.index.nlist > 1 else before
             moved = np.flatnonzero(after != before)

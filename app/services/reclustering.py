@@ -205,7 +205,9 @@ def recluster(indexes: IndexManager, clusters: int = 0, progress: Progress | Non
         with indexes.sessions() as s:
             where, reserved = expert_documents.pinned(s)  # documents of experts defined by them stay theirs
             owned = set(s.scalars(select(Expert.id).where(Expert.owned)))
-        held = _owned_documents(rows, documents, old_expert, owned)
+        with indexes.sessions() as s:
+            old_centroids = {c: centroid for c, centroid in s.execute(select(Cluster.id, Cluster.centroid))}
+        held = _owned_documents(rows, x, documents, old_expert, old_centroids, owned)
         for e in sorted(set(held.values()) - {v for v in experts if v is not None}):  # outvoted: lists of its own
             mine = np.isin(documents, [d for d, owner in held.items() if owner == e])
             extra = kmeans(x[mine], auto_cluster_count(int(mine.sum())), seed=indexes.settings.cluster_seed)
@@ -234,15 +236,22 @@ def recluster(indexes: IndexManager, clusters: int = 0, progress: Progress | Non
 
 
 def _owned_documents(
-    rows: list[Any], documents: np.ndarray, expert_of: dict[int, int | None], owned: set[int]
+    rows: list[Any],
+    x: np.ndarray,
+    documents: np.ndarray,
+    expert_of: dict[int, int | None],
+    centroids: dict[int, Any],
+    owned: set[int],
 ) -> dict[int, int]:
     """{document: the owned expert holding most of its chunks now}: a recluster keeps them there."""
-    if not owned:
+    if not owned or not centroids:
         return {}
-    lists = np.fromiter((-1 if r[1] is None else r[1] for r in rows), dtype=np.int64, count=len(rows))
-    size = int(lists.max(initial=-1)) + 1
+    lists = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
+    size = max(centroids) + 1
+    dim = x.shape[1]
+    table = stack((centroids.get(c, np.zeros(dim, dtype=np.float32)) for c in range(size)), dim)  # [C, D]
     groups = owners_of([expert_of.get(c) for c in range(size)])
-    return {d: g for d, g in held_groups(documents, lists, groups).items() if g in owned}
+    return {d: g for d, g in held_groups(x, documents, lists, table, groups).items() if g in owned}
 
 
 def recluster_job(indexes: IndexManager, retrain: Callable[[], int | None]) -> Callable[[JobContext], dict[str, Any]]:
