@@ -39,8 +39,10 @@ class Settings(BaseSettings):
         5.0, gt=0, description="A shard that has not answered a search by then is left out: the answer is partial."
     )
     model_path: Path | None = Field(None, description="Local sentence-transformers model directory.")
-    embed_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    embed_batch_size: int = Field(32, ge=1, le=1024)
+    embed_dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="The model's dtype: auto = bfloat16 only on CPUs with AVX512-BF16/AMX, else float32."
+    )
+    embed_batch_size: int = Field(32, ge=1, le=1024, description="Chunks embedded per forward pass at ingestion.")
     embed_device: Literal["auto", "cpu", "cuda"] = Field(
         "auto",
         description="Where the embedding model runs: auto = the GPU when torch sees one (float16/bfloat16, "
@@ -50,13 +52,15 @@ class Settings(BaseSettings):
     read_token: SecretStr | None = Field(
         None, description="When set, every read (documents, chunks, search, ask, jobs, stats, metrics) needs it too."
     )
-    max_upload_bytes: int = Field(50 * 1024 * 1024, ge=1)
-    max_bulk_files: int = Field(1000, ge=1)
+    max_upload_bytes: int = Field(50 * 1024 * 1024, ge=1, description="Per-file upload limit (413 above it).")
+    max_bulk_files: int = Field(1000, ge=1, description="Files per bulk upload request.")
     max_request_bytes: int = Field(
         1024 * 1024, ge=1024, description="Largest body of any request but a document upload (413 above it)."
     )
     chunk_target_tokens: int = Field(254, ge=16, description="Chunk size aimed at (capped by the model window).")
-    chunk_overlap_tokens: int = Field(32, ge=0)
+    chunk_overlap_tokens: int = Field(
+        32, ge=0, description="Trailing sentences, up to this many tokens, repeated at the head of the next chunk."
+    )
     chunk_min_tokens: int = Field(
         48, ge=1, description="With chunk_merge_small_sections, a smaller chunk takes in the next section too."
     )
@@ -149,7 +153,7 @@ class Settings(BaseSettings):
     router_holdout: float = Field(
         0.3, gt=0, lt=1, description="Share of documents held out (per expert) to calibrate the router on."
     )
-    router_seed: int = 0
+    router_seed: int = Field(0, description="Seed of router training (samples, held-out documents, initial weights).")
     query_adapter: bool = Field(
         True,
         description="Retrieval reads the question through the active router version's query adapter (a linear "
@@ -209,7 +213,7 @@ class Settings(BaseSettings):
     torch_threads: int = Field(
         0, ge=0, description="Torch and FAISS threads of a serving process; 0 = one (measured best, README)."
     )
-    max_question_chars: int = Field(2000, ge=1)
+    max_question_chars: int = Field(2000, ge=1, description="Longest question /ask accepts (422 above it).")
     ask_rate_per_minute: float = Field(
         0, ge=0, description="Questions a client (address) may ask per minute, all workers together; 0 = no limit."
     )
@@ -218,7 +222,7 @@ class Settings(BaseSettings):
         description="Proxies whose X-Forwarded-For names the client (comma-separated addresses or networks, "
         "`*` for any): for the rate limit's key and uvicorn's forwarded_allow_ips. Empty: the peer is the client.",
     )
-    max_top_k: int = Field(50, ge=1)
+    max_top_k: int = Field(50, ge=1, description="Most passages a question may ask for.")
     sync_roots: str = Field(
         "",
         description="Folders `POST /admin/api/sync` may mirror, with everything under them (os.pathsep-separated "
@@ -246,14 +250,14 @@ class Settings(BaseSettings):
         3600.0, gt=0, description="A site sync's whole crawl; the pages it did not reach by then are kept, not deleted."
     )
     openai_base_url: str | None = Field(None, description="OpenAI-compatible server, e.g. http://127.0.0.1:8080/v1")
-    openai_model: str = "default"
+    openai_model: str = Field("default", description="Model name sent to the OpenAI-compatible generator server.")
     default_generator: str = Field(
         "extractive",
         pattern=r"^(extractive|openai(:\S{1,200})?)$",
         description="The fallback's generator and that of experts created without one (proposals, re-fits, "
         "the sample): extractive, openai or openai:MODEL (with MOERAG_OPENAI_BASE_URL).",
     )
-    openai_api_key: SecretStr | None = None
+    openai_api_key: SecretStr | None = Field(None, description="API key of the OpenAI-compatible generator server.")
     followup_rewrite: Literal["auto", "rule"] = Field(
         "auto",
         description="How a conversation's follow-up is made standalone: auto = by the configured model "
@@ -270,7 +274,7 @@ class Settings(BaseSettings):
         description="How the scoped kernel's copy of the chunk vectors is stored (scores accumulate in float32): "
         "auto = float16 on a GPU, float32 on the CPU.",
     )
-    log_level: str = "INFO"
+    log_level: str = Field("INFO", description="Log level of the server and the CLI.")
     access_log: bool = Field(True, description="uvicorn's line per request (questions are also logged in SQL).")
 
     @field_validator("trusted_proxies")

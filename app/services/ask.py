@@ -1,4 +1,5 @@
-"""The /ask use case: run the engine's pipeline, then log the question with its route."""
+"""What /ask's use case (app.services.answering) writes and reads in SQL: the chunk store the
+engine fetches citations from, a route as JSON, and the query log."""
 
 from __future__ import annotations
 

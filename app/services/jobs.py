@@ -1,4 +1,5 @@
-"""Long work (bulk ingest, recluster) as persisted jobs run by worker threads, one per lane.
+"""Long work (bulk ingest, sync, recluster, re-fit, undo, training) as persisted jobs run by
+worker threads, one per lane.
 
 Jobs of a lane run one at a time, in order; lanes run beside each other. A sync waits on the
 network (a slow page, a large repository), so it has a lane of its own: an ingest, a training
