@@ -63,6 +63,10 @@ def test_ingest_folder_twice_then_rebuild_and_search(
         main(["--data-dir", data, "router", "train"])
     answer = json.loads(run(capsys, "--data-dir", data, "ask", "--json", "git rebase").splitlines()[-1])
     assert (answer["route"]["reason"], answer["route"]["confidence"]) == ("one_expert", None)
+    labelled = tmp_path / "q.jsonl"
+    labelled.write_text('{"question": "how do I merge branches?", "expert": "everything"}\n')
+    with pytest.raises(SystemExit, match="no active router"):  # none was ever trained: nothing to score
+        main(["--data-dir", data, "router", "eval", str(labelled)])
 
     # Two lists, two experts: a gate to train.
     assert json.loads(run(capsys, "--data-dir", data, "recluster", "--clusters", "2").splitlines()[-1])["clusters"] == 2
@@ -77,10 +81,14 @@ def test_ingest_folder_twice_then_rebuild_and_search(
     assert trained["active"] and trained["version"] == 1
     answer = json.loads(run(capsys, "--data-dir", data, "ask", "--json", "git rebase").splitlines()[-1])
     assert answer["route"]["path"] == "expert" and answer["route"]["expert"]["name"] == "everything"
-    labelled = tmp_path / "q.jsonl"
-    labelled.write_text('{"question": "how do I merge branches?", "expert": "everything"}\n')
     ev = json.loads(run(capsys, "--data-dir", data, "router", "eval", str(labelled)).splitlines()[-1])
     assert ev["questions"] == 1 and ev["accuracy"] == 1.0
+    engine = make_engine(f"sqlite:///{data}/moerag.db")
+    with make_sessionmaker(engine).begin() as s:  # back to one expert: no accuracy is claimed
+        assign_clusters(s, [1 - git_list], None)
+    engine.dispose()
+    with pytest.raises(SystemExit, match="fewer than two experts own lists"):
+        main(["--data-dir", data, "router", "eval", str(labelled)])
 
 
 def test_missing_path_is_a_clear_error(tmp_path: Path) -> None:

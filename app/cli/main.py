@@ -157,6 +157,7 @@ def cmd_router_eval(args: argparse.Namespace) -> None:
     """Accuracy, ECE and coverage of the active router on labelled questions (JSONL: question, expert)."""
     import torch
 
+    from app.services.routing import ONE_EXPERT
     from engine.router_training import evaluate
 
     with local_runtime(settings_from(args), remote=False) as rt:
@@ -164,6 +165,8 @@ def cmd_router_eval(args: argparse.Namespace) -> None:
         router = state.router
         if router is None:
             raise SystemExit("moerag: no active router; run `moerag router train` first")
+        if sum(1 for p in state.experts.values() if p.clusters) < 2:  # no figure over one class
+            raise SystemExit(f"moerag: {ONE_EXPERT}")
         profiles = state.experts
         by_name = {p.name: p.id for p in profiles.values()}
         rows = [json.loads(line) for line in Path(args.file).read_text().splitlines() if line.strip()]
