@@ -317,7 +317,7 @@ class AskPipeline:
             if not chosen.clusters:
                 return make("fallback", "expert_has_no_clusters", f"expert {chosen.name!r} owns no clusters", chosen)
             return make("expert", "forced", f"expert {chosen.name!r} requested", chosen)
-        mapped = [e.name for e in experts.values() if e.clusters]
+        mapped = state.mapped  # once per serving state, not per question
         if len(mapped) < 2:  # no gate to choose: no confidence is claimed (1.000 over one class means nothing)
             why = f"one expert ({mapped[0]!r}) owns lists" if mapped else "no expert owns lists"
             detail = f"{why}: there is no gate to route between, so the whole store is searched"

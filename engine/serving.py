@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 from engine.expert_matrix import ExpertMatrix
 from engine.lexical import LexicalIndex
@@ -57,6 +58,11 @@ class ServingState:
     lexical_version: int = 0
     matrix: ExpertMatrix | None = None
     shard_map: str | None = None  # the shard map's version when the index is spread over shards
+
+    @cached_property
+    def mapped(self) -> tuple[str, ...]:
+        """Names of the experts that own lists: with fewer than two there is no gate to route between."""
+        return tuple(e.name for e in self.experts.values() if e.clusters)
 
     @property
     def versions(self) -> dict[str, int | str | None]:

@@ -222,9 +222,8 @@ def test_one_expert_is_no_gate_and_claims_no_confidence(client: TestClient) -> N
         assert client.post("/documents", json={"text": text, "source": f"n{i}.md"}, headers=AUTH).status_code == 201
     only = client.post("/admin/api/experts", json={"name": "everything"}, headers=AUTH).json()
     clusters = [c["id"] for c in client.get("/admin/api/clusters", headers=AUTH).json()["items"]]
-    assert client.post(
-        "/admin/api/clusters/assign", json={"cluster_ids": clusters, "expert_id": only["id"]}, headers=AUTH
-    )
+    mapped = {"cluster_ids": clusters, "expert_id": only["id"]}
+    assert client.post("/admin/api/clusters/assign", json=mapped, headers=AUTH).status_code == 200
     job = wait_job(client, client.post("/admin/api/router/train", headers=AUTH).json()["id"])
     assert job["status"] == "failed" and "no gate to train" in job["error"], job
     route = ask(client, question="How do I rebase a branch?")["route"]

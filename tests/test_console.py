@@ -171,7 +171,8 @@ def test_console_end_to_end_in_chromium(tmp_path: Path) -> None:
             expect(page.locator("#rt-reliability")).to_contain_text("no gate to train")
             sqlite = api.post("/admin/api/experts", json={"name": "sqlite"}).json()["id"]
             others = sorted({c["id"] for c in api.get("/admin/api/clusters").json()["items"]} - set(git_clusters))
-            assert api.post("/admin/api/clusters/assign", json={"cluster_ids": others[:1], "expert_id": sqlite})
+            mapped = {"cluster_ids": others[:1], "expert_id": sqlite}
+            assert api.post("/admin/api/clusters/assign", json=mapped).status_code == 200
             page.click("#tab-overview")
             expect(page.locator("#ov-next")).to_be_hidden()
 

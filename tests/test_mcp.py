@@ -119,7 +119,8 @@ def test_mcp_ask_shares_the_rate_limit_of_ask(client: Any) -> None:
 
     # 20 a minute, a burst of 4, on the one gate every door of the app passes
     client.app.state.answer_gate.limiter = RateLimiter(client.app.state.runtime.engine, 20)
-    assert client.post("/documents", json={"text": "# Git\n\nBranches and merges are cheap. " * 20}, headers=AUTH)
+    note = {"text": "# Git\n\nBranches and merges are cheap. " * 20}
+    assert client.post("/documents", json=note, headers=AUTH).status_code == 201
     headers = {"Accept": "application/json, text/event-stream"}
     answers = []
     for i in range(6):

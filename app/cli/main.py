@@ -165,7 +165,7 @@ def cmd_router_eval(args: argparse.Namespace) -> None:
         router = state.router
         if router is None:
             raise SystemExit("moerag: no active router; run `moerag router train` first")
-        if sum(1 for p in state.experts.values() if p.clusters) < 2:  # no figure over one class
+        if len(state.mapped) < 2:  # no figure over one class
             raise SystemExit(f"moerag: {ONE_EXPERT}")
         profiles = state.experts
         by_name = {p.name: p.id for p in profiles.values()}

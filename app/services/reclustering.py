@@ -207,7 +207,7 @@ def recluster(indexes: IndexManager, clusters: int = 0, progress: Progress | Non
             owned = set(s.scalars(select(Expert.id).where(Expert.owned)))
         with indexes.sessions() as s:
             old_centroids = {c: centroid for c, centroid in s.execute(select(Cluster.id, Cluster.centroid))}
-        held = _owned_documents(rows, x, documents, old_expert, old_centroids, owned)
+        held = {d: e for d, e in documents_held(rows, x, documents, old_expert, old_centroids).items() if e in owned}
         for e in sorted(set(held.values()) - {v for v in experts if v is not None}):  # outvoted: lists of its own
             mine = np.isin(documents, [d for d, owner in held.items() if owner == e])
             extra = kmeans(x[mine], auto_cluster_count(int(mine.sum())), seed=indexes.settings.cluster_seed)
@@ -235,23 +235,20 @@ def recluster(indexes: IndexManager, clusters: int = 0, progress: Progress | Non
     }
 
 
-def _owned_documents(
-    rows: list[Any],
-    x: np.ndarray,
-    documents: np.ndarray,
-    expert_of: dict[int, int | None],
-    centroids: dict[int, Any],
-    owned: set[int],
+def documents_held(
+    rows: list[Any], x: np.ndarray, documents: np.ndarray, expert_of: dict[int, int | None], centroids: dict[int, Any]
 ) -> dict[int, int]:
-    """{document: the owned expert holding most of its chunks now}: a recluster keeps them there."""
-    if not owned or not centroids:
+    """{document: the expert holding most of its chunks where they are now (-1: lists of no expert)}.
+
+    rows: `read_chunks`' (r[1] each chunk's list), x [N, D], documents [N], expert_of {list: expert},
+    centroids {list: centroid}; ties as placement's vote breaks them (index.placement.held_groups)."""
+    if not centroids:
         return {}
-    lists = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
+    lists = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))  # [N]
     size = max(centroids) + 1
     dim = x.shape[1]
     table = stack((centroids.get(c, np.zeros(dim, dtype=np.float32)) for c in range(size)), dim)  # [C, D]
-    groups = owners_of([expert_of.get(c) for c in range(size)])
-    return {d: g for d, g in held_groups(x, documents, lists, table, groups).items() if g in owned}
+    return held_groups(x, documents, lists, table, owners_of([expert_of.get(c) for c in range(size)]))
 
 
 def recluster_job(indexes: IndexManager, retrain: Callable[[], int | None]) -> Callable[[JobContext], dict[str, Any]]:

@@ -247,10 +247,9 @@ class Refit:
         held = np.array([owner.get(r[1]) or UNASSIGNED for r in rows], dtype=np.int64)  # [N] each chunk's expert
         doc_ids, doc_vectors = document_vectors(x, documents)  # [M], [M, D]
         doc_of = np.searchsorted(doc_ids, documents)  # [N] row of each chunk's document
-        holder = _holders(doc_of, held, len(doc_ids))  # [M] each document's expert, by most chunks
-        for d, e in where.items():  # a document an expert is defined by is that expert's
-            if (i := int(np.searchsorted(doc_ids, d))) < len(doc_ids) and doc_ids[i] == d:
-                holder[i] = e
+        by_majority = reclustering.documents_held(rows, x, documents, owner, {c: v for c, v, _ in lists})
+        by_majority |= where  # a document an expert is defined by is that expert's
+        holder = np.fromiter((by_majority.get(int(d), UNASSIGNED) for d in doc_ids), dtype=np.int64, count=len(doc_ids))
         newer = self.new_topics() if self.new_topics else {}
         fresh = np.isin(doc_ids, [d for d, margin in newer.items() if margin < 0])  # [M]
         lists_of: dict[int, list[int]] = {}
@@ -368,17 +367,6 @@ def _grouped(store: _Store, experts: int) -> tuple[list[_Group], np.ndarray]:
     for g, group in enumerate(groups):
         group.documents = store.doc_ids[assign == g].tolist()
     return groups, assign
-
-
-def _holders(doc_of: np.ndarray, held: np.ndarray, m: int) -> np.ndarray:
-    """[N] each chunk's document row, [N] its expert (-1: none) -> [M] each document's expert by most chunks."""
-    out = np.full(m, UNASSIGNED, dtype=np.int64)
-    counts: list[Counter[int]] = [Counter() for _ in range(m)]
-    for d, e in zip(doc_of.tolist(), held.tolist(), strict=True):
-        counts[d][e] += 1
-    for d, c in enumerate(counts):
-        out[d] = c.most_common(1)[0][0]
-    return out
 
 
 def _new_content(rows: list[Any], documents: np.ndarray, doc_ids: np.ndarray, fresh: np.ndarray) -> np.ndarray:
