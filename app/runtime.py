@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -40,14 +40,14 @@ from app.services.lexical import LexicalManager
 from app.services.ratelimit import RateLimiter
 from app.services.reclustering import recluster_job
 from app.services.refit import Refit
-from app.services.routing import RouterManager, train_job
+from app.services.routing import RouterManager, load_active, train_job
 from app.services.serving import ServingStates
 from app.store.catalogue import ALL_PARTS, Catalogue
 from engine.chunking import ChunkingConfig
 from engine.device_choice import choose_device
 from engine.embedder import Embedder
 from engine.pipeline import AskPipeline, PipelineConfig
-from engine.question_encoder import QuestionEncoder
+from engine.question_encoder import BatchStats, QuestionEncoder
 from engine.serving import ServingState
 from engine.turns import lower_this_thread
 
@@ -109,16 +109,17 @@ class Runtime:
         self.snapshot_lease = SqlLease(self.engine, _SNAPSHOT_LEASE)  # one process writes index snapshots
         share, niceness = settings.lexical_rebuild_share, settings.background_niceness
         self.lexical = LexicalManager(
-            self.sessions, share, in_child=settings.lexical_rebuild_in_child, niceness=niceness
+            self.sessions,
+            share,
+            in_child=settings.lexical_rebuild_in_child,
+            niceness=niceness,
+            postings=settings.shard_map is None,  # over shards: BM25's statistics here, postings there
         )
         self.generators = Generators(settings)  # name -> generator (the experts' and the fallback's)
         self.console_sessions = ConsoleSessions(self.sessions)
         per_minute = settings.ask_rate_per_minute
         self.ask_limiter = RateLimiter(self.engine, per_minute) if per_minute else None
-        self.metrics = Metrics(
-            question_stats=lambda: self._services.questions.stats if self._services else None,
-            drift=lambda: self._services.routers.drift() if self._services and self._services.routers.drift else None,
-        )
+        self.metrics = Metrics(question_stats=self._question_stats, drift=self._drift)
         self.admin_token = ""
         self.ready = False
         self.phase = "starting"  # what /readyz says before ready: "preparing" (serve --sample), "starting"
@@ -129,6 +130,15 @@ class Runtime:
         self._checkpointer: threading.Thread | None = None
 
     # ---- parts, available once started ----------------------------------------------------------
+
+    def _question_stats(self) -> BatchStats | None:
+        """/metrics: the question model's batches, once started."""
+        return self._services.questions.stats if self._services else None
+
+    def _drift(self) -> dict[str, Any] | None:
+        """/metrics: the content-fit report, once started."""
+        routers = self._services.routers if self._services else None
+        return routers.drift() if routers is not None and routers.drift is not None else None
 
     @property
     def services(self) -> Services:
@@ -212,11 +222,13 @@ class Runtime:
             self.admin_token = load_or_create_token(
                 s.admin_token.get_secret_value() if s.admin_token else None, s.token_file
             )
-            shards = None
+            shards, tier = None, None
             if s.shard_map is not None:  # searches go to the expert shards on Ray Serve (`moerag ray up`)
+                from app.shards import client as ray_client
                 from app.shards import map as shard_map
 
                 shards = shard_map.load(s.shard_map)
+                tier = ray_client.RayShards(shards, s.ray_address, s.shard_timeout_seconds)
             emb = self._embedder or load_embedder(s, shards is not None and shards.embedder is not None)
             if run_jobs:  # serving: uploads embed behind the questions being answered
                 emb.lower_document_priority(s.background_niceness)
@@ -231,8 +243,14 @@ class Runtime:
                 workers=s.question_workers or os.cpu_count() or 1,
                 encode_wide=partial(emb.encode_questions, wide=True) if emb.has_wide_questions else None,
             )
-            indexes = IndexManager(s, self.sessions, emb.dim, emb.name, vectors=shards is None)  # else on the shards
-            indexes.snapshot_writer = self.snapshot_lease.held
+            indexes = IndexManager(
+                s,
+                self.sessions,
+                emb.dim,
+                emb.name,
+                vectors=shards is None,  # else on the shards
+                snapshot_writer=self.snapshot_lease.held,
+            )
             self.index_status = indexes.open()
             max_tokens = emb.max_tokens
             target = min(s.chunk_target_tokens, max_tokens)
@@ -247,20 +265,20 @@ class Runtime:
                 max_chars=s.max_document_chars,
             )
             ingestor = Ingestor(self.sessions, emb, indexes, chunking, self.catalogue.sync)
-            self.lexical.postings = shards is None  # over shards: BM25's statistics here, postings there
             self.lexical.refresh(force=True)
             content_fit = ContentFit(self.sessions, indexes, lambda: self.catalogue.version)
             content_fit.backfill()
             states = ServingStates(
-                self.sessions, indexes, lambda: routers.load_active(), kernel_matrix=self.kernel_search and not shards
+                self.sessions,
+                indexes,
+                partial(load_active, self.sessions),
+                kernel_matrix=self.kernel_search and not shards,
+                matrix_dtype=s.matrix_dtype,  # how the kernel's copy stores the vectors
+                shards=tier,
             )
-            states.matrix_dtype = s.matrix_dtype  # how the kernel's copy stores the vectors (MOERAG_MATRIX_DTYPE)
-            if s.shard_map is not None and shards is not None:  # the map read above (s.shard_map for the follower)
-                from app.shards import client as ray_client
+            if s.shard_map is not None and tier is not None:  # the map read above (s.shard_map for the follower)
                 from app.shards.map_follow import ShardMapFollower
 
-                tier = ray_client.RayShards(shards, s.ray_address, s.shard_timeout_seconds)
-                states.shards = tier
                 indexes.searchable = lambda: states.current().index  # the vectors, over the shards
                 follow = ShardMapFollower(
                     s.shard_map, states, tier.shard_map.version, s.ray_address, tier.timeout_seconds
@@ -276,7 +294,7 @@ class Runtime:
                 active=lambda: states.current().router,
             )
             states.start(self.catalogue.version, self.lexical.current(), self.lexical.version)
-            self.lexical.published = states.lexical_built
+            self.lexical.subscribe(states.lexical_built)
             pipeline = AskPipeline(
                 embedder=emb,
                 state=states.current,
@@ -296,12 +314,12 @@ class Runtime:
                 in_flight=lambda: self.asking,
                 wide_questions=emb.has_wide_questions,
             )
-            answers = AnswerCache(s.answer_cache, lambda: states.current().serial)  # a state per change
+            answers = AnswerCache(s.answer_cache)
             jobs = JobRunner(
                 self.sessions,
                 {
                     "ingest": bulk_handler(ingestor),
-                    "recluster": recluster_job(indexes, lambda: self._retrain_after_recluster(routers, jobs)),
+                    "recluster": recluster_job(indexes, routers),
                     "realign": lambda ctx: indexes.realign(ctx.progress),
                     "train": train_job(routers),
                     "refit": Refit(indexes, routers, content_fit.new_topics).job,
@@ -365,13 +383,6 @@ class Runtime:
                     log.warning("index checkpoint did not fit (disk full); SQL holds every change, retrying")
                 else:
                     log.exception("index checkpoint failed")
-
-    @staticmethod
-    def _retrain_after_recluster(routers: RouterManager, jobs: JobRunner) -> int | None:
-        """The mapping carried over by majority vote; an active router relearns it on the new clusters."""
-        if routers.current() is None:
-            return None
-        return jobs.submit("train", {"activate": True}, total=100, coalesce=True).id
 
     def mapping_changed(self) -> int:
         """The cluster -> expert mapping changed: documents are re-placed by a job (its id)."""

@@ -181,24 +181,25 @@ class AskPipeline:
         self._masks: weakref.WeakKeyDictionary[LexicalIndex, dict[tuple[str, int, tuple[int, ...]], np.ndarray]]
         self._masks = weakref.WeakKeyDictionary()
 
-    def prepare(self, req: AskRequest) -> Prepared:
+    def prepare(self, req: AskRequest, state: ServingState | None = None) -> Prepared:
+        """Route and retrieve `req` in `state` (the caller's, taken once per question; else now's)."""
+        state = state or self.state()
         with self._preparing_lock:
             self._preparing += 1
             alone = self._preparing == 1 and self.in_flight() <= 1
         try:
             with shard_failures() as failed:  # expert shards (index.shards) that did not answer
-                prepared = self._prepare(req, alone)
+                prepared = self._prepare(req, alone, state)
             prepared.route.missing_shards = sorted(set(failed))
             return prepared
         finally:
             with self._preparing_lock:
                 self._preparing -= 1
 
-    def _prepare(self, req: AskRequest, alone: bool) -> Prepared:  # noqa: PLR0915
+    def _prepare(self, req: AskRequest, alone: bool, state: ServingState) -> Prepared:  # noqa: PLR0915
         cfg = self.config
         started = time.perf_counter()
         timings: dict[str, float] = {}
-        state = self.state()
 
         t = time.perf_counter()
         pending = self.submit_question(req.question, alone)  # [1, D] to come

@@ -1,10 +1,10 @@
 """Questions asked again: their route and citations reused until anything they depend on changes.
 
-An entry is filed under the serving state it was computed in (its serial, app.services.serving);
-a lookup uses the state of now, so any catalogue change (a document, a mapping, an expert
-setting, a router version) or a BM25 rebuild makes every older entry unreachable at once, and
-the LRU bound evicts them. Nothing expires by time. A result whose state moved while it was
-computed is not filed, nor is a partial one (a shard did not answer). The generator runs again
+A question takes its serving state once (app.services.serving) and is computed in it alone; its
+entry is filed under that state's serial and looked up by it, so any catalogue change (a
+document, a mapping, an expert setting, a router version) or a BM25 rebuild makes every older
+entry unreachable to the questions that take the new state, and the LRU bound evicts them.
+Nothing expires by time. A partial result (a shard did not answer) is not filed. The generator runs again
 on every answer (an LLM's answer is not reused); the extractive one is cheap.
 """
 
@@ -18,22 +18,21 @@ from collections.abc import Callable, Hashable
 
 from engine.pipeline import Prepared
 
-Stamp = Hashable
-
 
 class AnswerCache:
-    def __init__(self, size: int, stamp: Callable[[], Stamp]) -> None:
-        self.size, self.stamp = size, stamp
-        self._entries: OrderedDict[tuple[Stamp, Hashable], Prepared] = OrderedDict()
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._entries: OrderedDict[tuple[int, Hashable], Prepared] = OrderedDict()
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
-    def prepare(self, key: Hashable, compute: Callable[[], Prepared]) -> Prepared:
-        """The cached result for `key` in the current state (a copy with its own timings), or compute it."""
+    def prepare(self, key: Hashable, serial: int, compute: Callable[[], Prepared]) -> Prepared:
+        """The cached result for `key` in the serving state numbered `serial` (a copy with its own
+        timings), or `compute` it in that state."""
         if self.size <= 0:
             return compute()
         t = time.perf_counter()
-        before = self.stamp()
+        before = serial
         with self._lock:
             found = self._entries.get((before, key))
             if found is not None:
@@ -45,9 +44,8 @@ class AnswerCache:
         prepared = compute()
         with self._lock:
             self.misses += 1
-            # Filed under its state when computed in that state throughout, and whole (a shard
-            # that did not answer is asked again next time).
-            if self.stamp() == before and not prepared.route.missing_shards:
+            # Filed whole only: a shard that did not answer is asked again next time.
+            if not prepared.route.missing_shards:
                 self._entries[(before, key)] = prepared
                 while len(self._entries) > self.size:
                     self._entries.popitem(last=False)

@@ -91,7 +91,8 @@ def prepare(rt: AnswerParts, body: AskIn) -> Asked:
     check_question(body.query, body.k, rt.settings)
     if body.mode != "expert" and body.expert is not None:
         raise ApiError("invalid_request", "'expert' is only meaningful with mode='expert'")
-    if body.expert is not None and body.expert not in rt.state().experts:
+    state = rt.state()  # one version for the whole question: checked, cached and routed in it
+    if body.expert is not None and body.expert not in state.experts:
         raise ApiError("expert_not_found", f"no expert {body.expert}")
     turn = None
     if body.conversation_id is not None:
@@ -102,7 +103,7 @@ def prepare(rt: AnswerParts, body: AskIn) -> Asked:
     try:
         request = AskRequest(query, body.k, body.mode, body.expert)
         key = (query, body.k, body.mode, body.expert)
-        return Asked(rt.answers.prepare(key, lambda: rt.pipeline.prepare(request)), turn)
+        return Asked(rt.answers.prepare(key, state.serial, lambda: rt.pipeline.prepare(request, state)), turn)
     except GeneratorError as exc:
         raise ApiError("generator_unavailable", str(exc)) from None
 

@@ -60,7 +60,14 @@ class IndexManager:
     """
 
     def __init__(
-        self, settings: Settings, sessions: sessionmaker[Session], dim: int, model: str, vectors: bool = True
+        self,
+        settings: Settings,
+        sessions: sessionmaker[Session],
+        dim: int,
+        model: str,
+        vectors: bool = True,
+        *,
+        snapshot_writer: Callable[[], bool] = lambda: True,
     ) -> None:
         self.settings = settings
         self.sessions = sessions
@@ -80,7 +87,7 @@ class IndexManager:
         # disk (the checkpoint thread's, or another caller's), so "checkpointed" means written.
         self._checkpoint_lock = threading.Lock()
         # Whether this process writes snapshot files (several processes on one database: one of them).
-        self.snapshot_writer: Callable[[], bool] = lambda: True
+        self.snapshot_writer = snapshot_writer
         self.store = SnapshotStore(settings.index_dir, settings.snapshot_url)  # where snapshots live
         self.written: int | None = None  # the position of the newest snapshot this process wrote
 

@@ -64,6 +64,8 @@ class JobContext:
     _last: float = 0.0
     resumed: dict[str, Any] = field(default_factory=dict)  # the `state` last recorded by an interrupted run
     _cancel: threading.Event = field(default_factory=threading.Event)
+    # Queue another job (JobRunner.submit): a handler's follow-up, such as the training a recluster asks for.
+    submit: Callable[..., Job] | None = None
 
     def progress(self, done: int, total: int, *, force: bool = False, state: dict[str, Any] | None = None) -> None:
         """Record progress (and a handler's resumable state), at most twice a second unless forced.
@@ -246,7 +248,7 @@ class JobRunner:
                 self._running.discard(claimed[0])
 
     def _run(self, job_id: int, kind: str, params: dict[str, Any], resumed: dict[str, Any]) -> None:
-        ctx = JobContext(job_id, params, self.sessions, resumed=resumed, _cancel=self._cancel)
+        ctx = JobContext(job_id, params, self.sessions, resumed=resumed, _cancel=self._cancel, submit=self.submit)
         try:
             result = self.handlers[kind](ctx)
         except JobCancelled:

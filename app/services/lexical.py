@@ -64,6 +64,7 @@ class LexicalManager:
         *,
         in_child: bool = False,
         niceness: int = 10,
+        postings: bool = True,
     ) -> None:
         self.sessions = sessions
         self.niceness = niceness  # a rebuild in its own process yields the cores to the questions
@@ -77,18 +78,22 @@ class LexicalManager:
             else None
         )
         # False when BM25's postings live on expert shards (MOERAG_SHARD_MAP): the statistics alone.
-        self.postings = True
+        self.postings = postings
         self._pool: ProcessPoolExecutor | None = None
         self._index: LexicalIndex | None = None
         self.version = 0  # the catalogue version of the last build (its rows are this version's or later)
         self.builds = 0  # how many times it was (re)built
-        self.published: Callable[[LexicalIndex, int], object] | None = None  # told of each build (the serving state)
+        self._listeners: list[Callable[[LexicalIndex, int], object]] = []  # told of each build (the serving state)
         self._dirty = True
         self._next_allowed = 0.0  # clock time before which a non-forced rebuild waits
         self._lock = threading.Lock()
 
     def current(self) -> LexicalIndex | None:
         return self._index
+
+    def subscribe(self, listener: Callable[[LexicalIndex, int], object]) -> None:
+        """Tell `listener` of every build from now on: (the index, the catalogue version it read)."""
+        self._listeners.append(listener)
 
     def mark_dirty(self, *_: object) -> None:
         """Chunks changed (a catalogue subscriber): the next allowed refresh rebuilds."""
@@ -105,8 +110,8 @@ class LexicalManager:
             fresh, version = self._build(in_child=not force)
             self._index, self.version = fresh, version
             self.builds += 1
-            if self.published is not None:
-                self.published(fresh, version)
+            for told in self._listeners:
+                told(fresh, version)
             took = self.clock() - t0
             self._next_allowed = t0 + took / self.max_share
         log.info("BM25 index rebuilt over %d chunks in %.1fs", len(fresh), took)

@@ -251,14 +251,21 @@ def documents_held(
     return held_groups(x, documents, lists, table, owners_of([expert_of.get(c) for c in range(size)]))
 
 
-def recluster_job(indexes: IndexManager, retrain: Callable[[], int | None]) -> Callable[[JobContext], dict[str, Any]]:
-    """The "recluster" job: `recluster` (params: clusters), then `retrain()`: the id of the train job
-    it queued (`train_job`), or None when no router is active."""
+class Routers(Protocol):
+    """What a recluster job asks of the routers (app.services.routing.RouterManager): is one active?"""
+
+    def current(self) -> object | None: ...
+
+
+def recluster_job(indexes: IndexManager, routers: Routers) -> Callable[[JobContext], dict[str, Any]]:
+    """The "recluster" job: `recluster` (params: clusters). The mapping is carried over by majority
+    vote; an active router relearns it on the new clusters: the result's `train_job` is the
+    training job it queued (`train_job`), absent when no router is active."""
 
     def run(ctx: JobContext) -> dict[str, Any]:
         result = indexes.recluster(ctx.progress, int(ctx.params.get("clusters") or 0))
-        if (train := retrain()) is not None:
-            result["train_job"] = train
+        if routers.current() is not None and ctx.submit is not None:
+            result["train_job"] = ctx.submit("train", {"activate": True}, total=100, coalesce=True).id
         return result
 
     return run

@@ -107,27 +107,6 @@ class RouterManager:
         reason = f"{len(changed)} cluster(s) changed expert since training; retrain it" if changed else "up to date"
         return out | {"stale": bool(changed), "changed_clusters": changed, "reason": reason}
 
-    def load_active(self) -> Router | None:
-        """The active version read from SQL (the serving state's builder calls this when it changed)."""
-        with self.sessions() as s:
-            v = s.scalars(select(RouterVersion).where(RouterVersion.active)).first()
-            router = (
-                Router.from_state(
-                    v.weights,
-                    dim=v.dim,
-                    hidden=v.hidden,
-                    expert_ids=v.expert_ids,
-                    temperature=v.temperature,
-                    version_id=v.id,
-                )
-                if v is not None
-                else None
-            )
-            if router is not None and v is not None:
-                router.metrics = v.metrics
-        log.info("router version %s active", router.version_id if router else None)
-        return router
-
     def versions(self, offset: int = 0, limit: int | None = None) -> tuple[int, list[RouterVersion]]:
         """(versions stored, one page of them, newest first)."""
         with self.sessions() as s:
@@ -378,6 +357,28 @@ class RouterManager:
             return None
         words = ", ".join(f"{k} {old[k]:.3f} -> {metrics[k]:.3f}" for k in keys)
         return {"delta": delta, "reason": f"worse than the active version on held-out documents ({words})"}
+
+
+def load_active(sessions: sessionmaker[Session]) -> Router | None:
+    """The active router version read from SQL (the serving state's builder calls this when it changed)."""
+    with sessions() as s:
+        v = s.scalars(select(RouterVersion).where(RouterVersion.active)).first()
+        router = (
+            Router.from_state(
+                v.weights,
+                dim=v.dim,
+                hidden=v.hidden,
+                expert_ids=v.expert_ids,
+                temperature=v.temperature,
+                version_id=v.id,
+            )
+            if v is not None
+            else None
+        )
+        if router is not None and v is not None:
+            router.metrics = v.metrics
+    log.info("router version %s active", router.version_id if router else None)
+    return router
 
 
 def train_job(routers: RouterManager) -> Callable[[JobContext], dict[str, Any]]:

@@ -71,17 +71,19 @@ class ServingStates:
         load_router: Callable[[], Router | None],
         *,
         kernel_matrix: bool = False,
+        matrix_dtype: str = "auto",
+        shards: ShardTier | None = None,
     ) -> None:
         self.sessions, self.indexes, self.load_router = sessions, indexes, load_router
         self.kernel_matrix = kernel_matrix  # the scoped kernel serves the expert path: keep its matrix
-        self.matrix_dtype = "auto"  # how it stores the vectors (MOERAG_MATRIX_DTYPE; the runtime sets it)
+        self.matrix_dtype = matrix_dtype  # how it stores the vectors (MOERAG_MATRIX_DTYPE)
         self._state: ServingState | None = None
         self._serial = 0
         self._lock = threading.Lock()
         self.build_ms = {"last": 0.0, "max": 0.0}  # building a state after a catalogue change (/readyz)
         # Expert shards (app.shards.client.RayShards): the state's index is then the replica's lists
         # spread over the shards, as the shard map says for the state's experts.
-        self.shards: ShardTier | None = None
+        self.shards = shards
         self._lexical: LexicalIndex | None = None  # the BM25 index now (its statistics, over shards)
         self._lexical_version = 0
 
