@@ -40,10 +40,33 @@ def site() -> None:
         wheels, target = Path(tmp) / "wheels", Path(tmp) / "site"
         pip = [sys.executable, "-m", "pip", "-q"]
         platforms = [a for p in ("manylinux_2_28_x86_64", "manylinux2014_x86_64") for a in ("--platform", p)]
-        subprocess.run([*pip, "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.12",
-                        *platforms, "-d", str(wheels), *WHEELS], check=True)  # fmt: skip
-        subprocess.run([*pip, "install", "--no-deps", "--no-compile", "--target", str(target),
-                        *map(str, sorted(wheels.glob("*.whl")))], check=True)  # fmt: skip
+        subprocess.run(
+            [
+                *pip,
+                "download",
+                "--no-deps",
+                "--only-binary=:all:",
+                "--python-version",
+                "3.12",
+                *platforms,
+                "-d",
+                str(wheels),
+                *WHEELS,
+            ],
+            check=True,
+        )
+        subprocess.run(
+            [
+                *pip,
+                "install",
+                "--no-deps",
+                "--no-compile",
+                "--target",
+                str(target),
+                *map(str, sorted(wheels.glob("*.whl"))),
+            ],
+            check=True,
+        )
         subprocess.run(
             ["tar", "-cJf", str(SITE), "-C", str(target), "."], check=True, env={**os.environ, "XZ_OPT": "-9 -T2"}
         )

@@ -77,11 +77,17 @@ def ask_all(pipeline: Any, questions: list[str], vectors: np.ndarray) -> tuple[l
         if top is not None:
             asks["expert"] = pipeline.prepare(AskRequest(q, top_k=TOP_K, mode="expert", expert_id=top))
         for mode, p in asks.items():
-            out.append({
-                "question": q, "mode": mode, "path": p.route.path, "reason": p.route.reason,
-                "expert": p.route.expert.id if p.route.expert is not None else None,
-                "ids": [c.chunk.id for c in p.citations], "scores": [round(c.score, 6) for c in p.citations],
-            })  # fmt: skip
+            out.append(
+                {
+                    "question": q,
+                    "mode": mode,
+                    "path": p.route.path,
+                    "reason": p.route.reason,
+                    "expert": p.route.expert.id if p.route.expert is not None else None,
+                    "ids": [c.chunk.id for c in p.citations],
+                    "scores": [round(c.score, 6) for c in p.citations],
+                }
+            )
     return out, ms
 
 
@@ -108,8 +114,14 @@ def prepare(data_dir: Path, n: int) -> None:
     from app.core.settings import Settings
     from app.runtime import Runtime
 
-    settings = Settings(data_dir=data_dir, scoped_search="kernel", matrix_dtype="float32", question_cache=0,
-                        answer_cache=0, kernel_backend="torch")  # fmt: skip
+    settings = Settings(
+        data_dir=data_dir,
+        scoped_search="kernel",
+        matrix_dtype="float32",
+        question_cache=0,
+        answer_cache=0,
+        kernel_backend="torch",
+    )
     if store_is_empty(settings):
         ensure_sample(settings)
     rt = Runtime(settings)
@@ -124,21 +136,40 @@ def prepare(data_dir: Path, n: int) -> None:
         cpu = dataclasses.replace(state, matrix=None)  # the CPU service: FAISS searches the expert path
         from engine.pipeline import AskPipeline
 
-        pipeline = AskPipeline(embedder=rt.embedder, state=lambda: cpu, store=Records(records),
-                               generator=rt.generators, config=rt.pipeline.config)  # fmt: skip
+        pipeline = AskPipeline(
+            embedder=rt.embedder,
+            state=lambda: cpu,
+            store=Records(records),
+            generator=rt.generators,
+            config=rt.pipeline.config,
+        )
         expected, _ = ask_all(pipeline, questions, vectors)
         router = state.router
         assert router is not None
         bundle = {
-            "experts": dict(state.experts), "lexical": state.lexical, "records": records,
-            "config": rt.pipeline.config, "questions": questions, "vectors": vectors, "expected": expected,
-            "router": {"state": router.state_bytes(), "dim": router.net.dim, "hidden": router.net.hidden,
-                       "expert_ids": router.expert_ids, "temperature": router.temperature,
-                       "version_id": router.version_id},
+            "experts": dict(state.experts),
+            "lexical": state.lexical,
+            "records": records,
+            "config": rt.pipeline.config,
+            "questions": questions,
+            "vectors": vectors,
+            "expected": expected,
+            "router": {
+                "state": router.state_bytes(),
+                "dim": router.net.dim,
+                "hidden": router.net.hidden,
+                "expert_ids": router.expert_ids,
+                "temperature": router.temperature,
+                "version_id": router.version_id,
+            },
             "index_version": state.index.version,
-            "matrix": {"ids": matrix.ids.numpy(), "x": matrix.x.numpy(), "offsets": matrix.offsets.numpy(),
-                       "expert_ids": matrix.expert_ids},
-        }  # fmt: skip
+            "matrix": {
+                "ids": matrix.ids.numpy(),
+                "x": matrix.x.numpy(),
+                "offsets": matrix.offsets.numpy(),
+                "expert_ids": matrix.expert_ids,
+            },
+        }
     finally:
         rt.close()
     BUNDLE.mkdir(parents=True, exist_ok=True)
@@ -169,8 +200,14 @@ def check(out: Path, device: str) -> None:
     b = pickle.loads((BUNDLE / "bundle.pkl").read_bytes())
     index = ClusteredIndex.from_bytes((BUNDLE / "index.faiss").read_bytes(), b["index_version"])
     r = b["router"]
-    router = Router.from_state(r["state"], dim=r["dim"], hidden=r["hidden"], expert_ids=r["expert_ids"],
-                               temperature=r["temperature"], version_id=r["version_id"])  # fmt: skip
+    router = Router.from_state(
+        r["state"],
+        dim=r["dim"],
+        hidden=r["hidden"],
+        expert_ids=r["expert_ids"],
+        temperature=r["temperature"],
+        version_id=r["version_id"],
+    )
     m = b["matrix"]
     owners = np.repeat(np.asarray(m["expert_ids"], dtype=np.int64), np.diff(m["offsets"]))  # [N]
     t = time.perf_counter()
@@ -178,8 +215,13 @@ def check(out: Path, device: str) -> None:
     matrix_ms = (time.perf_counter() - t) * 1000
     state = ServingState(0, 0, b["experts"], router, index, 0, b["lexical"], 0, matrix)
     generator = ExtractiveGenerator()
-    pipeline = AskPipeline(embedder=None, state=lambda: state, store=Records(b["records"]),  # type: ignore[arg-type]
-                           generator=lambda name: generator, config=b["config"])  # fmt: skip
+    pipeline = AskPipeline(
+        embedder=None,
+        state=lambda: state,
+        store=Records(b["records"]),  # type: ignore[arg-type]
+        generator=lambda name: generator,
+        config=b["config"],
+    )
     ask_all(pipeline, b["questions"][:2], b["vectors"])  # compile the kernels first
     got, ms = ask_all(pipeline, b["questions"], b["vectors"])
     want = b["expected"]
@@ -193,22 +235,32 @@ def check(out: Path, device: str) -> None:
     result = {
         "command": "python benchmarks/gpu_pipeline.py " + " ".join(sys.argv[1:]),
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu (smoke)",
-        "backend": backend.current(), "scoped_kernel": matrix.kernel, "matrix_build_ms": round(matrix_ms, 1),
-        "chunks": len(b["records"]), "questions": len(b["questions"]), "answers": len(want),
+        "backend": backend.current(),
+        "scoped_kernel": matrix.kernel,
+        "matrix_build_ms": round(matrix_ms, 1),
+        "chunks": len(b["records"]),
+        "questions": len(b["questions"]),
+        "answers": len(want),
         "answers_by_path": {p: sum(g["path"] == p for g in got) for p in ("expert", "fallback")},
         "equal_to_the_cpu_service": len(want) - len(differ),
         "of_them_tied_ids_in_another_order": reordered,
         "differ": differ[:10],
-        "triton_scoped_kernel_forced": {"equal_to_the_cpu_service": len(want) - len(forced_differ),
-                                        "differ": forced_differ[:10]},
-        "ms_a_question_as_served": {"p50": round(float(np.median(ms)), 2),
-                                    "p99": round(float(np.percentile(ms, 99)), 2)},
-    }  # fmt: skip
+        "triton_scoped_kernel_forced": {
+            "equal_to_the_cpu_service": len(want) - len(forced_differ),
+            "differ": forced_differ[:10],
+        },
+        "ms_a_question_as_served": {
+            "p50": round(float(np.median(ms)), 2),
+            "p99": round(float(np.percentile(ms, 99)), 2),
+        },
+    }
     write_result(out, result)
     print(json.dumps({k: v for k, v in result.items() if "differ" not in k}))
     if differ or forced_differ:
-        raise SystemExit(f"{len(differ)} (kernel as chosen) and {len(forced_differ)} (Triton forced) of {len(want)} "
-                         "answers differ from the CPU service's")  # fmt: skip
+        raise SystemExit(
+            f"{len(differ)} (kernel as chosen) and {len(forced_differ)} (Triton forced) of {len(want)} "
+            "answers differ from the CPU service's"
+        )
 
 
 def main() -> None:

@@ -41,12 +41,22 @@ from kernels.scoped_search import scoped_search_torch, scoped_search_triton, sco
 
 D, E = 384, 8
 ROWS = [  # (chunks, store dtype, queries, R)
-    (100_000, "fp32", 1, 10), (1_000_000, "fp32", 1, 10), (1_000_000, "fp32", 1, 50), (1_000_000, "fp16", 1, 10),
-    (1_000_000, "fp16", 1, 50), (1_000_000, "fp32", 64, 10), (1_000_000, "fp32", 1024, 10),
-    (1_000_000, "fp16", 64, 10), (1_000_000, "fp16", 1024, 10), (10_000_000, "fp32", 1, 10),
-    (10_000_000, "fp16", 1, 10), (10_000_000, "fp16", 1, 50), (10_000_000, "fp16", 64, 10),
-    (10_000_000, "fp16", 1024, 10), (10_000_000, "fp32", 64, 10),
-]  # fmt: skip
+    (100_000, "fp32", 1, 10),
+    (1_000_000, "fp32", 1, 10),
+    (1_000_000, "fp32", 1, 50),
+    (1_000_000, "fp16", 1, 10),
+    (1_000_000, "fp16", 1, 50),
+    (1_000_000, "fp32", 64, 10),
+    (1_000_000, "fp32", 1024, 10),
+    (1_000_000, "fp16", 64, 10),
+    (1_000_000, "fp16", 1024, 10),
+    (10_000_000, "fp32", 1, 10),
+    (10_000_000, "fp16", 1, 10),
+    (10_000_000, "fp16", 1, 50),
+    (10_000_000, "fp16", 64, 10),
+    (10_000_000, "fp16", 1024, 10),
+    (10_000_000, "fp32", 64, 10),
+]
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -115,8 +125,16 @@ def gate_rows() -> list[dict[str, Any]]:
         logits = torch.randn(n_q, e, device=DEVICE)
         tri = ms(partial(gate_topk_triton, logits, 0.8, 2, True))
         twin = ms(partial(gate_topk_torch, logits, 0.8, 2, True))
-        rows.append({"op": "gate_topk", "queries": n_q, "experts": e, "triton_ms": tri, "torch_ms": twin,
-                     "twin_over_triton": round(twin / tri, 1)})  # fmt: skip
+        rows.append(
+            {
+                "op": "gate_topk",
+                "queries": n_q,
+                "experts": e,
+                "triton_ms": tri,
+                "torch_ms": twin,
+                "twin_over_triton": round(twin / tri, 1),
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -144,8 +162,12 @@ def embedding_row() -> dict[str, Any]:
     t = time.perf_counter()
     model.encode(passages)
     sync()
-    out: dict[str, Any] = {"op": "embed", "dtype": model.dtype_name, "batch": model.batch_size,
-                           "passages_per_s": round(len(passages) / (time.perf_counter() - t), 1)}  # fmt: skip
+    out: dict[str, Any] = {
+        "op": "embed",
+        "dtype": model.dtype_name,
+        "batch": model.batch_size,
+        "passages_per_s": round(len(passages) / (time.perf_counter() - t), 1),
+    }
     questions = [f"How do I undo commit number {n} but keep my changes?" for n in range(40)]
     for where, embedder in ((DEVICE, model), ("cpu", Embedder(path, device="cpu"))):
         out[f"question_model_{where}"] = embedder.compile_questions("auto")

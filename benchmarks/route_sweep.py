@@ -81,8 +81,12 @@ def main() -> None:
             rows.append(row)
         rt.pipeline.config = served_config
         if args.name:
-            out = {"command": "python benchmarks/route_sweep.py " + " ".join(sys.argv[1:]), "codec": args.codec,
-                   "questions": len(questions), "rows": rows}  # fmt: skip
+            out = {
+                "command": "python benchmarks/route_sweep.py " + " ".join(sys.argv[1:]),
+                "codec": args.codec,
+                "questions": len(questions),
+                "rows": rows,
+            }
             (Path(__file__).resolve().parent / "results" / f"{args.name}.json").write_text(
                 json.dumps(out, indent=2) + "\n"
             )

@@ -72,8 +72,9 @@ def page_experts(rt: Any, questions: list[dict[str, str]]) -> list[int | None]:
 
 def right_page_on_path(routes: list[Any], pages: list[int | None]) -> float:
     """Share of the expert path's questions sent to the expert holding their answer's page."""
-    on_path = [r.expert is not None and r.expert.id == p for r, p in zip(routes, pages, strict=True)
-               if r.path == "expert"]  # fmt: skip
+    on_path = [
+        r.expert is not None and r.expert.id == p for r, p in zip(routes, pages, strict=True) if r.path == "expert"
+    ]
     return round(sum(on_path) / max(len(on_path), 1), 3)
 
 
@@ -96,11 +97,18 @@ def route_losses(
         expert = route.expert.name if route.expert is not None else None
         top = [(e.name if e is not None else None, round(p, 3)) for e, p in route.top]
         out.append(
-            {"id": q["id"], "domain": q["domain"], "question": q["question"], "path": route.path,
-             "reason": route.reason, "expert": expert,
-             "confidence": round(route.confidence, 3) if route.confidence is not None else None,
-             "top": top, "first_hit": found}
-        )  # fmt: skip
+            {
+                "id": q["id"],
+                "domain": q["domain"],
+                "question": q["question"],
+                "path": route.path,
+                "reason": route.reason,
+                "expert": expert,
+                "confidence": round(route.confidence, 3) if route.confidence is not None else None,
+                "top": top,
+                "first_hit": found,
+            }
+        )
     return out
 
 
@@ -149,8 +157,11 @@ def miss_anatomy(
 
 def path_figures(routes: list[Any], questions: list[dict[str, str]]) -> tuple[float, float]:
     """(share of questions on the expert path, share of those sent to their own domain's expert)."""
-    on_path = [r.expert is not None and r.expert.name == q["domain"] for r, q in zip(routes, questions, strict=True)
-               if r.path == "expert"]  # fmt: skip
+    on_path = [
+        r.expert is not None and r.expert.name == q["domain"]
+        for r, q in zip(routes, questions, strict=True)
+        if r.path == "expert"
+    ]
     return round(len(on_path) / len(questions), 3), round(sum(on_path) / max(len(on_path), 1), 3)
 
 

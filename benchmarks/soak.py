@@ -147,8 +147,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax[2].plot(t, [x["rss_mb"] for x in w])
     ax[2].set_ylabel("server RSS MB")
     ax[2].set_xlabel("minutes")
-    fig.suptitle(f"soak: {result['requests']} requests, {result['errors']} errors, "
-                 f"RSS slope {result['rss_slope_mb_per_min_second_half']} MB/min (second half)")  # fmt: skip
+    fig.suptitle(
+        f"soak: {result['requests']} requests, {result['errors']} errors, "
+        f"RSS slope {result['rss_slope_mb_per_min_second_half']} MB/min (second half)"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
 
@@ -164,8 +166,9 @@ def main() -> None:
     try:
         server.start(600)
         assert server.proc is not None
-        result = soak(server.url, token, server.proc.pid, [q["question"] for q in load_questions(None)],
-                      args.minutes, args.askers)  # fmt: skip
+        result = soak(
+            server.url, token, server.proc.pid, [q["question"] for q in load_questions(None)], args.minutes, args.askers
+        )
     finally:
         server.stop()
     result["command"] = " ".join(["python", *sys.argv])

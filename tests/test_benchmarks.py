@@ -192,8 +192,15 @@ def test_the_load_summary_sets_the_p95_aim_beside_littles_law() -> None:
     from benchmarks.load import summary  # the repository root is on the path: tests/ is a package
 
     def row(clients: int, rps: float, p50: float, p95: float, **kw: float) -> dict[str, object]:
-        return {"target": "moerag, batching", "clients": clients, "round": 1, "throughput_rps": rps,
-                "p50_ms": p50, "p95_ms": p95, **kw}  # fmt: skip
+        return {
+            "target": "moerag, batching",
+            "clients": clients,
+            "round": 1,
+            "throughput_rps": rps,
+            "p50_ms": p50,
+            "p95_ms": p95,
+            **kw,
+        }
 
     out = summary([row(1, 50.0, 20.0, 25.0, bare_p50_ms=15.0), row(8, 100.0, 80.0, 100.0)], {"p50_ms": 14.0})
     assert out["p50_at_1_client_over_bare_ms"] == 5.0 and out["p95_8_over_p95_1"] == 4.0
@@ -221,8 +228,9 @@ def test_route_losses_list_the_questions_the_modes_disagree_on_with_their_route(
     from benchmarks.routing_report import route_losses
 
     python, sqlite = SimpleNamespace(name="python"), SimpleNamespace(name="sqlite")
-    confident = SimpleNamespace(path="expert", reason="confident", expert=sqlite, confidence=0.7661,
-                                top=[(sqlite, 0.7661), (python, 0.2)])  # fmt: skip
+    confident = SimpleNamespace(
+        path="expert", reason="confident", expert=sqlite, confidence=0.7661, top=[(sqlite, 0.7661), (python, 0.2)]
+    )
     unsure = SimpleNamespace(path="fallback", reason="low_confidence", expert=None, confidence=0.5, top=[(None, 0.5)])
     questions = [{"id": f"q{i}", "domain": "python", "question": f"question {i}"} for i in range(3)]
     firsts = {"routed": [None, 3, 1], "hybrid": [2, 3, 1], "oracle": [2, 3, 1]}
@@ -245,8 +253,14 @@ def test_miss_anatomy_tells_ranking_losses_from_routing_ones() -> None:
     def route(path: str, expert: int | None, reason: str = "confident") -> SimpleNamespace:
         return SimpleNamespace(path=path, reason=reason, expert=SimpleNamespace(id=expert) if expert else None)
 
-    routes = [route("expert", 1), route("expert", 1), route("expert", 2), route("fallback", None, "low_confidence"),
-              route("expert", 1), route("expert", 2)]  # fmt: skip
+    routes = [
+        route("expert", 1),
+        route("expert", 1),
+        route("expert", 2),
+        route("fallback", None, "low_confidence"),
+        route("expert", 1),
+        route("expert", 2),
+    ]
     pages = [1, 1, 1, 2, 1, 1]
     routed_first = [None, None, None, None, 4, 2]  # the last two are hits: whatever their route, not counted
     deeper = {0: 12, 1: None, 2: None, 3: 55}
@@ -277,8 +291,10 @@ def test_a_miss_is_asked_again_deeper_on_the_path_it_took() -> None:
 
     def prepare(req: Any) -> SimpleNamespace:
         asked.append(req)
-        other = [SimpleNamespace(chunk=SimpleNamespace(text=f"passage {n} on packages", source=q["source"]))
-                 for n in range(11)]  # fmt: skip
+        other = [
+            SimpleNamespace(chunk=SimpleNamespace(text=f"passage {n} on packages", source=q["source"]))
+            for n in range(11)
+        ]
         hit = SimpleNamespace(chunk=SimpleNamespace(text=answer, source=q["source"]))
         return SimpleNamespace(citations=[*other, hit] if req.mode == "expert" else other)
 

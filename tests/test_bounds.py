@@ -220,8 +220,12 @@ def test_k_and_the_question_follow_one_rule_on_ask_and_search(client: TestClient
     for path in ("/ask", "/search"):
         question = {"query": "git branch"} | ({"generate": False} if path == "/ask" else {})
         assert client.post(path, json=question | {"k": None}).status_code == 200, path
-        for k, code in ((0, "invalid_request"), (-1, "invalid_request"), ("5", "invalid_request"),
-                        (rt.settings.max_top_k + 1, "top_k_too_large")):  # fmt: skip
+        for k, code in (
+            (0, "invalid_request"),
+            (-1, "invalid_request"),
+            ("5", "invalid_request"),
+            (rt.settings.max_top_k + 1, "top_k_too_large"),
+        ):
             r = client.post(path, json=question | {"k": k})
             assert r.status_code == 422 and r.json()["error"]["code"] == code, (path, k, r.text)
         r = client.post(path, json=question | {"query": long})

@@ -106,8 +106,15 @@ def test_errors_stay_with_their_request_while_failing_ingestion_runs(server_url:
     error, while ingestion jobs ran. Failing uploads of every kind, bulk jobs of bad files and
     questions (odd text included) run at once; every response must answer its own request (its
     X-Request-Id echoed) and no /search or /ask may carry a document's error."""
-    document_codes = {"undecodable_document", "unsupported_type", "empty_document", "corrupt_document",
-                      "degenerate_document", "document_too_large", "invalid_document"}  # fmt: skip
+    document_codes = {
+        "undecodable_document",
+        "unsupported_type",
+        "empty_document",
+        "corrupt_document",
+        "degenerate_document",
+        "document_too_large",
+        "invalid_document",
+    }
     wrong: list[str] = []
     counts: Counter[tuple[str, int]] = Counter()
     lock = threading.Lock()

@@ -37,8 +37,10 @@ def test_kills_at_random_moments_of_bulk_ingest(tmp_path: Path) -> None:
         client = server.start()
         for kill in range(KILLS):
             batch = [f"k{kill}-{i}.md" for i in range(8)]
-            files = [("files", (name, topic_doc(topics[i % 4], kill * 100 + i, 4).encode(), "text/markdown"))
-                     for i, name in enumerate(batch)]  # fmt: skip
+            files = [
+                ("files", (name, topic_doc(topics[i % 4], kill * 100 + i, 4).encode(), "text/markdown"))
+                for i, name in enumerate(batch)
+            ]
             r = client.post("/documents/bulk", files=files)
             assert r.status_code == 202, r.text
             jobs.append(r.json()["id"])

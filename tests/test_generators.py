@@ -140,9 +140,10 @@ def test_ask_streams_an_expert_answer_from_the_llama_cpp_server(llama_server: st
     rt.settings.openai_base_url = llama_server
     client.post("/documents", json={"text": PASSAGES[0].text, "title": "Git"}, headers=AUTH)
     expert = client.post(
-        "/admin/api/experts", json={"name": "git", "generator": "openai:smollm2", "system_prompt": "Be brief."},
+        "/admin/api/experts",
+        json={"name": "git", "generator": "openai:smollm2", "system_prompt": "Be brief."},
         headers=AUTH,
-    ).json()  # fmt: skip
+    ).json()
     client.put("/admin/api/clusters/0", json={"expert_id": expert["id"]}, headers=AUTH)
     body = {"question": "What is a branch?", "mode": "expert", "expert": expert["id"], "stream": True}
     with client.stream("POST", "/ask", json=body) as r:

@@ -13,8 +13,14 @@ from app.services.proposals import labels, name_groups
 from tests.conftest import AUTH
 from tests.helpers import TOPICS, wait_job
 
-LISTS = ["/documents", "/jobs", "/admin/api/clusters", "/admin/api/experts", "/admin/api/router/versions",
-    "/admin/api/questions"]  # fmt: skip
+LISTS = [
+    "/documents",
+    "/jobs",
+    "/admin/api/clusters",
+    "/admin/api/experts",
+    "/admin/api/router/versions",
+    "/admin/api/questions",
+]
 
 
 def test_every_list_is_one_envelope_with_offset_and_limit(client: TestClient, routed: dict[str, Any]) -> None:

@@ -327,9 +327,12 @@ def test_the_pipeline_says_whether_a_question_is_prepared_alone() -> None:
         raise RuntimeError("stop here")  # the route is not under test
 
     p = AskPipeline(
-        embedder=None, state=lambda: fixed_state(None), store=None,  # type: ignore[arg-type]
-        generator=None, submit_question=submit,  # type: ignore[arg-type]
-    )  # fmt: skip
+        embedder=None,
+        state=lambda: fixed_state(None),
+        store=None,  # type: ignore[arg-type]
+        generator=None,
+        submit_question=submit,  # type: ignore[arg-type]
+    )
 
     def ask(q: str) -> None:
         with pytest.raises(RuntimeError):

@@ -345,8 +345,12 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
         from app.shards.map_follow import ShardMapFollower, deployed, retire
 
         map_file = tmp_path / "shards.yaml"
-        merged = {"shards": [{"name": "git", "experts": ["git"], "replicas": 2},
-                             {"name": "rest", "experts": ["sqlite", "debian"], "default": True}]}  # fmt: skip
+        merged = {
+            "shards": [
+                {"name": "git", "experts": ["git"], "replicas": 2},
+                {"name": "rest", "experts": ["sqlite", "debian"], "default": True},
+            ]
+        }
         map_file.write_text(yaml.safe_dump(merged))
         follower = ShardMapFollower(map_file, states, shard_map.version, timeout_seconds=5)
         new_map = load_map(map_file)

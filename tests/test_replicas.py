@@ -199,9 +199,15 @@ def test_snapshots_at_a_url_are_shared_by_processes_on_other_machines(
 
     def settings(name: str) -> Settings:
         return Settings(
-            data_dir=tmp_path / name, database_url=db_url, admin_token="t", snapshot_url=shared,
-            catalogue_poll_seconds=0.05, checkpoint_seconds=0.2, clusters=4, router_samples=300,
-        )  # type: ignore[arg-type]  # fmt: skip
+            data_dir=tmp_path / name,
+            database_url=db_url,
+            admin_token="t",
+            snapshot_url=shared,
+            catalogue_poll_seconds=0.05,
+            checkpoint_seconds=0.2,
+            clusters=4,
+            router_samples=300,
+        )  # type: ignore[arg-type]
 
     a = Runtime(settings("a"), embedder=embedder)
     a.start(run_jobs=False)

@@ -52,9 +52,25 @@ def test_the_api_keeps_its_contract_under_fuzzing(tmp_path: Path, with_token: bo
     try:
         client = server.start()
         client.post("/documents", json={"text": "SQLite keeps a database in one file.", "title": "sqlite"})
-        cmd = [st, "--config-file", str(CONFIG), "run", f"{server.url}/openapi.json", "--checks", "all",
-               "--seed", "1", "--max-examples", "5",
-               "--max-time", str(SECONDS), "--workers", "1", "--report-dir", str(tmp_path / "report")]  # fmt: skip
+        cmd = [
+            st,
+            "--config-file",
+            str(CONFIG),
+            "run",
+            f"{server.url}/openapi.json",
+            "--checks",
+            "all",
+            "--seed",
+            "1",
+            "--max-examples",
+            "5",
+            "--max-time",
+            str(SECONDS),
+            "--workers",
+            "1",
+            "--report-dir",
+            str(tmp_path / "report"),
+        ]
         if with_token:
             cmd += ["--header", f"Authorization: Bearer {TOKEN}"]
         run = subprocess.run(cmd, capture_output=True, text=True, timeout=SECONDS + 240, cwd=tmp_path)

@@ -58,8 +58,12 @@ def test_a_carved_index_holds_exactly_its_lists_and_searches_them_identically() 
     # Over the index's ListMap (no vectors) with the shards' row search: the batched probes (a
     # router's, a new document's fit against the content up to an id) equal the whole index's.
     skeleton = ListMap.of(whole)
-    sharded = ShardedIndex(skeleton, [np.flatnonzero(shard == s) for s in range(3)],
-                           [local_search(p) for p in parts], rows=[local_rows(p) for p in parts])  # fmt: skip
+    sharded = ShardedIndex(
+        skeleton,
+        [np.flatnonzero(shard == s) for s in range(3)],
+        [local_search(p) for p in parts],
+        rows=[local_rows(p) for p in parts],
+    )
     assert np.array_equal(sharded.search(q, 10)[1], whole.search(q, 10)[1])
     for nprobe in (1, 3, 6):
         expect_nearest, got_nearest = whole.search_nearest(q, 5, nprobe), sharded.search_nearest(q, 5, nprobe)
@@ -179,8 +183,16 @@ def test_several_searches_over_shards_travel_together() -> None:
 
 def _questions() -> list[str]:
     sentences = [s.strip().rstrip(".") for text in TOPICS.values() for s in text.split(". ") if s.strip()]
-    forms = ["{}", "how {}?", "why {}?", "what does it mean that {}?", "explain: {}", "is it true that {}?",
-             "in short: {}", "a question about this: {}"]  # fmt: skip
+    forms = [
+        "{}",
+        "how {}?",
+        "why {}?",
+        "what does it mean that {}?",
+        "explain: {}",
+        "is it true that {}?",
+        "in short: {}",
+        "a question about this: {}",
+    ]
     return [f.format(s) for s in sentences for f in forms]
 
 
@@ -206,8 +218,12 @@ def test_the_ask_flow_over_expert_shards_equals_the_whole_index(client: TestClie
         Postings(ids, [f"{records[i].heading}\n{records[i].text}" for i in ids])
         for ids in (p.assignments()[0].tolist() for p in parts)
     ]
-    lexical = ShardedLexical(state.lexical.stats, [local_lexical(b, p) for b, p in zip(postings, parts, strict=True)],
-                             ["git", "sqlite", "debian"], sharded)  # fmt: skip
+    lexical = ShardedLexical(
+        state.lexical.stats,
+        [local_lexical(b, p) for b, p in zip(postings, parts, strict=True)],
+        ["git", "sqlite", "debian"],
+        sharded,
+    )
     whole = rt.pipeline
     over_shards = dataclasses.replace(state, index=sharded, lexical=lexical)
     questions = _questions()
@@ -340,8 +356,10 @@ def test_shard_replicas_built_from_sql_follow_the_index_log_for_their_lists(
     replicas = [ShardReplica(rt.settings.db_url, shard_map, n, rt.embedder.dim, poll_seconds=0) for n in range(2)]
     assert [r.lists.tolist() for r in replicas] == [ls.tolist() for ls in lists]
     try:
-        added = [rt.ingestor.ingest(Upload(topic_doc(t, 900 + i, 2).encode(), f"late-{t}-{i}.md")) for i, t in
-                 enumerate(["git", "sqlite", "debian"])]  # fmt: skip
+        added = [
+            rt.ingestor.ingest(Upload(topic_doc(t, 900 + i, 2).encode(), f"late-{t}-{i}.md"))
+            for i, t in enumerate(["git", "sqlite", "debian"])
+        ]
         rt.ingestor.delete(added[2].document_id)
         # Asked at the state's position, a replica behind it follows first (read your writes).
         q = rt.embedder.encode([topic_doc("git", 900, 2)])  # [1, D] the new git document itself
@@ -560,10 +578,17 @@ def test_a_remote_embedder_sends_a_batch_in_calls_the_replica_can_take_and_says_
         sent.append(len(texts))
         return embedder.encode_questions(texts)
 
-    info = {"dim": embedder.dim, "name": embedder.name, "max_tokens": embedder.max_tokens, "max_batch": 4,
-            "dtype": embedder.dtype_name, "question_model": "eager"}  # fmt: skip
-    handle = type("Handle", (), {"info": Call(lambda: info), "questions": Call(questions),
-                                 "documents": Call(embedder.encode)})()  # fmt: skip
+    info = {
+        "dim": embedder.dim,
+        "name": embedder.name,
+        "max_tokens": embedder.max_tokens,
+        "max_batch": 4,
+        "dtype": embedder.dtype_name,
+        "question_model": "eager",
+    }
+    handle = type(
+        "Handle", (), {"info": Call(lambda: info), "questions": Call(questions), "documents": Call(embedder.encode)}
+    )()
     remote = RemoteEmbedder(handle)
     texts = [f"how do I use feature {n}?" for n in range(10)]
     # batches of 4 are padded otherwise than one of 10: bfloat16 (a CPU with bf16 units) moves ~1e-3

@@ -19,10 +19,14 @@ def test_gate_on_gpu(q: int, e: int, k: int) -> None:
 
 @pytest.mark.parametrize(
     ("sizes", "q", "r", "dtype"),
-    [([0, 100, 5000, 1], 4, 10, torch.float32), ([20000] * 8, 64, 10, torch.float32),
-     ([20000] * 8, 1024, 50, torch.float32), ([300, 70000], 1, 50, torch.float16),
-     ([5000] * 8, 200, 10, torch.bfloat16)],
-)  # fmt: skip
+    [
+        ([0, 100, 5000, 1], 4, 10, torch.float32),
+        ([20000] * 8, 64, 10, torch.float32),
+        ([20000] * 8, 1024, 50, torch.float32),
+        ([300, 70000], 1, 50, torch.float16),
+        ([5000] * 8, 200, 10, torch.bfloat16),
+    ],
+)
 def test_scoped_search_on_gpu(sizes: list[int], q: int, r: int, dtype: torch.dtype) -> None:
     """The split kernel (one query a tile, and tiles through `tl.dot`) and the serial one: the twin's
     rows on the same stored values."""
