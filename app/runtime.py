@@ -17,31 +17,31 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 import kernels
+from app.clustering.content_fit import ContentFit
+from app.clustering.indexing import IndexManager
+from app.clustering.reclustering import recluster_job
 from app.core.auth import load_or_create_token
 from app.core.db import make_engine, make_sessionmaker
 from app.core.errors import is_disk_full
+from app.core.jobs import JobRunner
 from app.core.locking import DataDirBusy, DataDirLock, SqlLease
 from app.core.metrics import Metrics
 from app.core.migrate import upgrade
 from app.core.models import Chunk, Cluster, Document
 from app.core.settings import Settings
-from app.services.answer_cache import AnswerCache
 from app.services.ask import SqlChunkStore
 from app.services.bulk import bulk_handler, clean_spool, sync_handler
 from app.services.console_sessions import ConsoleSessions
-from app.services.content_fit import ContentFit
 from app.services.documents import Ingestor
 from app.services.expert_scopes import scope_handler
 from app.services.expert_undo import undo_job
-from app.services.generation import Generators
-from app.services.indexing import IndexManager
-from app.services.jobs import JobRunner
-from app.services.lexical import LexicalManager
 from app.services.ratelimit import RateLimiter
-from app.services.reclustering import recluster_job
 from app.services.refit import Refit
 from app.services.routing import RouterManager, load_active, train_job
-from app.services.serving import ServingStates
+from app.serving.answer_cache import AnswerCache
+from app.serving.generation import Generators
+from app.serving.lexical import LexicalManager
+from app.serving.states import ServingStates
 from app.store.catalogue import ALL_PARTS, Catalogue
 from engine.chunking import ChunkingConfig
 from engine.device_choice import choose_device
@@ -178,7 +178,7 @@ class Runtime:
         return self.services.answers
 
     def state(self) -> ServingState:
-        """The serving state now (app.services.serving): take it once and read only it."""
+        """The serving state now (app.serving.states): take it once and read only it."""
         return self.services.states.current()
 
     def retrieval_vector(self, state: ServingState) -> Callable[[np.ndarray], np.ndarray]:

@@ -120,7 +120,7 @@ class LexicalIndex:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def __getstate__(self) -> dict[str, object]:  # built in a child process (app.services.lexical)
+    def __getstate__(self) -> dict[str, object]:  # built in a child process (app.serving.lexical)
         return {k: v for k, v in self.__dict__.items() if k != "_lock"}
 
     def __setstate__(self, state: dict[str, object]) -> None:

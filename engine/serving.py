@@ -14,7 +14,7 @@ What the state pins and what it shares:
   (`index_position` is the catalogue version it held when the state was built). A question may
   therefore also see chunks committed after its state; never another clustering.
 - `lexical`: the BM25 index (immutable) and `lexical_version`, the catalogue version it was
-  built at. BM25 rebuilds are spaced (app.services.lexical), so it may lag `version`; its
+  built at. BM25 rebuilds are spaced (app.serving.lexical), so it may lag `version`; its
   rebuild publishes a new state at the same version (a new `serial`).
 - `matrix`: the expert-sorted copy for the scoped kernel, built with the state (GPU only).
 - `shard_map`: with expert shards (index.shards), `index` is the replica's lists spread over

@@ -90,7 +90,7 @@ def test_the_client_reads_the_same_file_types_as_the_server() -> None:
 
 
 # The folders of app/, bottom to top: a module imports from its own folder and the ones below it.
-APP_LAYERS = ("core", "store", "schemas", "services", "shards", "runtime", "api", "cli")
+APP_LAYERS = ("core", "store", "schemas", "clustering", "serving", "services", "shards", "runtime", "api", "cli")
 
 
 def _layer(module: str) -> str | None:

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 from sqlalchemy import select, update
 
+from app.clustering.proposals import labels, name_groups
 from app.core.models import Chunk, Cluster, Document, IndexState
-from app.services.proposals import labels, name_groups
 from engine.embedder import Embedder
 from engine.route_check import no_expert_fits
 from engine.topics import MAX_NAME, document_vectors, slug, topic_names, topics

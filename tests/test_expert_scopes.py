@@ -11,8 +11,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
+from app.clustering.expert_documents import matches
 from app.core.models import Chunk, Cluster, Document
-from app.services.expert_documents import matches
 from tests.conftest import AUTH
 from tests.helpers import topic_doc, wait_job
 
@@ -123,7 +123,8 @@ def test_the_cli_defines_and_clears_an_expert_by_documents(tmp_path: Path, capsy
 
 
 def test_a_store_of_one_list_is_carved_into_the_experts_lists_and_the_rest(runtime: Any) -> None:
-    from app.services import expert_documents, expert_scopes
+    from app.clustering import expert_documents
+    from app.services import expert_scopes
     from app.services.documents import Upload
     from app.services.experts import create_expert
 

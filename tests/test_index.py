@@ -195,9 +195,9 @@ def test_kmeans_is_seeded() -> None:
 
 def test_recluster_draws_its_lists_with_the_configured_seed(tmp_path, embedder, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """`MOERAG_CLUSTER_SEED` reaches k-means; its default is the index's own seed."""
+    from app.clustering import reclustering
     from app.core.settings import Settings
     from app.runtime import Runtime
-    from app.services import reclustering
     from app.services.documents import Upload
     from index.clustering import KMEANS_SEED
     from tests.helpers import TOPICS, topic_doc

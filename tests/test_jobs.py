@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from app.core.db import make_engine, make_sessionmaker
+from app.core.jobs import JobContext, JobRunner
 from app.core.migrate import upgrade
 from app.core.models import Job
-from app.services.jobs import JobContext, JobRunner
 
 
 def sessions(tmp_path: Path):  # type: ignore[no-untyped-def]
@@ -184,7 +184,7 @@ def test_an_expected_job_failure_is_one_line(tmp_path: Path, caplog) -> None:  #
     maker = sessions(tmp_path)
     runner = JobRunner(maker, {"train": train}, poll_seconds=0.01)
     job = runner.submit("train", {})
-    with caplog.at_level(logging.INFO, logger="app.services.jobs"):
+    with caplog.at_level(logging.INFO, logger="app.core.jobs"):
         runner.start()
         deadline = time.monotonic() + 10
         while status(maker, job.id).status != "failed" and time.monotonic() < deadline:

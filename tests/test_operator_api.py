@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from app.services.proposals import labels, name_groups
+from app.clustering.proposals import labels, name_groups
 from tests.conftest import AUTH
 from tests.helpers import TOPICS, wait_job
 

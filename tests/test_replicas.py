@@ -231,7 +231,7 @@ def test_snapshots_at_a_url_are_shared_by_processes_on_other_machines(
 
 
 def test_an_unusable_snapshot_url_is_a_clear_error(tmp_path: Path) -> None:
-    from app.services.snapshots import SnapshotStore
+    from app.store.snapshots import SnapshotStore
 
     with pytest.raises(RuntimeError, match="MOERAG_SNAPSHOT_URL='nosuchproto://x' cannot be opened"):
         SnapshotStore(tmp_path, "nosuchproto://x")
@@ -243,7 +243,7 @@ def test_a_snapshot_replaced_while_it_is_being_read_is_listed_again(
     """A process lists the newest snapshot and, before it reads it, another process's writer puts a
     newer one in place and removes it (seen on PostgreSQL in the suite: the start rebuilt from SQL,
     "cannot read …@5.faiss"). The reader lists again and loads the newer one."""
-    from app.services.snapshots import SnapshotStore, position_of, snapshot_name
+    from app.store.snapshots import SnapshotStore, position_of, snapshot_name
 
     a = Runtime(settings, embedder=embedder)
     a.start(run_jobs=False)

@@ -350,7 +350,7 @@ def test_lowest_ece_by_temperature_finds_the_temperature_that_matches_accuracy()
 
 def test_bm25_rebuilds_are_spaced_to_a_share_of_the_time(runtime) -> None:  # type: ignore[no-untyped-def]
     """The soak found BM25 rebuilt over every chunk at each checkpoint under steady ingestion."""
-    from app.services.lexical import LexicalManager
+    from app.serving.lexical import LexicalManager
 
     now = [100.0]
 

@@ -123,7 +123,7 @@ def test_a_question_never_waits_for_the_next_states_build(client: TestClient, ro
 
 
 def test_a_bm25_rebuild_in_a_child_process_publishes_the_same_index(client: TestClient, routed: dict[str, Any]) -> None:
-    from app.services.lexical import build
+    from app.serving.lexical import build
 
     rt = _runtime(client)
     assert rt.settings.lexical_rebuild_in_child

@@ -407,7 +407,7 @@ def test_shard_replicas_built_from_sql_follow_the_index_log_for_their_lists(
         # scores are the whole store's (the old owner keeps them until its own read: one is enough).
         with rt.sessions() as s:
             moved_ids = np.array(s.scalars(select(Chunk.id).where(Chunk.cluster_id == moving)).all())
-        from app.services.lexical import build
+        from app.serving.lexical import build
 
         whole, _ = build(rt.sessions)  # BM25 over every chunk now (the served one is rebuilt spaced)
         w = whole.stats.weights("git branch commit rebase")
@@ -493,7 +493,7 @@ def test_a_shard_that_does_not_answer_makes_the_answer_partial_never_an_error(
 
         return maybe
 
-    class InProcess:  # a ShardTier (app.services.serving) whose shards live here
+    class InProcess:  # a ShardTier (app.serving.states) whose shards live here
         def __init__(self) -> None:
             self.positions: list[int] = []  # the catalogue version each state's shards are asked at
 
@@ -630,8 +630,8 @@ def test_a_server_over_shards_keeps_the_lists_without_the_vectors(client: TestCl
     assignments, equal to the vector replica's; it follows an upload and a deletion through the
     index log; a new document is placed and fitted as the vector replica places and fits it (the
     fit's nearest chunks searched on the shards); a checkpoint writes no snapshot."""
+    from app.clustering.indexing import IndexManager
     from app.services.documents import Upload
-    from app.services.indexing import IndexManager
     from tests.helpers import topic_doc
 
     rt = client.app.state.runtime  # type: ignore[attr-defined]

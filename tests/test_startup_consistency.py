@@ -9,11 +9,11 @@ from fastapi.testclient import TestClient
 from sqlalchemy import delete, select, update
 
 from app.api.main import create_app
+from app.clustering.indexing import ModelMismatch
 from app.core.models import Chunk, IndexState
 from app.core.settings import Settings
 from app.runtime import Runtime
 from app.services.documents import Upload
-from app.services.indexing import ModelMismatch
 from engine.embedder import Embedder
 from tests.helpers import topic_doc
 
@@ -113,7 +113,7 @@ def test_a_full_disk_at_a_checkpoint_loses_nothing(
     """Issue 11: the checkpoint cleared its dirty flag before writing; a failed write was never retried."""
     import errno
 
-    from app.services import snapshots
+    from app.store import snapshots
 
     path = fill(settings, embedder)
     rt = reopen(settings, embedder)
@@ -151,7 +151,7 @@ def test_a_checkpoint_returns_only_once_a_snapshot_being_written_is_on_disk(
     stale one beside it. A second checkpoint now waits for the first."""
     import threading
 
-    from app.services import snapshots
+    from app.store import snapshots
 
     fill(settings, embedder)
     rt = reopen(settings, embedder)

@@ -94,7 +94,8 @@ def _history(args: argparse.Namespace, undo: bool) -> tuple[list[dict[str, Any]]
             if not (undo and items):
                 return items, None
             return items, dict(api.follow_job(api.call("POST", "/admin/api/experts/undo", ok=(202,)))["result"])
-    from app.services import expert_history, expert_undo
+    from app.clustering import expert_history
+    from app.services import expert_undo
     from engine.errors import MoeragError
 
     with local_runtime(settings) as rt:
@@ -163,8 +164,9 @@ def cmd_define(args: argparse.Namespace) -> None:
 def _define_here(settings: Any, name: str, selector: dict[str, Any] | None) -> dict[str, Any]:
     from sqlalchemy import select
 
+    from app.clustering import expert_documents
     from app.core.models import Expert
-    from app.services import expert_documents, expert_scopes
+    from app.services import expert_scopes
     from engine.errors import MoeragError
 
     with local_runtime(settings) as rt:
@@ -209,7 +211,7 @@ def _remote(server: str, token: str | None, progress: Callable[[int, int], None]
 
 
 def _local(rt: Any, progress: Callable[[int, int], None]) -> Any:
-    from app.services.content_fit import ContentFit
+    from app.clustering.content_fit import ContentFit
     from app.services.refit import Refit
     from engine.errors import MoeragError
 

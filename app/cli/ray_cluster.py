@@ -60,10 +60,10 @@ def cmd_up(args: argparse.Namespace) -> None:  # noqa: PLR0915
 
     from app.core.db import make_engine
     from app.core.models import IndexState
-    from app.services.experts import profiles
     from app.shards import client as ray_client
     from app.shards import map as shard_map
     from app.shards import replicas as ray_shards
+    from app.store.profiles import profiles
 
     ray_shards.require()
     settings = settings_from(args)

@@ -68,7 +68,7 @@ def _sync_once(args: argparse.Namespace, settings: Settings, source: dict[str, A
             with Remote(server, token_for(args, settings, admin=True)) as api:
                 job = api.call("POST", "/admin/api/sync", ok=(202,), json=source)
                 return dict(api.follow_job(job, progress)["result"])
-        from app.services import jobs
+        from app.core import jobs
         from app.services.sync import sync_folder
         from app.services.sync_sources import FetchLimits, sync_git, sync_site
         from engine.errors import MoeragError

@@ -1,6 +1,6 @@
 """A helper process's life bound to its parent's from its first import of `app`.
 
-A BM25 rebuild worker (app.services.lexical) is a spawned interpreter: before its pool initializer
+A BM25 rebuild worker (app.serving.lexical) is a spawned interpreter: before its pool initializer
 runs, it imports SQLAlchemy, the engine and the catalogue, seconds at its low priority on busy
 cores. A server SIGKILLed meanwhile left it running. `app/__init__.py` calls `bind_to_parent`
 first thing, before anything heavy: in a process whose parent named itself in MOERAG_HELPER_OF

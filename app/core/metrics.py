@@ -90,7 +90,7 @@ class Metrics:
             "Mean entropy (nats) of the router's distribution over recent questions",
             registry=self.registry,
         )
-        # Content that fits no expert (app.services.content_fit): a re-fit is due while above 0.
+        # Content that fits no expert (app.clustering.content_fit): a re-fit is due while above 0.
         self.drift = drift or (lambda: None)
         for name, key, what in (
             ("moerag_documents_fitting_no_expert", "documents", "Documents most of whose chunks fit no expert"),

@@ -136,7 +136,7 @@ class Expert(Base):
     generator: Mapped[str] = mapped_column(String(200), default="")  # "": the server's default
     top_k: Mapped[int] = mapped_column(Integer, default=5)
     threshold: Mapped[float | None] = mapped_column(Float, nullable=True)
-    # Defined by documents (app.services.expert_documents): {"ids", "source_prefix", "tag"}; None: by clusters.
+    # Defined by documents (app.clustering.expert_documents): {"ids", "source_prefix", "tag"}; None: by clusters.
     documents: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     # The team's (named, edited, defined, mapped or accepted by an operator): no automatic action
     # deletes, renames or merges it, or moves its documents (docs/decisions/expert-ownership.md).
@@ -209,7 +209,7 @@ class RouterVersion(Base):
 
 
 class ExpertsVersion(Base):
-    """The experts and their mapping as they were before one change (app.services.expert_history):
+    """The experts and their mapping as they were before one change (app.clustering.expert_history):
     undo restores them, with the clustering and the router version active then."""
 
     __tablename__ = "experts_version"

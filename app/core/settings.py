@@ -26,8 +26,7 @@ class Settings(BaseSettings):
     index_codec: Literal["flat", "sq8"] = Field(
         "flat",
         description="How the index stores vectors: flat (float32, exact scores) or sq8 (8-bit codes, a quarter "
-        "of the memory; recall@10 0.990 against exact, FAQ dev hit@10 unchanged: benchmarks/results/codec.json). "
-        "A change rebuilds the index at start.",
+        "of the memory). A change rebuilds the index at start.",
     )
     shard_map: Path | None = Field(
         None,
@@ -133,9 +132,8 @@ class Settings(BaseSettings):
         10,
         ge=0,
         le=19,
-        description="A serving process's background work runs at this CPU niceness (Linux), so the questions "
-        "being answered come first on busy cores: embedding documents (uploads, training samples; one thread), "
-        "writing index snapshots, and BM25 rebuilds in their child process. 0 = as the questions.",
+        description="CPU niceness (Linux) of a server's background work (embedding uploads, index snapshots, BM25 "
+        "rebuilds in their child), so questions come first on busy cores. 0 = as the questions.",
     )
     fusion: Fusion = Field(
         "convex",
@@ -315,3 +313,99 @@ class Settings(BaseSettings):
     @property
     def token_file(self) -> Path:
         return self.resolved_data_dir / "admin_token"
+
+
+# The configuration by section, in the order the README's table shows it (`configuration_table`).
+# Every setting is in one section (a test holds it); INTERNAL ones are plumbing, not for users.
+SECTIONS: dict[str, tuple[str, ...]] = {
+    "Storage": ("data_dir", "database_url", "snapshot_url", "index_codec", "cache_dir"),
+    "Model": ("model_path", "embed_dtype", "embed_batch_size", "embed_device"),
+    "Access": ("admin_token", "read_token", "trusted_proxies", "ask_rate_per_minute"),
+    "Limits": (
+        "max_upload_bytes",
+        "max_bulk_files",
+        "max_request_bytes",
+        "max_document_chars",
+        "max_chunks_per_document",
+        "max_question_chars",
+        "max_top_k",
+        "max_queued_jobs",
+        "header_seconds",
+        "keep_alive_seconds",
+    ),
+    "Chunking": (
+        "chunk_target_tokens",
+        "chunk_overlap_tokens",
+        "chunk_min_tokens",
+        "chunk_merge_small_sections",
+        "chunk_heading_prefix",
+    ),
+    "Clustering and the index": (
+        "clusters",
+        "cluster_seed",
+        "checkpoint_seconds",
+        "index_log_retention_seconds",
+        "catalogue_poll_seconds",
+        "job_lease_seconds",
+    ),
+    "Routing": (
+        "route_threshold",
+        "expert_min_score",
+        "expert_nprobe",
+        "expert_verify_lists",
+        "expert_verify_lexical_slack",
+        "router_probe_lists",
+        "router_samples",
+        "router_holdout",
+        "router_seed",
+        "query_adapter",
+        "query_adapter_queries",
+    ),
+    "Retrieval (BM25 and fusion)": ("fusion", "lexical_weight", "lexical_rebuild_share", "lexical_rebuild_in_child"),
+    "Serving questions": (
+        "ask_concurrency",
+        "answer_cache",
+        "question_cache",
+        "question_batch",
+        "question_batch_wait_ms",
+        "question_workers",
+        "question_lone_threads",
+        "trace_questions",
+        "question_runtime",
+        "torch_threads",
+        "background_niceness",
+    ),
+    "Generation": ("default_generator", "openai_base_url", "openai_model", "openai_api_key", "followup_rewrite"),
+    "Sync": ("sync_roots", "sync_urls", "sync_page_bytes", "sync_page_seconds", "sync_seconds"),
+    "Expert shards (Ray Serve)": ("shard_map", "ray_address", "shard_timeout_seconds"),
+    "GPU kernels": ("kernel_backend", "scoped_search", "matrix_dtype"),
+    "Logging": ("log_level", "access_log"),
+}
+INTERNAL = frozenset({"worker_of"})  # set by `moerag serve --workers N` for its workers
+
+
+def _default(name: str) -> str:
+    field = Settings.model_fields[name]
+    value = field.default
+    if value is None:
+        return "unset"
+    if isinstance(value, Path):
+        return f"`{value}`"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    return f"`{value}`" if value != "" else "empty"
+
+
+def configuration_table() -> str:
+    """The README's configuration table (markdown), section by section, from the settings themselves."""
+    lines = ["| variable | default | meaning |", "|---|---|---|"]
+    for section, names in SECTIONS.items():
+        lines.append(f"| **{section}** | | |")
+        for name in names:
+            description = (Settings.model_fields[name].description or "").replace("|", "\\|")
+            lines.append(f"| `MOERAG_{name.upper()}` | {_default(name)} | {description} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # python -m app.core.settings: the table, to paste between the README's markers
+    print(configuration_table(), end="")

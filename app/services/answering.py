@@ -14,9 +14,9 @@ from app.core.metrics import Metrics
 from app.core.settings import Settings
 from app.schemas.api import AskIn, AskOut, CitationOut
 from app.services import conversations
-from app.services.answer_cache import AnswerCache
 from app.services.ask import log_question, route_json
-from app.services.generation import Generators
+from app.serving.answer_cache import AnswerCache
+from app.serving.generation import Generators
 from engine.generators import GeneratorError, cited_numbers
 from engine.pipeline import AskPipeline, AskRequest, Prepared
 from engine.serving import ServingState

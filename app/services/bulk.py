@@ -14,10 +14,10 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.core.jobs import JobContext
 from app.core.models import Job
 from app.core.settings import Settings
 from app.services.documents import Ingestor, Upload
-from app.services.jobs import JobContext
 from app.services.sync import sync_folder
 from engine.errors import EmptyDocument
 

@@ -10,8 +10,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.models import Chunk, Cluster, Document, stack
+from app.core.paging import scalar_page
 from app.services.experts import assign_clusters
-from app.services.paging import scalar_page
 from engine.errors import NotFound
 
 

@@ -10,7 +10,7 @@ from sqlalchemy import CursorResult, delete, func, literal, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.models import ConversationTurn
-from app.services.paging import page
+from app.core.paging import page
 from engine.errors import NotFound
 from engine.followup import HISTORY_TURNS, Complete, make_standalone
 from engine.pipeline import Prepared

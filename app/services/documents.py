@@ -13,8 +13,8 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from app.clustering.indexing import IndexManager, Placement
 from app.core.models import Chunk, Document
-from app.services.indexing import IndexManager, Placement
 from app.store import index_log
 from engine.blocks import ParsedDocument
 from engine.chunking import Chunk as TextChunk

@@ -7,7 +7,7 @@ Placement keeps it that way (index.placement `pinned`): a matching document, sto
 re-placed, goes into the expert's lists whatever its vectors vote, and no other document does.
 A router is then trained and activated, as after a re-fit.
 
-Which documents an expert is defined by: app.services.expert_documents.
+Which documents an expert is defined by: app.clustering.expert_documents.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from app.clustering import expert_documents, reclustering
 from app.core.models import Expert, stack
-from app.services import expert_documents, reclustering
 from engine.errors import Conflict, NotFound
 from index import auto_cluster_count, kmeans
 
 if TYPE_CHECKING:
-    from app.services.jobs import JobContext
+    from app.core.jobs import JobContext
     from app.services.routing import RouterManager
 
 log = logging.getLogger(__name__)

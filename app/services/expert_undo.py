@@ -1,4 +1,4 @@
-"""Undo: the newest version of the experts (app.services.expert_history) restored, then removed.
+"""Undo: the newest version of the experts (app.clustering.expert_history) restored, then removed.
 
 What comes back: the experts (re-created under their ids when the change deleted them, removed
 when it created them, their fields as they were), the mapping, the lists when the change
@@ -17,8 +17,8 @@ import numpy as np
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
+from app.clustering import reclustering
 from app.core.models import Chunk, Cluster, Expert, ExpertsVersion, IndexState, RouterVersion, stack
-from app.services import reclustering
 from engine.errors import Conflict
 from index.fit import fits, floors
 

@@ -8,12 +8,11 @@ from sqlalchemy import CursorResult, distinct, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.core.models import Chunk, Cluster, Expert, cluster_owners
-from app.services import expert_history as history
-from app.services import proposals
-from app.services.paging import scalar_page
+from app.clustering import expert_history as history
+from app.clustering import proposals
+from app.core.models import Chunk, Cluster, Expert
+from app.core.paging import scalar_page
 from engine.errors import Conflict, NotFound
-from engine.serving import ExpertProfile
 from engine.topics import slug
 
 EXPERT_FIELDS = ("name", "description", "system_prompt", "generator", "top_k", "threshold")
@@ -191,30 +190,3 @@ def propose_and_apply(
                 e.owned = accepted
                 p["expert_id"] = e.id
     return result
-
-
-def profiles(s: Session) -> dict[int, ExpertProfile]:
-    """Every expert with the clusters it owns, as routing reads them."""
-    owned: dict[int, list[int]] = {}
-    for cid, eid in cluster_owners(s).items():
-        if eid is not None:
-            owned.setdefault(eid, []).append(cid)
-    return {
-        e.id: ExpertProfile(
-            e.id,
-            e.name,
-            e.system_prompt,
-            e.generator,
-            e.top_k,
-            e.threshold,
-            tuple(sorted(owned.get(e.id, []))),
-            tuple(e.slugs or ()),
-        )
-        for e in s.scalars(select(Expert))
-    }
-
-
-def load_profiles(sessions: sessionmaker[Session]) -> dict[int, ExpertProfile]:
-    """`profiles` in a session of its own (app.services.serving)."""
-    with sessions() as s:
-        return profiles(s)

@@ -6,8 +6,8 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, selectinload, sessionmaker
 
 from app.core.models import Chunk, Cluster, Document
+from app.core.paging import page
 from app.schemas.api import ChunkNeighbour, ChunkOut, ChunkSummary
-from app.services.paging import page
 from engine.errors import NotFound
 
 

@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.models import Expert, QueryLog, RouterExample, RouterVersion
-from app.services.paging import scalar_page
+from app.core.paging import scalar_page
 from engine.errors import NotFound, UnknownExperts
 
 

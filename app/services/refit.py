@@ -36,12 +36,12 @@ import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from app.clustering import expert_documents, reclustering
+from app.clustering import expert_history as history
+from app.clustering.indexing import IndexManager
+from app.core.jobs import JobContext
 from app.core.models import Cluster, Document, Expert, stack
-from app.services import expert_documents, reclustering
-from app.services import expert_history as history
 from app.services.experts import DELETED_DOCUMENTS_GO_TO, create_expert, delete_expert
-from app.services.indexing import IndexManager
-from app.services.jobs import JobContext
 from app.services.routing import RouterManager
 from engine.errors import NotTrainable
 from engine.topics import MIN_TOPIC_DOCUMENTS, document_vectors, topic_names, topics
@@ -371,7 +371,7 @@ def _grouped(store: _Store, experts: int) -> tuple[list[_Group], np.ndarray]:
 
 def _new_content(rows: list[Any], documents: np.ndarray, doc_ids: np.ndarray, fresh: np.ndarray) -> np.ndarray:
     """[M] whether each document is new content: most of its chunks fit their list below its floor,
-    or it is newer than the experts and fits none of them (`fresh`; app.services.content_fit's rules)."""
+    or it is newer than the experts and fits none of them (`fresh`; app.clustering.content_fit's rules)."""
     below = np.array([r[6] is not None and r[6] < 0 for r in rows], dtype=np.float64)  # [N]
     doc_of = np.searchsorted(doc_ids, documents)
     outside = np.bincount(doc_of, weights=below, minlength=len(doc_ids))

@@ -12,10 +12,10 @@ import numpy.typing as npt
 from sqlalchemy import distinct, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.core.jobs import JobContext
 from app.core.models import Chunk, Cluster, Expert, RouterExample, RouterVersion, cluster_owners, stack
+from app.core.paging import scalar_page
 from app.core.settings import Settings
-from app.services.jobs import JobContext
-from app.services.paging import scalar_page
 from engine.adapter import AdapterConfig, fit
 from engine.embedder import Embedder
 from engine.errors import NotTrainable
@@ -61,10 +61,10 @@ class RouterManager:
         active: Callable[[], Router | None] = lambda: None,
     ) -> None:
         self.settings, self.sessions, self.embedder = settings, sessions, embedder
-        self.drift = drift  # the content-fit report (app.services.content_fit): None reports none
+        self.drift = drift  # the content-fit report (app.clustering.content_fit): None reports none
         self.index = index  # for the gate's vote: None trains a gate without one
         self.lexical = lexical  # for the gate's BM25 vote: None (or no BM25 index) trains one without
-        self.active = active  # the serving state's router (app.services.serving)
+        self.active = active  # the serving state's router (app.serving.states)
 
     # ---- the active version, shared by every worker through the database ------------------------------
 
@@ -81,7 +81,7 @@ class RouterManager:
         retrained. Returns router_version, stale (None: a router too old to tell),
         changed_clusters (whose expert differs from the router's copy), the reason in words, and
         drift: the documents whose content fits no expert (outgrown: enough of them to make an
-        expert of their own, app.services.content_fit.DRIFT_SHARE; then a re-fit is due).
+        expert of their own, app.clustering.content_fit.DRIFT_SHARE; then a re-fit is due).
         """
         out = self._staleness()
         drift = self.drift() if self.drift is not None else None

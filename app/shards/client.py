@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 class RayShards:
     """The serving side: the shard map's deployments, and the sharded view of an index that the
-    serving state holds instead of the index (app.services.serving)."""
+    serving state holds instead of the index (app.serving.states)."""
 
     def __init__(self, shard_map: ShardMap, address: str = "auto", timeout_seconds: float = 5.0) -> None:
         serve = require()

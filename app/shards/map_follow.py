@@ -15,7 +15,7 @@ import logging
 import threading
 from pathlib import Path
 
-from app.services.serving import ServingStates
+from app.serving.states import ServingStates
 from app.shards import client as ray_client
 from app.shards import map as shard_map
 from app.shards import replicas as ray_shards

@@ -22,8 +22,8 @@ import numpy as np
 import numpy.typing as npt
 from sqlalchemy.orm import Session
 
-from app.services.snapshots import SUFFIX, SnapshotStore
 from app.store.index_log import carries
+from app.store.snapshots import SUFFIX, SnapshotStore
 from index import ClusteredIndex
 
 log = logging.getLogger(__name__)

@@ -1,7 +1,7 @@
 """A shard replica's BM25 postings (engine.postings), kept in step with SQL.
 
 The postings of every chunk in the shard's lists are read from SQL at boot and read again, spaced
-as the server's BM25 rebuilds are (at most `share` of the time: app.services.lexical), after its
+as the server's BM25 rebuilds are (at most `share` of the time: app.serving.lexical), after its
 chunks changed. Chunks that enter the shard meanwhile (an upload, a list moved to it, a chunk
 re-placed into one of its lists) are read at once into a small second set of postings: a chunk
 moving between shards is then in the postings of the one it enters before that one answers for

@@ -29,13 +29,13 @@ from sqlalchemy.orm import Session
 
 from app.core.db import make_engine, make_sessionmaker
 from app.core.models import Chunk, IndexState
-from app.services.experts import profiles
-from app.services.sql_index import index_from_sql
 from app.shards import parts as shard_parts
 from app.shards.map import ShardMap
 from app.shards.postings import ShardPostings
 from app.store.catalogue import read_version
 from app.store.index_log import apply_log, carries, read_log
+from app.store.profiles import profiles
+from app.store.sql_index import index_from_sql
 from engine.errors import NotConfigured
 from engine.lexical import QueryWeights
 from engine.sharded_lexical import LexicalAnswer

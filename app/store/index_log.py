@@ -10,7 +10,7 @@ This module owns it, end to end:
 
 A replica the log cannot carry (its clustering was replaced, or the log was compacted past the
 version it holds: `carries` is false) is rebuilt from SQL instead. Snapshots:
-app/services/snapshots.py; the replica that follows: app/services/indexing.py.
+app/store/snapshots.py; the replica that follows: app/clustering/indexing.py.
 """
 
 from __future__ import annotations

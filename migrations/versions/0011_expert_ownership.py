@@ -1,5 +1,5 @@
 """experts a team owns: an owned flag, stable model-id slugs, and the experts' versions
-(app.services.expert_history) that undo restores
+(app.clustering.expert_history) that undo restores
 
 Experts stored before this revision count as owned: nothing automatic may undo what an
 operator may have curated.

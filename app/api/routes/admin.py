@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query, Response
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import AdminDep, IdPath, Limit, Offset, RuntimeDep
+from app.clustering import expert_documents, expert_history
 from app.core.models import Expert
 from app.schemas.admin import (
     AssignIn,
@@ -31,7 +32,6 @@ from app.schemas.admin import (
 )
 from app.schemas.api import PAGE_DEFAULT, PAGE_LIMIT, ClusterOut, JobOut, Page, ScopeLeakageOut
 from app.services import clusters as cluster_service
-from app.services import expert_documents, expert_history
 from app.services import experts as expert_service
 from app.services import questions as question_service
 from app.services import sync as sync_service

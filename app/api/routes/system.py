@@ -63,7 +63,7 @@ def _details(rt: Runtime) -> dict[str, object]:
         },
         "router": rt.routers.staleness(),  # stale: the mapping changed since it was trained
         "catalogue_version": rt.catalogue.version,  # the last change this process applied
-        # what a question starting now reads (app.services.serving), and what building it took
+        # what a question starting now reads (app.serving.states), and what building it took
         "serving": rt.state().versions | {"build_ms": rt.services.states.build_ms},
         "question_model": rt.question_model,
     }

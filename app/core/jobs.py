@@ -28,7 +28,7 @@ from sqlalchemy.engine import CursorResult
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.models import Job
-from app.services.paging import scalar_page
+from app.core.paging import scalar_page
 from engine.errors import MoeragError, NotFound, TooManyJobs
 
 log = logging.getLogger(__name__)

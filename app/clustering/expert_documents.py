@@ -13,8 +13,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.clustering import expert_history as history
 from app.core.models import Document, Expert
-from app.services import expert_history as history
 from engine.errors import Conflict, NotFound
 
 

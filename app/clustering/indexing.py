@@ -13,14 +13,14 @@ from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.clustering import expert_documents
+from app.clustering.reclustering import owners_of, recluster
 from app.core.models import Chunk, Cluster, Expert, IndexState, cluster_owners, stack
 from app.core.settings import Settings
-from app.services import expert_documents
-from app.services.reclustering import owners_of, recluster
-from app.services.snapshots import SnapshotStore
-from app.services.sql_index import Progress, assignments, index_from_sql, list_map_from_sql
 from app.store import index_log
 from app.store.catalogue import read_version
+from app.store.snapshots import SnapshotStore
+from app.store.sql_index import Progress, assignments, index_from_sql, list_map_from_sql
 from engine.errors import IndexMoved
 from index import ClusteredIndex, IndexCorrupt
 from index.fit import document_fit, fits
@@ -390,10 +390,10 @@ class IndexManager:
             "per_cluster": {int(c): int(n) for c, n in enumerate(per) if n},
         }
 
-    # ---- recluster (app.services.reclustering) ------------------------------------------------------
+    # ---- recluster (app.clustering.reclustering) ------------------------------------------------------
 
     def recluster(self, progress: Progress | None = None, clusters: int = 0) -> dict[str, Any]:
-        """k-means into `clusters` lists (0: the setting's count, else automatic); see app.services.reclustering."""
+        """k-means into `clusters` lists (0: the setting's count, else automatic); see app.clustering.reclustering."""
         return recluster(self, clusters, progress)
 
     def stage(self, fresh: ClusteredIndex | None) -> None:

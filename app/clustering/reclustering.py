@@ -19,12 +19,12 @@ import numpy as np
 from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.clustering import expert_documents
+from app.clustering import expert_history as history
+from app.core.jobs import JobContext
 from app.core.models import Chunk, Cluster, Document, Expert, IndexState, cluster_owners, stack
 from app.core.settings import Settings
-from app.services import expert_documents
-from app.services import expert_history as history
-from app.services.jobs import JobContext
-from app.services.sql_index import Progress
+from app.store.sql_index import Progress
 from engine.keywords import cluster_keywords
 from index import ClusteredIndex, auto_cluster_count, kmeans
 from index.fit import document_fits_within, fits, floors
@@ -32,7 +32,7 @@ from index.placement import held_groups, place
 
 
 class IndexManager(Protocol):
-    """What a recluster takes of the index replica (app.services.indexing.IndexManager, which
+    """What a recluster takes of the index replica (app.clustering.indexing.IndexManager, which
     calls `recluster` with itself): its database, settings and shape, its locks, and the two
     steps that hand it the new index."""
 

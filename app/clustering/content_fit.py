@@ -13,8 +13,8 @@ import numpy as np
 from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.clustering.indexing import IndexManager
 from app.core.models import Chunk, Cluster, Document, Expert, IndexState, cluster_owners, stack
-from app.services.indexing import IndexManager
 from engine.topics import MIN_TOPIC_DOCUMENTS
 from index.fit import document_fits_within, document_floors, fits, floors
 

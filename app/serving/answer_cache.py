@@ -1,6 +1,6 @@
 """Questions asked again: their route and citations reused until anything they depend on changes.
 
-A question takes its serving state once (app.services.serving) and is computed in it alone; its
+A question takes its serving state once (app.serving.states) and is computed in it alone; its
 entry is filed under that state's serial and looked up by it, so any catalogue change (a
 document, a mapping, an expert setting, a router version) or a BM25 rebuild makes every older
 entry unreachable to the questions that take the new state, and the LRU bound evicts them.

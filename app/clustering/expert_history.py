@@ -17,7 +17,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.models import Chunk, Cluster, Expert, ExpertsVersion, IndexState, RouterVersion, stack
-from app.services.paging import scalar_page
+from app.core.paging import scalar_page
 
 KEPT_VERSIONS = 50  # the newest versions kept; older ones cannot be undone
 EXPERT_COLUMNS = (

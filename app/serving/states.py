@@ -6,7 +6,7 @@ one, reloading only the parts that changed: profiles and mapping from SQL when e
 clusters changed, the active router when router versions changed, the kernel's expert matrix
 when chunks or the mapping changed (GPU deployments only). The work runs in the thread that
 applies the catalogue: the follower thread, or a writer's own thread at its commit (read your
-own writes), never a question's. A BM25 rebuild (app.services.lexical) publishes through
+own writes), never a question's. A BM25 rebuild (app.serving.lexical) publishes through
 `lexical_built`. Publications are serialised by one lock, so a slow build never overwrites a
 newer state; readers never lock: `current()` is one reference read.
 """
@@ -25,9 +25,9 @@ import torch
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from app.clustering.indexing import IndexManager
 from app.core.models import Chunk, cluster_owners, stack
-from app.services.experts import load_profiles
-from app.services.indexing import IndexManager
+from app.store.profiles import load_profiles
 from engine.expert_matrix import ExpertMatrix
 from engine.lexical import LexicalIndex, TermStats
 from engine.router import Router
