@@ -1,6 +1,6 @@
 """moerag against its peers on the Debian documentation corpus, in one command.
 
-    python benchmarks/compare.py --work /var/tmp/moerag-compare          # everything (hours; resumable)
+    python benchmarks/compare.py --work WORK_DIR          # everything (hours; resumable)
     python benchmarks/compare.py --work DIR --stages quality load report  # some stages
 
 Stages (each prints progress; the slow ones skip what is already built under --work):

@@ -1,7 +1,7 @@
 """Embeddings cached by the hash of the exact text embedded, so a chunking experiment re-embeds
 only the chunks it changed (the whole eval corpus takes ~45 min to embed on 2 cores).
 
-    cache = EmbeddingCache(Path("/var/tmp/moerag-emb.sqlite"), embedder)
+    cache = EmbeddingCache(Path("EMB_CACHE"), embedder)
     vecs = cache.encode(texts)          # [N, D], misses embedded in batches and stored
     cached(embedder, cache)             # the same for every `embedder.encode` call (ingest too)
 

@@ -18,9 +18,9 @@ ingested as a team adds documents on known topics. Reported: the share of those 
 drift report counts as fitting no expert (false alarms), and every dev question's expert-path
 coverage and hit@10 with the check on and off.
 
-    python benchmarks/evalcorpus.py build --out /var/tmp/eval/corpus
-    python benchmarks/held_out_topic.py --corpus /var/tmp/eval/corpus --work /var/tmp/eval/held \
-        --cache /var/tmp/eval/emb.sqlite --domains git sqlite debian --known-share 0.1
+    python benchmarks/evalcorpus.py build --out CORPUS
+    python benchmarks/held_out_topic.py --corpus CORPUS --work HELD_DIR \
+        --cache EMB_CACHE --domains git sqlite debian --known-share 0.1
 
 Results: benchmarks/results/held-out-topic.json.
 """

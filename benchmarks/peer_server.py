@@ -1,6 +1,6 @@
 """The LangChain peer as a service, in moerag's own shape: FastAPI on uvicorn, one process, one route.
 
-    python benchmarks/peer_server.py --store /var/tmp/eval/langchain --port 8100
+    python benchmarks/peer_server.py --store LANGCHAIN_DIR --port 8100
 
 POST /ask {"question": str, "k": 10} -> {"citations": [{"source", "text"}, ...]}: LangChain's
 `similarity_search` over the FAISS store saved by `peers.py langchain-build` (query embedded by

@@ -1,8 +1,8 @@
 """Expert shards on Ray Serve, on one machine: what a hop to a shard costs, how a shard's
 throughput grows with its replicas, and what one confident question touches against a full replica.
 
-    cp -r /var/tmp/eval/held/held-known /var/tmp/ray-scale
-    python benchmarks/ray_scale.py --data-dir /var/tmp/ray-scale
+    cp -r HELD_DIR/held-known RAY_DIR
+    python benchmarks/ray_scale.py --data-dir RAY_DIR
 
 One run, one process driving a local Ray cluster (`--cpus`, 2 by default: every machine kind
 here has two cores, so throughput saturates early and the figures say so):

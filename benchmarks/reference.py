@@ -1,6 +1,6 @@
 """The plain reference pipeline, and moerag's chunking scored beside it by flat search.
 
-    python benchmarks/reference.py --corpus /var/tmp/eval/corpus --cache /var/tmp/eval/emb.sqlite
+    python benchmarks/reference.py --corpus CORPUS --cache EMB_CACHE
     python benchmarks/reference.py ... --variant '{"target_tokens": 254}' --sample 0.2
 
 Reference (the simplest pipeline a RAG tutorial builds): each heading starts a section (an

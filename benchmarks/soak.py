@@ -1,6 +1,6 @@
 """Soak: a real `moerag serve` under mixed load at saturation for minutes; is anything drifting?
 
-    cp -r /var/tmp/eval/data /var/tmp/soakdata
+    cp -r DATA_DIR /var/tmp/soakdata
     python benchmarks/soak.py --data-dir /var/tmp/soakdata --minutes 10
 
 Askers (the FAQ dev questions, cycled, one request in flight each), one uploader (a small new

@@ -1,6 +1,6 @@
 """/ask latency while the catalogue moves: does any question pay for building the next state?
 
-    cp -r /var/tmp/eval/held/held-known /var/tmp/churn
+    cp -r HELD_DIR/held-known /var/tmp/churn
     python benchmarks/state_churn.py --data-dir /var/tmp/churn
 
 A real `moerag serve` on a copy of a store; askers (the FAQ dev questions, cycled, one request in
