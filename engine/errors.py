@@ -99,3 +99,41 @@ class IndexMoved(MoeragError):
     the write was rolled back whole and may be retried once this replica has followed."""
 
     code = "index_moved"
+
+
+class InvalidRequest(MoeragError):
+    """The request cannot be done as asked (a field that contradicts another, a path or URL refused)."""
+
+    code = "invalid_request"
+
+
+class ExpertNotFound(NotFound):
+    code = "expert_not_found"
+
+
+class ModelNotFound(NotFound):
+    """An OpenAI-compatible model id that names no expert."""
+
+    code = "model_not_found"
+
+
+class GeneratorUnavailable(MoeragError):
+    """The generator an answer needs cannot be reached or set up."""
+
+    code = "generator_unavailable"
+
+
+class GeneratorFailed(MoeragError):
+    """The generator was reached but failed while answering."""
+
+    code = "generator_failed"
+
+
+class RateLimited(MoeragError):
+    """A client asks faster than its rate allows; `retry_after_s`: when it may ask again."""
+
+    code = "rate_limited"
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

@@ -113,3 +113,14 @@ def test_app_s_folders_import_downwards_only() -> None:
             theirs = _layer(module)
             if theirs is not None:
                 assert APP_LAYERS.index(theirs) <= APP_LAYERS.index(mine), f"app/{rel} imports {module}"
+
+
+def test_services_raise_domain_errors() -> None:
+    """Below the API, errors are engine.errors' domain errors with codes; the API maps them to HTTP
+    (app.core.errors.STATUS), so a service never raises the HTTP layer's ApiError."""
+    for layer in ("store", "clustering", "serving", "services"):
+        for f in (ROOT / "app" / layer).rglob("*.py"):
+            for node in ast.walk(ast.parse(f.read_text(), str(f))):
+                if isinstance(node, ast.ImportFrom) and node.module == "app.core.errors":
+                    names = {a.name for a in node.names}
+                    assert "ApiError" not in names, f"{f.relative_to(ROOT)} imports ApiError"

@@ -21,12 +21,12 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from app.core.errors import ApiError
 from app.core.models import Chunk, Document
 from app.runtime import Runtime
 from app.services.sync import allowed_folder, sync_folder
 from app.services.sync_bounds import Bounds, FetchRefused, PageFetcher, allowed_url
 from app.services.sync_sources import sync_site
+from engine.errors import InvalidRequest
 from tests.conftest import AUTH
 from tests.helpers import topic_doc, wait_job
 from tests.test_sync_sources import needs_git
@@ -108,7 +108,7 @@ def test_a_folder_s_links_out_are_skipped_and_bad_folders_are_a_clear_4xx(client
     ):
         r = client.post("/admin/api/sync", json={"folder": folder}, headers=AUTH)
         assert r.status_code == 422 and why in r.json()["error"]["message"], (folder[:40], r.text)
-    with pytest.raises(ApiError, match="NUL"):
+    with pytest.raises(InvalidRequest, match="NUL"):
         allowed_folder(str(root) + "\x00", str(tmp_path))
 
 
@@ -140,7 +140,7 @@ def test_urls_are_compared_as_urls(url: str, prefix: str, outcome: str) -> None:
     if outcome.startswith(("http", "ssh")):
         assert allowed_url(url, prefix) == outcome
     else:
-        with pytest.raises(ApiError, match=outcome):
+        with pytest.raises(InvalidRequest, match=outcome):
             allowed_url(url, prefix)
 
 
@@ -152,7 +152,7 @@ def test_a_file_url_is_compared_by_its_real_path(tmp_path: Path) -> None:
     prefix = allowed.as_uri() + "/"
     assert allowed_url(allowed.as_uri() + "/repo", prefix) == allowed.as_uri() + "/repo"
     for url in (f"{allowed.as_uri()}/../outside/repo", f"{allowed.as_uri()}/link"):
-        with pytest.raises(ApiError, match="outside MOERAG_SYNC_URLS"):
+        with pytest.raises(InvalidRequest, match="outside MOERAG_SYNC_URLS"):
             allowed_url(url, prefix)
 
 

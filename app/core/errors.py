@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import math
 import re
 from typing import Any
 
@@ -12,7 +13,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy.exc import IntegrityError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.errors import MoeragError
+from engine.errors import MoeragError, RateLimited
 
 # The HTTP status of every error code the API answers with: the one place statuses are chosen.
 STATUS: dict[str, int] = {
@@ -82,6 +83,13 @@ class ApiError(Exception):
         self.status, self.code, self.message, self.headers = STATUS[code], code, message, headers
 
 
+def headers_of(exc: MoeragError) -> dict[str, str] | None:
+    """The HTTP headers a domain error asks for: Retry-After for a rate limit."""
+    if isinstance(exc, RateLimited):
+        return {"Retry-After": str(math.ceil(exc.retry_after_s))}
+    return None
+
+
 def error_body(code: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, **extra}}
 
@@ -105,7 +113,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(MoeragError)
     async def _moerag(request: Request, exc: MoeragError) -> JSONResponse:
-        return _error(request, exc.code, exc.message, STATUS.get(exc.code, 400))
+        return _error(request, exc.code, exc.message, STATUS.get(exc.code, 400), headers_of(exc))
 
     @app.exception_handler(IntegrityError)
     async def _integrity(request: Request, exc: IntegrityError) -> JSONResponse:

@@ -8,7 +8,6 @@ from typing import Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.core.errors import ApiError
 from app.core.limits import check_question
 from app.core.metrics import Metrics
 from app.core.settings import Settings
@@ -17,6 +16,7 @@ from app.services import conversations
 from app.services.ask import log_question, route_json
 from app.serving.answer_cache import AnswerCache
 from app.serving.generation import Generators
+from engine.errors import ExpertNotFound, GeneratorFailed, GeneratorUnavailable, InvalidRequest
 from engine.generators import GeneratorError, cited_numbers
 from engine.pipeline import AskPipeline, AskRequest, Prepared
 from engine.serving import ServingState
@@ -90,10 +90,10 @@ def prepare(rt: AnswerParts, body: AskIn) -> Asked:
     take a cached route and citations)."""
     check_question(body.query, body.k, rt.settings)
     if body.mode != "expert" and body.expert is not None:
-        raise ApiError("invalid_request", "'expert' is only meaningful with mode='expert'")
+        raise InvalidRequest("'expert' is only meaningful with mode='expert'")
     state = rt.state()  # one version for the whole question: checked, cached and routed in it
     if body.expert is not None and body.expert not in state.experts:
-        raise ApiError("expert_not_found", f"no expert {body.expert}")
+        raise ExpertNotFound(f"no expert {body.expert}")
     turn = None
     if body.conversation_id is not None:
         limit = rt.settings.max_question_chars
@@ -105,7 +105,7 @@ def prepare(rt: AnswerParts, body: AskIn) -> Asked:
         key = (query, body.k, body.mode, body.expert)
         return Asked(rt.answers.prepare(key, state.serial, lambda: rt.pipeline.prepare(request, state)), turn)
     except GeneratorError as exc:
-        raise ApiError("generator_unavailable", str(exc)) from None
+        raise GeneratorUnavailable(str(exc)) from None
 
 
 def finish(rt: AnswerParts, asked: Asked, answer: str | None = None) -> int | None:
@@ -131,7 +131,7 @@ def answer_json(rt: AnswerParts, body: AskIn) -> bytes:
         try:
             answer = "".join(prepared.answer_stream())
         except GeneratorError as exc:
-            raise ApiError("generator_failed", str(exc)) from None
+            raise GeneratorFailed(str(exc)) from None
     query_id = finish(rt, asked, answer)
     out = AskOut(
         answer=answer,

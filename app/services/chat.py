@@ -16,11 +16,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app.core.errors import ApiError
 from app.schemas.api import AskIn, CitationOut
 from app.schemas.openai import AssistantMessage, ChatCompletionOut, ChatIn, Choice, ModelList, ModelOut, Moerag
 from app.services.answering import AnswerParts, Asked, citations, finish, prepare
 from app.services.ask import route_json
+from engine.errors import GeneratorFailed, InvalidRequest, ModelNotFound
 from engine.followup import make_standalone, standalone_chain
 from engine.generators import GeneratorError
 from engine.serving import ExpertProfile
@@ -85,7 +85,7 @@ def ask_body(rt: AnswerParts, body: ChatIn) -> tuple[AskIn, str | None]:
     (engine.followup: by the configured model, else the rule applied to each user message in turn)."""
     by_model = model_ids(rt.state().experts)
     if body.model not in by_model:
-        raise ApiError("model_not_found", f"the model {body.model!r} does not exist; GET /v1/models lists them")
+        raise ModelNotFound(f"the model {body.model!r} does not exist; GET /v1/models lists them")
     expert = by_model[body.model]
     mode = "auto" if expert is None else "expert"
     questions = _questions(body)
@@ -117,13 +117,13 @@ def _questions(body: ChatIn) -> list[str]:
         content = m.content
         if isinstance(content, list):
             if any(part.type != "text" for part in content):
-                raise ApiError("invalid_request", "only text content parts are read")
+                raise InvalidRequest("only text content parts are read")
             content = "\n".join(part.text or "" for part in content)
         texts.append(content or "")
     if not texts:
-        raise ApiError("invalid_request", "the messages hold no user message: the last one is the question")
+        raise InvalidRequest("the messages hold no user message: the last one is the question")
     if not texts[-1].strip():
-        raise ApiError("invalid_request", "the last user message is empty")
+        raise InvalidRequest("the last user message is empty")
     return texts
 
 
@@ -141,7 +141,7 @@ def completion_json(rt: AnswerParts, body: ChatIn) -> bytes:
     try:
         answer = "".join(prepared.answer_stream())
     except GeneratorError as exc:
-        raise ApiError("generator_failed", str(exc)) from None
+        raise GeneratorFailed(str(exc)) from None
     query_id = finish(rt, asked, answer)
     cited = citations(prepared, answer)
     out = ChatCompletionOut(

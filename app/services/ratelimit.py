@@ -24,9 +24,9 @@ from sqlalchemy.engine import Engine
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import HTTPConnection
 
-from app.core.errors import ApiError
 from app.core.models import RateBucket
 from app.core.proxies import client_address
+from engine.errors import RateLimited
 
 _TAT = select(RateBucket.tat).where(RateBucket.client == bindparam("client"))
 _SWEEP_EVERY = 1024  # takes between deletions of spent buckets (a passed tat is the same as no row)
@@ -81,11 +81,7 @@ class AnswerGate:
             client = client_address(request, self.trusted_proxies)
             wait = await run_in_threadpool(self.limiter.take, client)
             if wait:
-                raise ApiError(
-                    "rate_limited",
-                    f"too many questions from this client; retry in {wait:.0f} s",
-                    headers={"Retry-After": str(math.ceil(wait))},
-                )
+                raise RateLimited(f"too many questions from this client; retry in {wait:.0f} s", wait)
 
     @property
     def slots(self) -> anyio.CapacityLimiter:

@@ -21,10 +21,9 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.core.errors import ApiError
 from app.core.models import Document
 from app.services.documents import Ingestor, Upload
-from engine.errors import InputError, MoeragError, NotConfigured
+from engine.errors import InputError, InvalidRequest, MoeragError, NotConfigured
 from engine.parsing import walk_documents
 
 Progress = Callable[[int, int], None]
@@ -39,19 +38,19 @@ def allowed_folder(folder: str, roots: str) -> str:
     if not allowed:
         raise NotConfigured("this server syncs no folder: set MOERAG_SYNC_ROOTS to the folders it may mirror")
     if "\0" in folder:
-        raise ApiError("invalid_request", "a folder path cannot hold a NUL character")
+        raise InvalidRequest("a folder path cannot hold a NUL character")
     path = Path(folder).expanduser()
     if not path.is_absolute():
-        raise ApiError("invalid_request", f"{folder!r} is not an absolute path")
+        raise InvalidRequest(f"{folder!r} is not an absolute path")
     try:
         path = path.resolve()
         is_dir = path.is_dir()
     except OSError as exc:  # a name too long for the file system, a loop of links
-        raise ApiError("invalid_request", f"the folder cannot be opened: {exc.strerror or exc}") from None
+        raise InvalidRequest(f"the folder cannot be opened: {exc.strerror or exc}") from None
     if not any(path == r or r in path.parents for r in allowed):
-        raise ApiError("invalid_request", f"{path} is outside MOERAG_SYNC_ROOTS")
+        raise InvalidRequest(f"{path} is outside MOERAG_SYNC_ROOTS")
     if not is_dir:
-        raise ApiError("invalid_request", f"{path} is not a folder")
+        raise InvalidRequest(f"{path} is not a folder")
     return str(path)
 
 
@@ -91,7 +90,7 @@ def sync_folder(
     failed, chunks, failures: [{source, error}]}."""
     root = Path(folder).expanduser().resolve()
     if not root.is_dir():
-        raise ApiError("invalid_request", f"{root} is not a folder")
+        raise InvalidRequest(f"{root} is not a folder")
     files, links = folder_files(root)
     readers = {source: partial(read_inside, root, path, source) for source, path in files.items()}
     counts = mirror(ingestor, sessions, str(root) + os.sep, readers, progress)

@@ -25,8 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 from urllib.parse import SplitResult, unquote, urljoin, urlsplit, urlunsplit
 
-from app.core.errors import ApiError
-from engine.errors import NotConfigured
+from engine.errors import InvalidRequest, NotConfigured
 
 if TYPE_CHECKING:
     import httpx
@@ -86,9 +85,7 @@ def _parsed(url: str) -> tuple[SplitResult, int | None]:
     encoded slash, a scheme other than http(s), ssh, git or file, credentials."""
     text = url.strip()
     if any(c in text for c in "\\\x00\r\n\t "):
-        raise ApiError(
-            "invalid_request", f"{url!r}: a URL to sync cannot hold spaces, backslashes or control characters"
-        )
+        raise InvalidRequest(f"{url!r}: a URL to sync cannot hold spaces, backslashes or control characters")
     scp = _SCP.match(text) if "://" not in text else None
     if scp is not None:
         text = f"ssh://{scp['user'] + '@' if scp['user'] else ''}{scp['host']}/{scp['path'].lstrip('/')}"
@@ -96,14 +93,13 @@ def _parsed(url: str) -> tuple[SplitResult, int | None]:
         parts = urlsplit(text)
         port = parts.port
     except ValueError as exc:
-        raise ApiError("invalid_request", f"{url!r} is not a URL: {exc}") from None
+        raise InvalidRequest(f"{url!r} is not a URL: {exc}") from None
     if _ENCODED_SEPARATOR.search(parts.path):
-        raise ApiError("invalid_request", f"{url!r}: a URL to sync cannot hold an encoded slash or backslash")
+        raise InvalidRequest(f"{url!r}: a URL to sync cannot hold an encoded slash or backslash")
     if parts.scheme.lower() not in ("http", "https", "ssh", "git", "file"):
-        raise ApiError("invalid_request", f"{url!r} is not an http(s), file, ssh or git URL")
+        raise InvalidRequest(f"{url!r} is not an http(s), file, ssh or git URL")
     if parts.password is not None or (parts.username is not None and parts.scheme.lower() != "ssh"):
-        raise ApiError(
-            "invalid_request",
+        raise InvalidRequest(
             "a URL to sync cannot carry credentials (they would be stored as every document's source): "
             "give the server access another way (a git credential helper, an ssh key)",
         )
@@ -111,16 +107,16 @@ def _parsed(url: str) -> tuple[SplitResult, int | None]:
 
 
 def place(url: str) -> Place:
-    """`url` parsed and normalised; ApiError (invalid_request) for what cannot be a sync source."""
+    """`url` parsed and normalised; InvalidRequest for what cannot be a sync source."""
     parts, port = _parsed(url)
     scheme, host = parts.scheme.lower(), (parts.hostname or "").rstrip(".")
     if scheme == "file":
         if host not in ("", "localhost"):
-            raise ApiError("invalid_request", f"{url!r}: a file URL names no other host")
+            raise InvalidRequest(f"{url!r}: a file URL names no other host")
         real = os.path.realpath(unquote(parts.path) or "/")
         return Place("file", "", "", None, tuple(_segments(real)), "file://" + real)
     if not host:
-        raise ApiError("invalid_request", f"{url!r} names no host")
+        raise InvalidRequest(f"{url!r} names no host")
     segments = _segments(parts.path or "/")
     netloc = (f"{parts.username}@" if parts.username else "") + (f"[{host}]" if ":" in host else host)
     port = port or _DEFAULT_PORTS.get(scheme)
@@ -154,10 +150,10 @@ class Bounds:
         return self if self.open else Bounds((*self.prefixes, _prefix(url)))
 
     def check(self, url: str) -> str:
-        """The normalised `url`, if it lies under a prefix; ApiError otherwise."""
+        """The normalised `url`, if it lies under a prefix; InvalidRequest otherwise."""
         found = place(url)
         if not self.open and not any(p.holds(found) for p in self.prefixes):
-            raise ApiError("invalid_request", f"{found.url} is outside MOERAG_SYNC_URLS")
+            raise InvalidRequest(f"{found.url} is outside MOERAG_SYNC_URLS")
         return found.url
 
 
@@ -166,7 +162,7 @@ OPEN = Bounds(open=True)
 
 def allowed_url(url: str, allowed: str) -> str:
     """`url` normalised, if it lies under one of `allowed` (MOERAG_SYNC_URLS, whitespace-separated
-    prefixes); NotConfigured when none is set, ApiError otherwise."""
+    prefixes); NotConfigured when none is set, InvalidRequest otherwise."""
     if not allowed.split():
         raise NotConfigured("this server fetches no URL: set MOERAG_SYNC_URLS to the URL prefixes it may mirror")
     return Bounds.of(allowed).check(url)
@@ -200,7 +196,7 @@ class PageFetcher:
         for _ in range(MAX_REDIRECTS + 1):
             try:
                 url = self.bounds.check(url)
-            except ApiError as exc:
+            except InvalidRequest as exc:
                 raise FetchRefused(f"not followed: {exc.message}") from None
             left = deadline - time.monotonic()
             if left <= 0:

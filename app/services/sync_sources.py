@@ -45,13 +45,12 @@ from urllib.robotparser import RobotFileParser
 
 from sqlalchemy.orm import Session
 
-from app.core.errors import ApiError
 from app.core.locking import dies_with_caller
 from app.core.settings import Settings
 from app.services.documents import Ingestor, Upload
 from app.services.sync import Progress, folder_files, mirror, read_inside, skipped_links, stored_sources
 from app.services.sync_bounds import OPEN, Bounds, FetchRefused, PageFetcher
-from engine.errors import NotConfigured, SourceUnavailable
+from engine.errors import InvalidRequest, NotConfigured, SourceUnavailable
 from engine.parsing import SUFFIXES
 
 GIT_SECONDS = 300  # a clone or fetch that takes longer fails the sync
@@ -142,7 +141,7 @@ def sync_git(
     failures}. `url` is checked against `bounds` (the server's MOERAG_SYNC_URLS) and normalised."""
     try:
         url = bounds.check(url)
-    except ApiError as exc:
+    except InvalidRequest as exc:
         raise SourceUnavailable(exc.message) from None
     if branch is not None and branch.startswith("-"):
         raise SourceUnavailable(f"{branch!r} is not a branch name")
@@ -376,7 +375,7 @@ def sync_site(
 
     try:
         start = bounds.check(start)
-    except ApiError as exc:
+    except InvalidRequest as exc:
         raise SourceUnavailable(exc.message) from None
     scope, limits = _scope(start), limits or FetchLimits.defaults()
     known = sorted(stored_sources(sessions, scope))
