@@ -3,8 +3,9 @@ routed and retrieved by the engine's pipeline, counted and logged."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -123,6 +124,22 @@ def finish(rt: AnswerParts, asked: Asked, answer: str | None = None) -> int | No
     return query_id
 
 
+def answer_fields(asked: Asked, body: AskIn, answer: str | None = None) -> dict[str, Any]:
+    """What both bodies of an answer carry, shaped once: the route, the citations (marked `used`
+    once the answer is known) and, in a conversation, its id and the question as routed."""
+    fields: dict[str, Any] = {
+        "route": route_json(asked.prepared.route),
+        "citations": citations(asked.prepared, answer),
+    }
+    if asked.turn is not None:
+        fields |= {
+            "conversation_id": body.conversation_id,
+            "standalone_question": asked.standalone,
+            "standalone_by": asked.standalone_by,
+        }
+    return fields
+
+
 def answer_json(rt: AnswerParts, body: AskIn) -> bytes:
     """One answer as the API's JSON body (the CLI's local `ask` prints the same)."""
     asked = prepare(rt, body)
@@ -135,12 +152,27 @@ def answer_json(rt: AnswerParts, body: AskIn) -> bytes:
     query_id = finish(rt, asked, answer)
     out = AskOut(
         answer=answer,
-        citations=citations(prepared, answer),
-        route=route_json(prepared.route),
+        **answer_fields(asked, body, answer),
         timings_ms={k: round(v, 3) for k, v in prepared.timings_ms.items()},
         query_id=query_id,
-        conversation_id=body.conversation_id,
-        standalone_question=asked.standalone,
-        standalone_by=asked.standalone_by,
     )
     return out.model_dump_json().encode()
+
+
+def answer_events(asked: Asked, body: AskIn, log: Callable[..., int | None]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """One answer as the stream's events, (name, data): `route` (the fields `answer_fields` shapes),
+    `token` ({"text"}) as the generator writes, `error` if it fails, `done` (timings, query id).
+    `log(answer=...)` logs the question once, when the answer is whole."""
+    fields = answer_fields(asked, body)
+    fields["citations"] = [c.model_dump() for c in fields["citations"]]
+    yield "route", fields
+    text: list[str] = []
+    if body.generate:
+        try:
+            for delta in asked.prepared.answer_stream():
+                text.append(delta)
+                yield "token", {"text": delta}
+        except GeneratorError as exc:
+            yield "error", {"code": GeneratorFailed.code, "message": str(exc)}
+    query_id = log(answer="".join(text) if body.generate else None)
+    yield "done", {"timings_ms": asked.prepared.timings_ms, "query_id": query_id}

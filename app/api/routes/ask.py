@@ -15,9 +15,7 @@ from app.api.deps import ReaderDep, RuntimeDep
 from app.api.routes.flow import LogOnce, gate, threaded_stream
 from app.runtime import Runtime
 from app.schemas.api import AskIn, AskOut
-from app.services.answering import Asked, answer_json, citations, prepare
-from app.services.ask import route_json
-from engine.generators import GeneratorError
+from app.services.answering import Asked, answer_events, answer_json, prepare
 
 router = APIRouter(tags=["ask"])
 # What Swagger's "Try it out" pre-fills: without them it built a body from the schema, with
@@ -81,30 +79,8 @@ async def _ask(body: AskIn, request: Request, rt: Runtime) -> Response:
 
 
 def _events(asked: Asked, body: AskIn, log: LogOnce) -> Iterator[str]:
-    def event(name: str, data: object) -> str:
-        return f"event: {name}\ndata: {json.dumps(data)}\n\n"
-
-    prepared, text = asked.prepared, []
-    route: dict[str, Any] = {
-        "route": route_json(prepared.route),
-        "citations": [c.model_dump() for c in citations(prepared)],
-    }
-    if asked.turn is not None:
-        route |= {
-            "conversation_id": body.conversation_id,
-            "standalone_question": asked.standalone,
-            "standalone_by": asked.standalone_by,
-        }
-    yield event("route", route)
-    if body.generate:
-        try:
-            for delta in prepared.answer_stream():
-                text.append(delta)
-                yield event("token", {"text": delta})
-        except GeneratorError as exc:
-            yield event("error", {"code": "generator_failed", "message": str(exc)})
-    query_id = log(answer="".join(text) if body.generate else None)
-    yield event("done", {"timings_ms": prepared.timings_ms, "query_id": query_id})
+    for name, data in answer_events(asked, body, log):
+        yield f"event: {name}\ndata: {json.dumps(data)}\n\n"
 
 
 @router.get(
