@@ -264,10 +264,6 @@ class Runtime:
                 max_chunks=s.max_chunks_per_document,
                 max_chars=s.max_document_chars,
             )
-            ingestor = Ingestor(self.sessions, emb, indexes, chunking, self.catalogue.sync)
-            self.lexical.refresh(force=True)
-            content_fit = ContentFit(self.sessions, indexes, lambda: self.catalogue.version)
-            content_fit.backfill()
             states = ServingStates(
                 self.sessions,
                 indexes,
@@ -276,10 +272,13 @@ class Runtime:
                 matrix_dtype=s.matrix_dtype,  # how the kernel's copy stores the vectors
                 shards=tier,
             )
+            ingestor = Ingestor(self.sessions, emb, indexes, chunking, self.catalogue.sync, states.search_index)
+            self.lexical.refresh(force=True)
+            content_fit = ContentFit(self.sessions, indexes, lambda: self.catalogue.version, states.search_index)
+            content_fit.backfill()
             if s.shard_map is not None and tier is not None:  # the map read above (s.shard_map for the follower)
                 from app.shards.map_follow import ShardMapFollower
 
-                indexes.searchable = lambda: states.current().index  # the vectors, over the shards
                 follow = ShardMapFollower(
                     s.shard_map, states, tier.shard_map.version, s.ray_address, tier.timeout_seconds
                 )
@@ -288,7 +287,7 @@ class Runtime:
                 s,
                 self.sessions,
                 emb,
-                indexes.search_index,
+                states.search_index,
                 lambda: states.current().lexical,  # whole here, or over the shards
                 drift=content_fit.drift,
                 active=lambda: states.current().router,

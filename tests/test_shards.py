@@ -661,21 +661,20 @@ def test_a_server_over_shards_keeps_the_lists_without_the_vectors(client: TestCl
     shard = shard_of_lists(owners, {experts["git"]: 0, experts["sqlite"]: 1}, default=2)
     lists = [np.flatnonzero(shard == s) for s in range(3)]
     parts = [carve(whole, ls) for ls in lists]
-    lean.searchable = lambda: ShardedIndex(
-        lean.index, lists, [local_search(p) for p in parts], rows=[local_rows(p) for p in parts]
-    )
+    over_shards = ShardedIndex(lean.index, lists, [local_search(p) for p in parts], rows=[local_rows(p) for p in parts])
     vectors = rt.embedder.encode([topic_doc("git", 951, 1), topic_doc("debian", 952, 1)])
-    got, want = lean.place_document(vectors, "lean-new.md"), rt.indexes.place_document(vectors, "lean-new.md")
+    got = lean.place_document(vectors, "lean-new.md", search=over_shards)
+    want = rt.indexes.place_document(vectors, "lean-new.md")
     assert np.array_equal(got.lists, want.lists) and got.fits == pytest.approx(want.fits)
     assert want.document_fit is not None and got.document_fit == pytest.approx(want.document_fit)
 
     def down(*args: Any) -> Any:
         raise TimeoutError("shard sqlite did not answer in 5 s")
 
-    lean.searchable = lambda: ShardedIndex(
+    one_down = ShardedIndex(
         lean.index, lists, [local_search(p) for p in parts], rows=[local_rows(parts[0]), down, local_rows(parts[2])]
     )
-    unknown = lean.place_document(vectors, "lean-new.md")  # a shard down: the fit is unknown, not partial
+    unknown = lean.place_document(vectors, "lean-new.md", search=one_down)  # a shard down: the fit is unknown
     assert unknown.document_fit is None and np.array_equal(unknown.lists, want.lists)
     written = lean.snapshots(whole.version)
     lean.checkpoint()  # nothing to write; the log it followed may be compacted (after the retention)

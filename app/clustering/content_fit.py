@@ -33,8 +33,17 @@ def outside_fit() -> Any:
 
 
 class ContentFit:
-    def __init__(self, sessions: sessionmaker[Session], indexes: IndexManager, version: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        indexes: IndexManager,
+        version: Callable[[], int],
+        search_index: Callable[[], Any] | None = None,
+    ) -> None:
         self.sessions, self.indexes, self.version = sessions, indexes, version
+        # What document fits are measured on: the serving state's vectors (over shards too); None:
+        # the replica's own (IndexManager.search_index).
+        self.search_index = search_index or indexes.search_index
         self._drift: tuple[int, dict[str, Any]] | None = None  # (catalogue version, report)
         self._new: tuple[int, dict[int, float]] | None = None  # (catalogue version, new topics)
         self._floors: tuple[Any, dict[int, float]] | None = None  # ((watermark, mapping), expert floors)
@@ -75,7 +84,7 @@ class ContentFit:
 
     def _backfill_documents(self) -> int:
         """Everything stored now becomes the fitted content: each document's fit, leave-one-document-out."""
-        index = self.indexes.search_index()
+        index = self.search_index()
         with self.sessions() as s:
             rows = s.execute(select(Chunk.id, Chunk.document_id, Chunk.embedding).order_by(Chunk.id)).all()
         if not rows:

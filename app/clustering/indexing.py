@@ -75,10 +75,10 @@ class IndexManager:
         self.model = model
         self.write_lock = threading.RLock()
         self.codec = settings.index_codec  # how the index stores vectors (flat, sq8)
-        # vectors=False (the shards hold them): a ListMap from SQL, never a snapshot; vectors via `searchable()`.
+        # vectors=False (the shards hold them): a ListMap from SQL, never a snapshot; the vectors are
+        # searched over the shards (app.serving.states.ServingStates.search_index).
         self.vectors = vectors
         self.index: ClusteredIndex | ListMap = ClusteredIndex.single(dim, "unopened", self.codec)
-        self.searchable: Callable[[], Any] | None = None
         self.position = 0  # the catalogue version this replica holds
         self._dirty = False  # the index changed since it was last written
         self._staged: ClusteredIndex | None = None  # a recluster's index, adopted when its commit is followed
@@ -206,11 +206,10 @@ class IndexManager:
             return index_from_sql(s, self.dim, progress=progress, codec=self.codec), position
 
     def search_index(self) -> Any:
-        """What searches the vectors: this replica, else the shards (`searchable`), else a one-off index from SQL."""
+        """What searches the vectors here: this replica, else a one-off index from SQL (over shards,
+        the serving state's lists searched there: app.serving.states.ServingStates.search_index)."""
         if isinstance(self.index, ClusteredIndex):
             return self.index
-        if self.searchable is not None:
-            return self.searchable()
         with self.sessions() as s:
             return index_from_sql(s, self.dim, codec=self.codec)
 
@@ -302,10 +301,17 @@ class IndexManager:
         return owners_of([owned.get(c) for c in range(self.index.nlist)])
 
     def place_document(
-        self, vectors: np.ndarray, source: str, meta: Any = None, document_id: int | None = None
+        self,
+        vectors: np.ndarray,
+        source: str,
+        meta: Any = None,
+        document_id: int | None = None,
+        *,
+        search: Any = None,
     ) -> Placement:
         """One document's chunk vectors [N, D] -> its lists, chunk fits and document fit; under
-        `write_lock`. A document an expert is defined by goes into that expert's lists."""
+        `write_lock`. A document an expert is defined by goes into that expert's lists. `search`:
+        what the document's fit is measured on (default `search_index()`)."""
         with self.sessions() as s:  # changes only with the clustering, which the commit checks
             through = s.scalar(select(IndexState.fitted_through).where(IndexState.id == 1))
             selectors = expert_documents.defined(s)
@@ -317,7 +323,7 @@ class IndexManager:
             pins = {0: expert} if expert is not None else {}
             lists = place(vectors, owners, self.index.centroids(), self.groups(), pins, set(selectors))
         with shard_failures() as missed:  # over shards: a fit that misses a shard's chunks is unknown
-            fit = document_fit(self.search_index(), vectors, through) if through is not None else None
+            fit = document_fit(search or self.search_index(), vectors, through) if through is not None else None
         return Placement(lists, self.fits_of(vectors, lists), None if missed else fit)
 
     def fits_of(self, vectors: np.ndarray, lists: np.ndarray) -> list[float | None]:

@@ -81,8 +81,14 @@ class Ingestor:
     indexes: IndexManager
     chunking: ChunkingConfig
     follow: Callable[[], object] = lambda: None  # apply the catalogue's changes now (Catalogue.sync)
+    # What a new document's fit is measured on (app.serving.states.ServingStates.search_index:
+    # the replica, or its lists over the shards); None: the replica's own search_index.
+    search_index: Callable[[], Any] | None = None
 
     # ---- shared steps -------------------------------------------------------------------------
+
+    def _search(self) -> Any:
+        return self.search_index() if self.search_index is not None else None
 
     def _prepare(self, upload: Upload) -> _Prepared:
         parsed = parse(upload.data, upload.filename, upload.content_type)
@@ -139,7 +145,7 @@ class Ingestor:
     def _try_commit_new(self, p: _Prepared, vectors: Vectors) -> Outcome:
         up = p.upload
         with self.indexes.write_lock:
-            placement = self.indexes.place_document(vectors, up.source, up.metadata)
+            placement = self.indexes.place_document(vectors, up.source, up.metadata, search=self._search())
             clusters = placement.lists
             placed = self.indexes.index.version
             try:
@@ -237,7 +243,7 @@ class Ingestor:
         prepared = self._prepare(upload)
         vectors = self._embed([prepared])[0]
         with self.indexes.write_lock:
-            placement = self.indexes.place_document(vectors, source, meta, document_id)
+            placement = self.indexes.place_document(vectors, source, meta, document_id, search=self._search())
             clusters = placement.lists
             with self.sessions() as s, s.begin():
                 self.indexes.lock_clustering(s, self.indexes.index.version)

@@ -87,6 +87,15 @@ class ServingStates:
         self._lexical: LexicalIndex | None = None  # the BM25 index now (its statistics, over shards)
         self._lexical_version = 0
 
+    def search_index(self) -> Any:
+        """What searches every vector now: this process's replica, else (a server over expert shards)
+        the current state's lists searched on the shards, else (before the first state) a one-off
+        index from SQL."""
+        held = self.indexes.index
+        if isinstance(held, ClusteredIndex) or self._state is None:
+            return self.indexes.search_index()
+        return self._state.index
+
     def current(self) -> ServingState:
         state = self._state
         assert state is not None, "no serving state published yet"
