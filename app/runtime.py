@@ -119,7 +119,7 @@ class Runtime:
         self.console_sessions = ConsoleSessions(self.sessions)
         per_minute = settings.ask_rate_per_minute
         self.ask_limiter = RateLimiter(self.engine, per_minute) if per_minute else None
-        self.metrics = Metrics(question_stats=self._question_stats, drift=self._drift)
+        self.metrics = Metrics(question_stats=self._question_stats, drift=self._drift, shards=self.shard_health)
         self.admin_token = ""
         self.ready = False
         self.phase = "starting"  # what /readyz says before ready: "preparing" (serve --sample), "starting"
@@ -134,6 +134,11 @@ class Runtime:
     def _question_stats(self) -> BatchStats | None:
         """/metrics: the question model's batches, once started."""
         return self._services.questions.stats if self._services else None
+
+    def shard_health(self) -> list[dict[str, Any]] | None:
+        """Each expert shard as this process sees it (calls, errors, skipped, breaker); None without shards."""
+        tier = self._services.states.shards if self._services else None
+        return tier.health() if tier is not None else None
 
     def _drift(self) -> dict[str, Any] | None:
         """/metrics: the content-fit report, once started."""

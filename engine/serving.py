@@ -26,12 +26,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING
 
-from engine.expert_matrix import ExpertMatrix
 from engine.lexical import LexicalIndex
-from engine.router import Router
 from engine.sharded_lexical import ShardedLexical
 from index import SearchIndex
+
+if TYPE_CHECKING:  # annotations only: a shard replica reads profiles without loading torch
+    from engine.expert_matrix import ExpertMatrix
+    from engine.router import Router
 
 
 @dataclass(frozen=True)

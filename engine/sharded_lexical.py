@@ -32,7 +32,7 @@ import numpy.typing as npt
 from engine.lexical import QueryWeights, TermStats
 from engine.postings import Postings
 from index import SearchIndex
-from index.shards import ShardedIndex, bm25_found, merge_topk, offer_bm25, record_failure
+from index.shards import ShardBreakers, ShardedIndex, bm25_found, merge_topk, offer_bm25, record_failure
 
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float32]
@@ -72,9 +72,12 @@ class ShardedLexical:
         names: Sequence[str],
         index: ShardedIndex,
         depth: int = 50,
+        breakers: ShardBreakers | None = None,
     ) -> None:
-        """index: the sharded index the shards hold (which shard holds each list, each chunk's list)."""
+        """index: the sharded index the shards hold (which shard holds each list, each chunk's list);
+        breakers: the shards' (index.shards.ShardBreakers), shared with the dense searches."""
         self.stats, self.shards, self.names = stats, list(shards), list(names)
+        self.breakers = breakers
         self.shard_of_list, self.clusters_of, self.depth = index.shard_of_list, index.clusters_of, depth
 
     def __len__(self) -> int:
@@ -160,12 +163,21 @@ class ShardedTerms:
         self, shards: Sequence[int] | range, k: int, lists: Ints | None, ids: Ints | None
     ) -> list[tuple[int, PendingLexical]]:
         sent = []
+        breakers = self.lexical.breakers
         for s in shards:
+            if breakers is not None and not breakers.allow(s):
+                record_failure(self.lexical.names[s], "a BM25 search", skipped=True)
+                continue
             try:
                 sent.append((s, self.lexical.shards[s](self.w, k, lists, ids)))
             except Exception:  # not even sent (no replica to take it)
-                record_failure(self.lexical.names[s], "a BM25 search")
+                self._failed(s)
         return sent
+
+    def _failed(self, s: int) -> None:
+        if self.lexical.breakers is not None:
+            self.lexical.breakers.failed(s)
+        record_failure(self.lexical.names[s], "a BM25 search")
 
     def _collect(self, sent: list[tuple[int, PendingLexical]]) -> list[LexicalAnswer]:
         answers = []
@@ -173,7 +185,10 @@ class ShardedTerms:
             try:
                 answers.append(pending.result())
             except Exception:  # down or too slow: the others answer, the caller is told
-                record_failure(self.lexical.names[s], "a BM25 search")
+                self._failed(s)
+                continue
+            if self.lexical.breakers is not None:
+                self.lexical.breakers.ok(s)
         return answers
 
 

@@ -12,6 +12,8 @@ FAISS). What needs no vectors stays beside them (index.list_map: 16 bytes a chun
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
@@ -68,6 +70,7 @@ _FAILED: ContextVar[list[str] | None] = ContextVar("moerag_failed_shards", defau
 class _Bm25Alongside:
     weights: object | None = None  # the question's BM25 term weights (engine.lexical.QueryWeights)
     found: dict[int, float] = field(default_factory=dict)  # chunk id -> its BM25 score, from the shards
+    deadline: float | None = None  # monotonic time by which all the question's shard calls must answer
 
 
 _BM25: ContextVar[_Bm25Alongside | None] = ContextVar("moerag_bm25_alongside", default=None)
@@ -102,12 +105,78 @@ def bm25_found() -> dict[int, float]:
     return holder.found if holder is not None else {}
 
 
-def record_failure(shard: str, what: str) -> None:
-    """A shard failed or did not answer in time: logged, and named to `shard_failures` when it collects."""
-    log.warning("shard %s did not answer %s", shard, what, exc_info=True)
+def question_deadline(budget_s: float) -> float:
+    """The monotonic time by which the current question's shard calls must all be answered: one
+    budget a question (set by its first shard call: now + `budget_s`), not one a call, so stages
+    that follow one another share it. Outside a question (`shard_failures`): now + `budget_s`."""
+    holder = _BM25.get()
+    now = time.monotonic()
+    if holder is None:
+        return now + budget_s
+    if holder.deadline is None:
+        holder.deadline = now + budget_s
+    return holder.deadline
+
+
+def record_failure(shard: str, what: str, *, skipped: bool = False) -> None:
+    """A shard failed or did not answer in time (or was `skipped`: its breaker is open): logged,
+    and named to `shard_failures` when it collects."""
+    if skipped:
+        log.debug("shard %s skipped for %s: its breaker is open", shard, what)
+    else:
+        log.warning("shard %s did not answer %s", shard, what, exc_info=True)
     failed = _FAILED.get()
     if failed is not None:
         failed.append(shard)
+
+
+class ShardBreakers:
+    """A circuit breaker per shard. Closed: the shard is asked. A failure or a timeout opens it:
+    the shard is skipped (the answer is partial at once, no wait) for a back-off that doubles with
+    each failure in a row (`base_s` .. `max_s`); then it is half-open: one call probes it, and
+    success closes it, another failure opens it again for longer. Shared by every serving state
+    of a process (the states come and go; a shard's health does not)."""
+
+    def __init__(self, shards: int, base_s: float = 0.5, max_s: float = 10.0) -> None:
+        self.base_s, self.max_s = base_s, max_s
+        self._lock = threading.Lock()
+        self._failures = [0] * shards  # failures in a row
+        self._open_until = [0.0] * shards  # monotonic time the back-off ends (0: closed)
+        self._probing = [False] * shards  # a half-open probe is in flight
+        self.calls = [0] * shards  # calls let through
+        self.errors = [0] * shards  # calls that failed or timed out
+        self.skipped = [0] * shards  # calls not made: the breaker was open
+
+    def allow(self, shard: int) -> bool:
+        """Whether to ask `shard` now (counted); False: skip it."""
+        with self._lock:
+            until = self._open_until[shard]
+            if until and (time.monotonic() < until or self._probing[shard]):
+                self.skipped[shard] += 1
+                return False
+            if until:  # the back-off is over: this call is the probe
+                self._probing[shard] = True
+            self.calls[shard] += 1
+            return True
+
+    def ok(self, shard: int) -> None:
+        with self._lock:
+            self._failures[shard], self._open_until[shard], self._probing[shard] = 0, 0.0, False
+
+    def failed(self, shard: int) -> None:
+        with self._lock:
+            self.errors[shard] += 1
+            self._failures[shard] += 1
+            backoff = min(self.max_s, self.base_s * 2 ** (self._failures[shard] - 1))
+            self._open_until[shard], self._probing[shard] = time.monotonic() + backoff, False
+
+    def state(self, shard: int) -> str:
+        """ "closed", "open" (skipped until its back-off ends) or "half-open" (the next call probes)."""
+        with self._lock:
+            until = self._open_until[shard]
+        if not until:
+            return "closed"
+        return "open" if time.monotonic() < until else "half-open"
 
 
 def shard_of_lists(owners: Sequence[int | None], shard_of_expert: Mapping[int, int], default: int = 0) -> Ints:
@@ -190,6 +259,7 @@ class ShardedIndex(ListFacts):
         shard_map: str = "",
         names: Sequence[str] | None = None,
         rows: Sequence[ShardRows] | None = None,
+        breakers: ShardBreakers | None = None,
     ) -> None:
         # One version's arrays: a ListMap's as they are (no copy, no count), an index's read out.
         view = (
@@ -207,6 +277,7 @@ class ShardedIndex(ListFacts):
         self.rows = list(rows) if rows is not None else None
         self.names = list(names) if names is not None else [str(s) for s in range(len(self.searches))]
         self.calls: list[int] = [0] * len(self.searches)  # searches sent to each shard
+        self.breakers = breakers  # a shard that failed is skipped for a back-off (None: always asked)
         self.reasked = 0  # shard answers asked again to bring them to one cut
 
     def shards_of(self, clusters: Iterable[int] | None = None) -> list[int]:
@@ -268,6 +339,8 @@ class ShardedIndex(ListFacts):
         holder = _BM25.get()
         bm25 = holder.weights if holder is not None else None
         for s, its_lists in lists_of.items():
+            if not self._allow(s):
+                continue
             self.calls[s] += 1
             try:
                 search = self.searches[s]
@@ -288,6 +361,8 @@ class ShardedIndex(ListFacts):
             except Exception:  # a shard down or too slow: the others answer; the caller is told
                 self._failed(s)
                 continue
+            if self.breakers is not None:
+                self.breakers.ok(s)
             if holder is not None and len(answers[s]) == 5:  # its chunks' BM25 scores, for the fusion
                 ids, bm25 = answers[s][1], answers[s][4]  # type: ignore[misc]
                 holder.found.update(
@@ -295,7 +370,16 @@ class ShardedIndex(ListFacts):
                 )
         return answers
 
+    def _allow(self, shard: int) -> bool:
+        """Whether to ask `shard` now; a shard whose breaker is open is skipped and named at once."""
+        if self.breakers is None or self.breakers.allow(shard):
+            return True
+        record_failure(self.names[shard], "a search", skipped=True)
+        return False
+
     def _failed(self, shard: int) -> None:
+        if self.breakers is not None:
+            self.breakers.failed(shard)
         record_failure(self.names[shard], "a search")
 
     def search_rows(
@@ -320,6 +404,8 @@ class ShardedIndex(ListFacts):
         shards = {int(s) for w in wanted for s in self.shard_of_list[w]}
         pending: list[tuple[int, PendingSearch]] = []
         for s in sorted(shards):
+            if not self._allow(s):
+                continue
             self.calls[s] += 1
             try:
                 pending.append((s, self.rows[s](q, k, [w[self.shard_of_list[w] == s] for w in wanted], through)))

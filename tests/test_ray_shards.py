@@ -17,6 +17,7 @@ import dataclasses
 import itertools
 import os
 import shutil
+import signal
 import socket
 import threading
 import time
@@ -250,6 +251,31 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
             time.sleep(0.5)
         assert [c["chunk_id"] for c in r.json()["citations"]] == [c["chunk_id"] for c in whole["citations"]]
 
+        # Its replica frozen (SIGSTOP): the first question waits one deadline (2 s) for all its
+        # shard calls, not one a stage; the questions after it skip the shard at once (its breaker
+        # is open), partial; /readyz says degraded and /metrics counts it. Serve's health check
+        # replaces the frozen replica, a probe finds the shard back, and the answers are whole again.
+        healthy = _timed(client, sqlite_question, 5, "healthy")
+        pid = handles[1].stats.remote().result()["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            frozen = _timed(client, sqlite_question, 10, "frozen")
+        finally:
+            os.kill(pid, signal.SIGCONT)  # harmless once Serve has replaced it
+        assert all(partial for _, partial in frozen), (frozen, healthy)
+        assert max(t for t, _ in frozen) <= 2 + 0.5, frozen  # the first, and any probe: one deadline
+        skipping = sorted(t for t, _ in frozen[1:])[len(frozen) // 2]  # the median after the first
+        assert skipping <= 2 * max(t for t, _ in healthy) + 0.05, (frozen, healthy)
+        ready = client.get("/readyz", headers=AUTH).json()
+        assert ready["status"] == "degraded" and client.get("/readyz").json()["status"] == "degraded"
+        assert {row["shard"] for row in ready["shards"]} == {"git", "sqlite", "rest"}
+        assert 'moerag_shard_errors_total{shard="sqlite"}' in client.get("/metrics", headers=AUTH).text
+        deadline = time.monotonic() + 60
+        while _timed(client, sqlite_question, 1, f"back {time.monotonic()}")[0][1]:  # each asked anew
+            assert time.monotonic() < deadline, "the frozen replica was not replaced"
+            time.sleep(0.5)
+        assert client.get("/readyz", headers=AUTH).json()["status"] == "ready"
+
         # Four writers at once: every committed chunk is on its shard within 5 s by the replicas'
         # own following (no question asks them to catch up), each shard holding exactly SQL's
         # chunks of its lists, and their sum SQL's row count.
@@ -449,6 +475,17 @@ def _embedder_on_ray(client: TestClient, questions: list[str], expected: list[di
         assert sum(batches) - sum(before) >= len(questions)  # every /ask embedded its question there
     finally:
         serve.delete(ray_embedder.APP)  # its memory back for the rest of the module
+
+
+def _timed(client: TestClient, body: dict[str, Any], n: int, tag: str) -> list[tuple[float, bool]]:
+    """`n` answers to `body` (its question numbered) in turn: each one's seconds and whether it was partial."""
+    out = []
+    for i in range(n):  # each asked anew (an answer cached whole would not ask the shards)
+        t = time.monotonic()
+        r = client.post("/ask", json=body | {"query": f"{body['query']} ({tag} {i})"})
+        assert r.status_code == 200, r.text
+        out.append((time.monotonic() - t, bool(r.json()["route"]["partial"])))
+    return out
 
 
 def _free_port() -> int:

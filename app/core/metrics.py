@@ -51,16 +51,50 @@ class _QuestionModel(Collector):
         yield GaugeMetricFamily("moerag_question_batch_largest", "Most questions in one model call", value=s.largest)
 
 
+class _Shards(Collector):
+    """Each expert shard as this process sees it (app.shards.client.RayShards.health): calls,
+    errors and timeouts, calls skipped by its open breaker, and whether the breaker is open."""
+
+    def __init__(self, health: Callable[[], list[dict[str, Any]] | None]) -> None:
+        self.health = health
+
+    def collect(self) -> Iterator[Metric]:
+        rows = self.health()
+        if not rows:
+            return
+        families = {
+            "calls": CounterMetricFamily("moerag_shard_calls", "Calls sent to each expert shard", labels=["shard"]),
+            "errors": CounterMetricFamily(
+                "moerag_shard_errors", "Shard calls that failed or timed out", labels=["shard"]
+            ),
+            "skipped": CounterMetricFamily(
+                "moerag_shard_skipped", "Shard calls not made: the shard's breaker was open", labels=["shard"]
+            ),
+        }
+        open_ = GaugeMetricFamily(
+            "moerag_shard_breaker_open", "1 while a shard's breaker is open or half-open", labels=["shard"]
+        )
+        for row in rows:
+            for key, family in families.items():
+                family.add_metric([row["shard"]], row[key])
+            open_.add_metric([row["shard"]], 0.0 if row["breaker"] == "closed" else 1.0)
+        yield from families.values()
+        yield open_
+
+
 class Metrics:
     def __init__(
         self,
         window: int = 1000,
         question_stats: Callable[[], BatchStats | None] | None = None,
         drift: Callable[[], dict[str, Any] | None] | None = None,
+        shards: Callable[[], list[dict[str, Any]] | None] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         if question_stats is not None:
             self.registry.register(_QuestionModel(question_stats))
+        if shards is not None:
+            self.registry.register(_Shards(shards))
         self.requests = PCounter(
             "moerag_ask_requests",
             "Questions answered, by path and expert",

@@ -60,6 +60,11 @@ class ShardTier(Protocol):
         """Each shard, for operators: its experts, replicas, lists, vectors, position, searches sent."""
         ...
 
+    def health(self) -> list[dict[str, Any]]:
+        """Each shard as this process sees it, without asking it: calls, errors, calls skipped and
+        its breaker's state (index.shards.ShardBreakers)."""
+        ...
+
 
 class ServingStates:
     """Builds and publishes the serving state; `current()` is what a question takes at its start."""

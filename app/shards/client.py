@@ -20,7 +20,7 @@ from engine.serving import ExpertProfile
 from engine.sharded_lexical import LexicalShard, ShardedLexical
 from index import ClusteredIndex
 from index.list_map import ListMap
-from index.shards import ShardedIndex, ShardRows, ShardSearch
+from index.shards import ShardBreakers, ShardedIndex, ShardRows, ShardSearch, question_deadline
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,8 @@ class RayShards:
         app = shard_map.app_name
         self.handles = [serve.get_deployment_handle(f"shard-{s.name}", app_name=app) for s in shard_map.shards]
         self.sent = [0] * len(shard_map.shards)  # searches this process sent each shard (the console's load)
+        # A shard that failed or timed out is skipped for a back-off, then probed (index.shards).
+        self.breakers = ShardBreakers(len(shard_map.shards))
         self.reasked = [0] * len(shard_map.shards)  # of them, asked again for one cut (index.shards)
 
     def index_over(
@@ -47,7 +49,9 @@ class RayShards:
         names = [s.name for s in self.shard_map.shards]
         found = [self._counted(n, f) for n, f in enumerate(searches(self.handles, self.timeout_seconds, position))]
         rows = [self._rows(h, position) for h in self.handles]
-        return ShardedIndex(index, lists, found, shard_map=self.shard_map.version, names=names, rows=rows)
+        return ShardedIndex(
+            index, lists, found, shard_map=self.shard_map.version, names=names, rows=rows, breakers=self.breakers
+        )
 
     def _rows(self, handle: Any, position: int) -> ShardRows:
         """A shard's row search (`ShardReplica.rows`), within twice a search's wait: it carries many rows."""
@@ -70,7 +74,7 @@ class RayShards:
             return ask
 
         names = [s.name for s in self.shard_map.shards]
-        return ShardedLexical(stats, [through(h) for h in self.handles], names, index)
+        return ShardedLexical(stats, [through(h) for h in self.handles], names, index, breakers=self.breakers)
 
     def _counted(self, shard: int, search: ShardSearch) -> ShardSearch:
         def counted(
@@ -88,6 +92,21 @@ class RayShards:
 
     def stats(self) -> list[dict[str, Any]]:
         return shard_stats(self.shard_map, self.handles)
+
+    def health(self) -> list[dict[str, Any]]:
+        """Each shard as this process sees it (no call made): calls let through, errors and
+        timeouts, calls skipped while its breaker was open, and the breaker's state now."""
+        b = self.breakers
+        return [
+            {
+                "shard": s.name,
+                "calls": b.calls[n],
+                "errors": b.errors[n],
+                "skipped": b.skipped[n],
+                "breaker": b.state(n),
+            }
+            for n, s in enumerate(self.shard_map.shards)
+        ]
 
     def overview(self) -> list[dict[str, Any]]:
         """Each shard in map order, for the console: `shard_stats` (a shard none of whose replicas
@@ -148,11 +167,12 @@ def searches(handles: Sequence[Any], timeout_seconds: float | None = None, posit
 
 class _Within:
     """A shard's answer (a Serve DeploymentResponse) awaited for a bounded time, asked again once
-    if the replica answering it died."""
+    if the replica answering it died. Within a question the bound is the question's one budget
+    for all its shard calls (index.shards.question_deadline), so stages in turn never add up."""
 
     def __init__(self, ask: Callable[[], Any], timeout_seconds: float | None) -> None:
         self.ask, self.timeout_seconds = ask, timeout_seconds
-        self.deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
+        self.deadline = None if timeout_seconds is None else question_deadline(timeout_seconds)
         self.response = ask()
 
     def result(self) -> Any:

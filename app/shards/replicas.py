@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -48,8 +49,12 @@ Stamped = (
     | tuple[npt.NDArray[np.float32], npt.NDArray[np.int64], int, int, npt.NDArray[np.float32]]
 )
 # A replica scans its lists for milliseconds a question: a tenth of a CPU each lets Ray place a
-# shard map's replicas on a small machine; memory, not CPU, is what a shard needs.
+# shard map's replicas on a small machine; memory, not CPU, is what a shard needs (`replica_memory`).
 _LIGHT = {"num_cpus": 0.1}
+# Serve asks each replica `check_health` this often and replaces one that does not answer in time
+# (a frozen or wedged process): seconds, not Serve's default 30 s of searches timing out.
+HEALTH_PERIOD_S, HEALTH_TIMEOUT_S = 1.0, 3.0
+REPLICA_BASE_BYTES = 160 * 2**20  # a replica's interpreter, FAISS, SQLAlchemy and Ray's worker, measured
 BATCH = 32  # the most searches a replica answers in one FAISS scan
 POSTINGS_SHARE = 0.1  # the share of a replica's time its BM25 rebuilds may take (as the server's)
 
@@ -314,8 +319,13 @@ class ShardReplica:
             self.bm25.entered(Chunk.id.in_(changes.ids[mine].tolist()) if mine.any() else None)
         return self.position
 
+    def check_health(self) -> None:
+        """Serve's health check (every HEALTH_PERIOD_S): answering at all is the check; a replica
+        that cannot (stopped, wedged) is replaced."""
+
     def stats(self) -> dict[str, Any]:
         return {
+            "pid": os.getpid(),  # the replica's process, for an operator's tools
             "vectors": self.index.ntotal,
             "lists": len(self.lists),
             "position": self.position,
@@ -332,6 +342,7 @@ def deploy(shard_map: ShardMap, db_url: str, dim: int, snapshots: str | None = N
     serve = require()
     replica = _batched(serve)
     deployments = []
+    memory = replica_memory(make_engine(db_url), shard_map, dim)
     for n, shard in enumerate(shard_map.shards):
         scaling = shard.autoscaling
         replicas: dict[str, Any] = {"num_replicas": shard.replicas}
@@ -340,8 +351,10 @@ def deploy(shard_map: ShardMap, db_url: str, dim: int, snapshots: str | None = N
         deployment = serve.deployment(
             replica,
             name=f"shard-{shard.name}",
-            ray_actor_options=_LIGHT,
+            ray_actor_options=_LIGHT | {"memory": memory[n]},  # so Ray places it where it fits
             max_ongoing_requests=BATCH * 2,  # room for a batch in flight and the next one forming
+            health_check_period_s=HEALTH_PERIOD_S,
+            health_check_timeout_s=HEALTH_TIMEOUT_S,
             **replicas,
         )
         deployments.append(deployment.bind(db_url, shard_map, n, dim, snapshots=snapshots, codec=codec))
@@ -401,6 +414,24 @@ class _Shards:
 
     def __call__(self) -> int:
         return len(self.shards)
+
+
+def replica_memory(engine: Engine, shard_map: ShardMap, dim: int) -> list[int]:
+    """Bytes each shard's replica declares to Ray, from what it will hold: its lists' vectors
+    (float32, twice over for a rebuild beside the live index), their BM25 postings (~1 kB a
+    chunk) and the process itself (REPLICA_BASE_BYTES)."""
+    try:
+        with make_sessionmaker(engine)() as s:
+            sizes = dict(s.execute(select(Chunk.cluster_id, func.count(Chunk.id)).group_by(Chunk.cluster_id)).all())
+            nlist = s.scalar(select(IndexState.nlist).where(IndexState.id == 1)) or 1
+            lists = shard_map.lists_of_shards(profiles(s), nlist)
+    finally:
+        engine.dispose()
+    out = []
+    for held in lists:
+        vectors = sum(sizes.get(int(c), 0) for c in held)
+        out.append(REPLICA_BASE_BYTES + vectors * (2 * dim * 4 + 1024))
+    return out
 
 
 def store_dim(engine: Engine) -> int:

@@ -38,11 +38,19 @@ async def readyz(request: Request) -> JSONResponse:
     if not rt.ready:
         body = {"status": "failed" if rt.error else rt.phase, "error": rt.error}
         return JSONResponse(body, 503, headers={"Retry-After": "2"})
+    status = _status(rt)
     try:
         await check_reader(request, rt, request.headers.get("authorization"))
     except ApiError:
-        return JSONResponse({"status": "ready", "pid": os.getpid()})
-    return JSONResponse(await run_in_threadpool(_details, rt))
+        return JSONResponse({"status": status, "pid": os.getpid()})
+    return JSONResponse(await run_in_threadpool(_details, rt) | {"status": status})
+
+
+def _status(rt: Runtime) -> str:
+    """ "ready", or "degraded" while an expert shard's breaker is open (answers are partial then:
+    the shards it names in `shards` are skipped until a probe finds them back)."""
+    health = rt.shard_health() or []
+    return "degraded" if any(row["breaker"] != "closed" for row in health) else "ready"
 
 
 def _details(rt: Runtime) -> dict[str, object]:
@@ -66,6 +74,7 @@ def _details(rt: Runtime) -> dict[str, object]:
         # what a question starting now reads (app.serving.states), and what building it took
         "serving": rt.state().versions | {"build_ms": rt.services.states.build_ms},
         "question_model": rt.question_model,
+        **({"shards": health} if (health := rt.shard_health()) is not None else {}),
     }
 
 
