@@ -32,7 +32,7 @@ import numpy.typing as npt
 from engine.lexical import QueryWeights, TermStats
 from engine.postings import Postings
 from index import SearchIndex
-from index.shards import ShardBreakers, ShardedIndex, bm25_found, merge_topk, offer_bm25, record_failure
+from index.shards import DeadlineSpent, ShardBreakers, ShardedIndex, bm25_found, merge_topk, offer_bm25, record_failure
 
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float32]
@@ -174,8 +174,8 @@ class ShardedTerms:
                 self._failed(s)
         return sent
 
-    def _failed(self, s: int) -> None:
-        if self.lexical.breakers is not None:
+    def _failed(self, s: int, blame: bool = True) -> None:
+        if self.lexical.breakers is not None and blame:
             self.lexical.breakers.failed(s)
         record_failure(self.lexical.names[s], "a BM25 search")
 
@@ -184,8 +184,8 @@ class ShardedTerms:
         for s, pending in sent:
             try:
                 answers.append(pending.result())
-            except Exception:  # down or too slow: the others answer, the caller is told
-                self._failed(s)
+            except Exception as exc:  # down or too slow: the others answer, the caller is told
+                self._failed(s, blame=not isinstance(exc, DeadlineSpent))
                 continue
             if self.lexical.breakers is not None:
                 self.lexical.breakers.ok(s)

@@ -105,6 +105,12 @@ def bm25_found() -> dict[int, float]:
     return holder.found if holder is not None else {}
 
 
+class DeadlineSpent(TimeoutError):
+    """A shard call that had (almost) no time left when it was sent: the question's deadline was
+    spent waiting on another shard, so the answer is partial but this shard is not to blame (its
+    breaker does not count it)."""
+
+
 def question_deadline(budget_s: float) -> float:
     """The monotonic time by which the current question's shard calls must all be answered: one
     budget a question (set by its first shard call: now + `budget_s`), not one a call, so stages
@@ -358,8 +364,8 @@ class ShardedIndex(ListFacts):
         for s, p in pending:
             try:
                 answers[s] = p.result()
-            except Exception:  # a shard down or too slow: the others answer; the caller is told
-                self._failed(s)
+            except Exception as exc:  # a shard down or too slow: the others answer; the caller is told
+                self._failed(s, blame=not isinstance(exc, DeadlineSpent))
                 continue
             if self.breakers is not None:
                 self.breakers.ok(s)
@@ -377,8 +383,8 @@ class ShardedIndex(ListFacts):
         record_failure(self.names[shard], "a search", skipped=True)
         return False
 
-    def _failed(self, shard: int) -> None:
-        if self.breakers is not None:
+    def _failed(self, shard: int, blame: bool = True) -> None:
+        if self.breakers is not None and blame:
             self.breakers.failed(shard)
         record_failure(self.names[shard], "a search")
 

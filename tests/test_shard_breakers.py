@@ -105,3 +105,16 @@ def test_a_pending_answer_within_the_deadline_is_awaited() -> None:
 
     with shard_failures():
         assert _Within(_Ready, 1.0).result() == 7
+
+
+def test_a_call_sent_after_the_deadline_was_spent_is_not_the_shard_s_fault() -> None:
+    pytest.importorskip("ray")
+    from app.shards.client import _Within
+    from index.shards import DeadlineSpent
+
+    with shard_failures():
+        with pytest.raises(TimeoutError) as first:
+            _Within(_Slow, 0.3).result()  # the shard that is slow: its own fault
+        assert not isinstance(first.value, DeadlineSpent)
+        with pytest.raises(DeadlineSpent):  # the next stage's call had no time left: not this shard's
+            _Within(_Slow, 0.3).result()

@@ -20,7 +20,7 @@ from engine.serving import ExpertProfile
 from engine.sharded_lexical import LexicalShard, ShardedLexical
 from index import ClusteredIndex
 from index.list_map import ListMap
-from index.shards import ShardBreakers, ShardedIndex, ShardRows, ShardSearch, question_deadline
+from index.shards import DeadlineSpent, ShardBreakers, ShardedIndex, ShardRows, ShardSearch, question_deadline
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +173,9 @@ class _Within:
     def __init__(self, ask: Callable[[], Any], timeout_seconds: float | None) -> None:
         self.ask, self.timeout_seconds = ask, timeout_seconds
         self.deadline = None if timeout_seconds is None else question_deadline(timeout_seconds)
+        # The time this call had when sent: under a tenth of its own bound, a timeout is the
+        # question's deadline spent on another shard, not this shard's fault (DeadlineSpent).
+        self.given = None if self.deadline is None else self.deadline - time.monotonic()
         self.response = ask()
 
     def result(self) -> Any:
@@ -187,4 +190,9 @@ class _Within:
 
     def _await(self) -> Any:
         left = None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
-        return self.response.result(timeout_s=left)
+        try:
+            return self.response.result(timeout_s=left)
+        except TimeoutError:
+            if self.given is not None and self.timeout_seconds and self.given < self.timeout_seconds / 10:
+                raise DeadlineSpent("the question's deadline was spent before this shard was asked") from None
+            raise
