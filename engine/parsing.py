@@ -18,6 +18,8 @@ import charset_normalizer
 from engine.blocks import MIME_BY_KIND, Builder, ParsedDocument, first_line
 from engine.errors import CorruptDocument, EmptyDocument, UndecodableDocument, UnsupportedType
 
+OFFICE_KINDS = frozenset({"docx", "pptx", "xlsx", "odt"})  # read by engine.office
+
 if TYPE_CHECKING:
     from selectolax.lexbor import LexborNode as Node
 
@@ -32,16 +34,23 @@ _EXTENSIONS = {
     ".htm": "html",
     ".xhtml": "html",
     ".pdf": "pdf",
+    ".docx": "docx",
+    ".pptx": "pptx",
+    ".xlsx": "xlsx",
+    ".odt": "odt",
 }
+SUPPORTED = "txt, md, html, pdf, docx, pptx, xlsx, odt"  # as errors name them
 SUFFIXES = frozenset(_EXTENSIONS)  # the file types a folder walk takes (`moerag ingest`, `moerag sync`)
 
 
-def walk_documents(folder: Path) -> tuple[list[Path], list[Path]]:
-    """(every file under `folder` of a type moerag reads, every symbolic link skipped), in path order;
-    hidden entries skipped. A link is never followed, to a file or a folder: what it points at may
-    lie outside `folder` (a synced repository's `token.txt -> ../../admin_token`)."""
+def walk_documents(folder: Path) -> tuple[list[Path], list[Path], list[Path]]:
+    """(every file under `folder` of a type moerag reads, every symbolic link skipped, every file
+    of a type it does not read), in path order; hidden entries skipped. A link is never followed,
+    to a file or a folder: what it points at may lie outside `folder` (a synced repository's
+    `token.txt -> ../../admin_token`)."""
     files: list[Path] = []
     links: list[Path] = []
+    unsupported: list[Path] = []
     for top, dirs, names in os.walk(folder, followlinks=False):
         here = Path(top)
         for name in sorted(dirs):
@@ -50,13 +59,29 @@ def walk_documents(folder: Path) -> tuple[list[Path], list[Path]]:
         dirs[:] = sorted(d for d in dirs if not d.startswith(".") and not (here / d).is_symlink())
         for name in sorted(names):
             path = here / name
-            if name.startswith(".") or path.suffix.lower() not in SUFFIXES:
+            if name.startswith("."):
                 continue
             if path.is_symlink():
                 links.append(path)
-            elif path.is_file():  # not a FIFO or a device: reading one would block or never end
+            elif not path.is_file():  # a FIFO or a device: reading one would block or never end
+                continue
+            elif path.suffix.lower() in SUFFIXES:
                 files.append(path)
-    return sorted(files), sorted(links)
+            else:
+                unsupported.append(path)
+    return sorted(files), sorted(links), sorted(unsupported)
+
+
+def unsupported_reason(path: Path) -> str:
+    """Why a folder walk leaves a file out (what `moerag ingest`, a folder upload and a sync report)."""
+    kind = path.suffix.lower() or "no extension"
+    return f"unsupported type ({kind}); moerag reads {SUPPORTED}"
+
+
+def folder_source(path: Path, root: Path) -> str:
+    """A document's source when its folder was given: the folder's name and the path inside it
+    (`handbook/ops/backups.docx`), whichever way it was ingested (moerag.client.folder_source)."""
+    return f"{root.resolve().name}/{path.relative_to(root).as_posix()}"
 
 
 def document_files(folder: Path) -> list[Path]:
@@ -73,21 +98,50 @@ def sniff(data: bytes, filename: str | None = None, content_type: str | None = N
     if data.startswith(b"%PDF-"):
         return "pdf"
     ext = PurePath(filename).suffix.lower() if filename else ""
+    if data.startswith(b"PK\x03\x04"):  # a zip: an Office or OpenDocument file, told by what it holds
+        kind = _zip_kind(data)
+        if kind is not None:
+            return kind
     if ext in _EXTENSIONS:
-        kind = _EXTENSIONS[ext]
-        if kind == "pdf":
-            raise CorruptDocument("the file is named .pdf but does not start with a PDF header")
-        return kind
+        return _named(ext)
     declared = (content_type or "").split(";")[0].strip().lower()
     if declared in _MIME_KINDS:
         return _MIME_KINDS[declared]
     if head[:15].lower().startswith((b"<!doctype html", b"<html")):
         return "html"
     if ext or (declared and declared not in ("application/octet-stream", "text/plain")):
-        raise UnsupportedType(f"unsupported document type {ext or declared!r}; supported: txt, md, html, pdf")
+        raise UnsupportedType(f"unsupported document type {ext or declared!r}; supported: {SUPPORTED}")
     if _looks_binary(data):
-        raise UnsupportedType("binary content of an unsupported type; supported: txt, md, html, pdf")
+        raise UnsupportedType(f"binary content of an unsupported type; supported: {SUPPORTED}")
     return "txt"
+
+
+def _named(ext: str) -> str:
+    """The kind a file's name gives it, once its content said nothing (a PDF or Office file whose
+    bytes are not one is corrupt, not text)."""
+    kind = _EXTENSIONS[ext]
+    if kind == "pdf":
+        raise CorruptDocument("the file is named .pdf but does not start with a PDF header")
+    if kind in OFFICE_KINDS:
+        raise CorruptDocument(f"the file is named {ext} but is not a {kind} file (not a zip holding its parts)")
+    return kind
+
+
+def _zip_kind(data: bytes) -> str | None:
+    """The Office kind of a zip file, from its parts: None for a zip of another kind."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as z:
+            names = set(z.namelist())
+            if "mimetype" in names and z.read("mimetype").strip() == b"application/vnd.oasis.opendocument.text":
+                return "odt"
+    except (zipfile.BadZipFile, KeyError, OSError):
+        return None
+    for part, kind in (("word/document.xml", "docx"), ("ppt/presentation.xml", "pptx"), ("xl/workbook.xml", "xlsx")):
+        if part in names:
+            return kind
+    return None
 
 
 def _looks_binary(data: bytes) -> bool:
@@ -118,6 +172,10 @@ def parse(data: bytes, filename: str | None = None, content_type: str | None = N
     fallback_title = PurePath(filename).stem if filename else ""
     if kind == "pdf":
         return parse_pdf(data, fallback_title)
+    if kind in OFFICE_KINDS:
+        from engine.office import PARSERS
+
+        return PARSERS[kind](data, fallback_title)
     text = decode_text(data)
     if kind == "html":
         return parse_html(text, fallback_title)

@@ -42,7 +42,9 @@ __all__ = [
 UPLOAD_BATCH = 50  # files a bulk upload sends at once
 POLL_SECONDS = 0.5  # how often a job is read while waiting for it
 # What a folder upload sends: engine.parsing.SUFFIXES (the client imports nothing of the server's).
-SUFFIXES = frozenset({".txt", ".text", ".rst", ".md", ".markdown", ".html", ".htm", ".xhtml", ".pdf"})
+SUFFIXES = frozenset(
+    {".txt", ".text", ".rst", ".md", ".markdown", ".html", ".htm", ".xhtml", ".pdf", ".docx", ".pptx", ".xlsx", ".odt"}
+)
 
 
 class ApiError(Exception):
@@ -83,21 +85,42 @@ def _ask_body(question: str, **options: Any) -> Json:
 
 def folder_files(folder: str | Path) -> list[Path]:
     """The files a folder upload sends, as `moerag ingest` walks a folder: every file of a type
-    moerag reads, in path order, hidden entries skipped."""
+    moerag reads, in path order, hidden entries and symbolic links skipped."""
+    return walk_folder(folder)[0]
+
+
+def walk_folder(folder: str | Path) -> tuple[list[Path], list[Json]]:
+    """(the files a folder upload sends, the files it leaves out: [{path, reason}]), as the
+    server's folder walk (engine.parsing.walk_documents) sees them."""
     root = Path(folder)
-    return [
-        f
-        for f in sorted(root.rglob("*"))
-        if f.is_file()
-        and f.suffix.lower() in SUFFIXES
-        and not any(part.startswith(".") for part in f.relative_to(root).parts)
-    ]
+    files, skipped = [], []
+    for f in sorted(root.rglob("*")):
+        inside = f.relative_to(root)
+        if any(part.startswith(".") for part in inside.parts) or any(p.is_symlink() for p in [f, *f.parents][:-1]):
+            continue
+        if not f.is_file():
+            continue
+        if f.suffix.lower() in SUFFIXES:
+            files.append(f)
+        else:
+            kind = f.suffix.lower() or "no extension"
+            skipped.append({"path": inside.as_posix(), "reason": f"unsupported type ({kind})"})
+    return files, skipped
 
 
-def _batches(files: Sequence[str | Path], batch: int) -> Iterator[list[tuple[str, tuple[str, bytes]]]]:
+def folder_source(path: Path, root: Path) -> str:
+    """A document's source when its folder was given: the folder's name and the path inside it,
+    as the server's CLI stores it (engine.parsing.folder_source)."""
+    return f"{Path(root).resolve().name}/{Path(path).relative_to(root).as_posix()}"
+
+
+def _batches(
+    files: Sequence[str | Path], batch: int, sources: Sequence[str] | None = None
+) -> Iterator[list[tuple[str, tuple[str, bytes]]]]:
     paths = [Path(f) for f in files]
+    names = list(sources) if sources is not None else [str(p) for p in paths]
     for start in range(0, len(paths), batch):
-        yield [("files", (str(p), p.read_bytes())) for p in paths[start : start + batch]]
+        yield [("files", (names[n], paths[n].read_bytes())) for n in range(start, min(start + batch, len(paths)))]
 
 
 def _shifted(progress: Progress | None, base: int, total: int) -> Progress | None:
@@ -105,6 +128,10 @@ def _shifted(progress: Progress | None, base: int, total: int) -> Progress | Non
     if progress is None:
         return None
     return lambda done, _total: progress(base + done, total)
+
+
+def _no_uploads() -> Json:
+    return {"created": 0, "duplicate": 0, "failed": 0, "chunks": 0, "failures": []}
 
 
 def _tally(totals: dict[str, Any], job: Job) -> None:
@@ -191,12 +218,17 @@ class Client(AdminCalls):
         return self.request("POST", "/documents", ok=(200, 201), files={"file": (p.name, p.read_bytes())}, data=data)
 
     def upload_many(
-        self, files: Sequence[str | Path], progress: Progress | None = None, batch: int = UPLOAD_BATCH
+        self,
+        files: Sequence[str | Path],
+        progress: Progress | None = None,
+        batch: int = UPLOAD_BATCH,
+        sources: Sequence[str] | None = None,
     ) -> Json:
-        """Many files through bulk jobs: totals created, duplicate, failed, chunks, and the failures."""
+        """Many files through bulk jobs: totals created, duplicate, failed, chunks, and the failures.
+        `sources`: each file's source (default: its path as given)."""
         totals: Json = {"created": 0, "duplicate": 0, "failed": 0, "chunks": 0, "failures": []}
         base = 0
-        for part in _batches(files, batch):
+        for part in _batches(files, batch, sources):
             job = self.request("POST", "/documents/bulk", ok=(202,), files=part)
             job = self.wait(job, _shifted(progress, base, len(files)))
             _tally(totals, job)
@@ -204,7 +236,12 @@ class Client(AdminCalls):
         return totals
 
     def upload_folder(self, folder: str | Path, progress: Progress | None = None) -> Json:
-        return self.upload_many(folder_files(folder), progress)
+        """Every file under `folder` of a type moerag reads, each stored as `folder-name/path`;
+        the totals also count and list the files left out (`skipped`: [{path, reason}])."""
+        files, skipped = walk_folder(folder)
+        sources = [folder_source(f, Path(folder)) for f in files]
+        totals = self.upload_many(files, progress, sources=sources) if files else _no_uploads()
+        return totals | {"skipped": len(skipped), "skipped_files": skipped}
 
     def documents(self, offset: int = 0, limit: int = 50, q: str | None = None) -> Json:
         params = {"offset": offset, "limit": limit, **({"q": q} if q else {})}
@@ -275,11 +312,15 @@ class AsyncClient:
         return await self.request("POST", "/search", json={"query": query, "k": k, "clusters": clusters})
 
     async def upload_many(
-        self, files: Sequence[str | Path], progress: Progress | None = None, batch: int = UPLOAD_BATCH
+        self,
+        files: Sequence[str | Path],
+        progress: Progress | None = None,
+        batch: int = UPLOAD_BATCH,
+        sources: Sequence[str] | None = None,
     ) -> Json:
         totals: Json = {"created": 0, "duplicate": 0, "failed": 0, "chunks": 0, "failures": []}
         base = 0
-        for part in _batches(files, batch):
+        for part in _batches(files, batch, sources):
             job = await self.request("POST", "/documents/bulk", ok=(202,), files=part)
             job = await self.wait(job, _shifted(progress, base, len(files)))
             _tally(totals, job)
@@ -287,7 +328,10 @@ class AsyncClient:
         return totals
 
     async def upload_folder(self, folder: str | Path, progress: Progress | None = None) -> Json:
-        return await self.upload_many(folder_files(folder), progress)
+        files, skipped = walk_folder(folder)
+        sources = [folder_source(f, Path(folder)) for f in files]
+        totals = await self.upload_many(files, progress, sources=sources) if files else _no_uploads()
+        return totals | {"skipped": len(skipped), "skipped_files": skipped}
 
     async def job(self, job_id: int) -> Job:
         return await self.request("GET", f"/jobs/{job_id}")

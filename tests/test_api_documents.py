@@ -95,7 +95,7 @@ def test_bad_input_gets_clear_errors_and_writes_nothing(client: TestClient) -> N
     before = stats(client)
     cases = [
         (
-            {"files": {"file": ("x.docx", b"PK\x03\x04 binary", "application/octet-stream")}},
+            {"files": {"file": ("x.key", b"PK\x03\x04 binary", "application/octet-stream")}},
             415,
             "unsupported_type",
         ),

@@ -13,6 +13,26 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
     return capsys.readouterr().out
 
 
+def test_ingest_names_what_it_skips_and_sources_files_by_their_folder(tmp_path: Path) -> None:
+    from app.cli.main import collect
+
+    docs = tmp_path / "handbook"
+    (docs / "sub").mkdir(parents=True)
+    (docs / "a.md").write_text("# A\n\ntext")
+    (docs / "sub" / "b.docx").write_bytes(b"PK")
+    (docs / "sub" / "image.png").write_bytes(b"\x89PNG")
+    (docs / "link.md").symlink_to(docs / "a.md")
+    single = tmp_path / "single.txt"
+    single.write_text("one file")
+    files, sources, skipped = collect([str(docs), str(single)])
+    assert len(files) == 3
+    assert sources == ["handbook/a.md", "handbook/sub/b.docx", str(single)]
+    assert [(Path(p).name, "unsupported type (.png)" in r or "symbolic link" in r) for p, r in skipped] == [
+        ("image.png", True),
+        ("link.md", True),
+    ]
+
+
 @pytest.mark.slow  # each command starts a runtime of its own (a model load)
 def test_ingest_folder_twice_then_rebuild_and_search(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
@@ -31,8 +51,9 @@ def test_ingest_folder_twice_then_rebuild_and_search(
     data = str(tmp_path / "data")
     first = json.loads(run(capsys, "--data-dir", data, "ingest", "--quiet", str(docs)).strip().splitlines()[-1])
     assert first["created"] == 4 and first["chunks"] >= 4
+    assert first["skipped"] == 1  # sub/image.png, named on stderr (test_ingest_names_what_it_skips)
     second = json.loads(run(capsys, "--data-dir", data, "ingest", "--quiet", str(docs)).strip().splitlines()[-1])
-    assert second == {"created": 0, "duplicate": 4, "failed": 0, "chunks": 0}
+    assert second == {"created": 0, "duplicate": 4, "failed": 0, "chunks": 0, "skipped": 1}
 
     rebuilt = json.loads(run(capsys, "--data-dir", data, "index", "rebuild").strip().splitlines()[-1])
     assert rebuilt["vectors"] == first["chunks"]

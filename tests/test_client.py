@@ -94,3 +94,42 @@ def test_the_operator_calls_read_and_refuse_as_the_api_does(live: Server) -> Non
         assert gone.value.status == 404
         page = admin.questions(limit=5)
         assert page["items"] and asked["query_id"] in {q["id"] for q in admin.questions(limit=50)["items"]}
+
+
+def test_a_folder_upload_reads_office_files_reports_what_it_skips_and_stores_relative_sources(
+    live: Server, tmp_path: Path
+) -> None:
+    from tests.test_office import make_docx
+
+    team = tmp_path / "team-handbook"
+    (team / "ops").mkdir(parents=True)
+    (team / "ops" / "backups.docx").write_bytes(make_docx())
+    (team / "notes.md").write_text("# Pager\n\nThe pager rotation changes every Tuesday at noon.\n")
+    (team / "diagram.vsdx").write_bytes(b"PK\x03\x04 not a format moerag reads")
+    (team / "logo.png").write_bytes(b"\x89PNG")
+    with Client(live.url, TOKEN) as kb:
+        totals = kb.upload_folder(team)
+        assert totals["created"] == 2 and totals["failed"] == 0, totals
+        assert totals["skipped"] == 2
+        assert {s["path"] for s in totals["skipped_files"]} == {"diagram.vsdx", "logo.png"}
+        assert all("unsupported type" in s["reason"] for s in totals["skipped_files"])
+        sources = {d["source"] for d in kb.documents(q="team-handbook", limit=50)["items"]}
+        assert sources == {"team-handbook/ops/backups.docx", "team-handbook/notes.md"}  # never the uploader's path
+
+
+def test_the_client_walks_a_folder_as_the_server_does(tmp_path: Path) -> None:
+    from engine.parsing import folder_source, unsupported_reason, walk_documents
+    from moerag.client import folder_source as client_source
+    from moerag.client import walk_folder
+
+    (tmp_path / "a" / ".git").mkdir(parents=True)
+    (tmp_path / "a" / "x.md").write_text("x")
+    (tmp_path / "a" / "y.xlsx").write_bytes(b"PK")
+    (tmp_path / "a" / "z.exe").write_bytes(b"MZ")
+    (tmp_path / "a" / ".git" / "config").write_text("[core]")
+    files, links, unsupported = walk_documents(tmp_path / "a")
+    client_files, skipped = walk_folder(tmp_path / "a")
+    assert client_files == files and not links
+    assert [s["path"] for s in skipped] == [p.name for p in unsupported] == ["z.exe"]
+    assert "unsupported type (.exe)" in unsupported_reason(unsupported[0])
+    assert [client_source(f, tmp_path / "a") for f in files] == [folder_source(f, tmp_path / "a") for f in files]

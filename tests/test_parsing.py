@@ -29,7 +29,9 @@ def test_sniff_by_magic_name_and_type() -> None:
     assert sniff(b"plain words", None) == "txt"
     assert sniff(b"x", None, "text/markdown; charset=utf-8") == "md"
     with pytest.raises(UnsupportedType):
-        sniff(b"PK\x03\x04", "report.docx")
+        sniff(b"PK\x03\x04", "report.key")  # a zip of a kind moerag does not read
+    with pytest.raises(CorruptDocument):
+        sniff(b"PK\x03\x04", "report.docx")  # named a Word file, not one
     with pytest.raises(UnsupportedType):
         sniff(b"\x89PNG\r\n\x1a\n\x00\x00", None)
     with pytest.raises(CorruptDocument):

@@ -68,7 +68,7 @@ def test_a_repository_s_links_out_are_skipped_and_the_admin_token_stays_unread(
     (outside / "notes.md").write_text(f"# Notes\n\n{SECRET} in a folder outside the repository.\n")
     repo = _commit(
         tmp_path / "repos" / "team",
-        {"README.md": topic_doc("git", 1)},
+        {"README.md": topic_doc("git", 1), "build.bin": "\x00\x01 not a document"},
         {"token.txt": "../../admin_token", "passwd.txt": "/etc/passwd", "linked": str(outside)},
     )
     rt.settings.sync_urls = (tmp_path / "repos").as_uri() + "/"
@@ -78,6 +78,7 @@ def test_a_repository_s_links_out_are_skipped_and_the_admin_token_stays_unread(
     result = done["result"]
     assert done["status"] == "done" and result["added"] == 1, done
     assert result["links_skipped"] == 3 and set(result["links"]) == {"token.txt", "passwd.txt", "linked"}, result
+    assert result["unsupported_skipped"] == 1 and result["unsupported"][0]["path"] == "build.bin", result["unsupported"]
     text = _stored_text(rt)
     assert SECRET not in text and "root:" not in text
     found = client.get("/documents", params={"q": SECRET}, headers=AUTH).json()

@@ -84,11 +84,18 @@ def token_for(args: argparse.Namespace, settings: Settings, *, admin: bool) -> s
         return None
 
 
-def ingest_files(rt: Runtime, files: list[Path], progress: bool = True, root: Path | None = None) -> dict[str, int]:
+def ingest_files(
+    rt: Runtime,
+    files: list[Path],
+    progress: bool = True,
+    root: Path | None = None,
+    sources: list[str] | None = None,
+) -> dict[str, int]:
     """Ingest local files through a started runtime, with a progress bar; failures are listed, not fatal.
 
-    A document's source is its path as given, or relative to `root` (files the server placed
-    itself, like the sample corpus: no server path reaches the API).
+    A document's source is `sources`' (`moerag ingest`: app.cli.main.collect), else its path as
+    given, or relative to `root` (files the server placed itself, like the sample corpus: no
+    server path reaches the API).
     """
     from tqdm import tqdm
 
@@ -96,12 +103,12 @@ def ingest_files(rt: Runtime, files: list[Path], progress: bool = True, root: Pa
 
     counts = {"created": 0, "duplicate": 0, "failed": 0, "chunks": 0}
 
-    def read(f: Path) -> Upload:
-        return Upload(data=f.read_bytes(), source=str(f.relative_to(root) if root else f), filename=f.name)
+    def read(f: Path, source: str) -> Upload:
+        return Upload(data=f.read_bytes(), source=source, filename=f.name)
 
     def thunks() -> Iterator[Callable[[], Upload]]:
-        for f in files:
-            yield partial(read, f)
+        for n, f in enumerate(files):
+            yield partial(read, f, sources[n] if sources is not None else str(f.relative_to(root) if root else f))
 
     bar = tqdm(total=len(files), unit="doc", disable=not progress, desc="ingest")
     for f, outcome in zip(files, rt.ingestor.ingest_many(thunks()), strict=True):

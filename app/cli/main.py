@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -15,7 +16,7 @@ from app.cli.common import ingest_files, local_runtime, require_store, server_fo
 from app.cli.experts import add_commands as add_expert_commands
 from app.cli.sync import cmd_sync, every_seconds
 from app.core.settings import Settings
-from engine.parsing import document_files
+from engine.parsing import SUPPORTED, folder_source, unsupported_reason, walk_documents
 
 if TYPE_CHECKING:
     pass
@@ -25,38 +26,57 @@ log = logging.getLogger("moerag")
 
 def collect_files(paths: Sequence[str]) -> list[Path]:
     """Files as named; folders walked for supported types (hidden entries skipped)."""
+    return collect(paths)[0]
+
+
+def collect(paths: Sequence[str]) -> tuple[list[Path], list[str], list[tuple[str, str]]]:
+    """(files, their sources, the files left out with the reason): files as named (the source: the
+    path as given), folders walked for the types moerag reads (the source: the folder's name and
+    the path inside it, as a folder upload stores it; hidden entries and symbolic links skipped)."""
     found: list[Path] = []
+    sources: list[str] = []
+    skipped: list[tuple[str, str]] = []
     for raw in paths:
         p = Path(raw)
         if p.is_dir():
-            found.extend(document_files(p))
+            files, links, unsupported = walk_documents(p)
+            found += files
+            sources += [folder_source(f, p) for f in files]
+            skipped += [(str(f), unsupported_reason(f)) for f in unsupported]
+            skipped += [(str(f), "a symbolic link (never followed)") for f in links]
         elif p.is_file():
             found.append(p)
+            sources.append(str(p))
         else:
             raise SystemExit(f"moerag: {raw}: no such file or folder")
-    return found
+    return found, sources, skipped
 
 
 # ---- local commands (own the data directory) -----------------------------------------------------
 
 
-def ingest_local(settings: Settings, files: list[Path], progress: bool = True) -> dict[str, int]:
+def ingest_local(
+    settings: Settings, files: list[Path], progress: bool = True, sources: list[str] | None = None
+) -> dict[str, int]:
     with local_runtime(settings) as rt:
-        return ingest_files(rt, files, progress)
+        return ingest_files(rt, files, progress, sources=sources)
 
 
 def cmd_ingest(args: argparse.Namespace) -> None:
     settings = settings_from(args)
-    files = collect_files(args.paths)
+    files, sources, skipped = collect(args.paths)
+    for path, reason in skipped:  # never dropped silently: each named, and counted below
+        print(f"skipped {path}: {reason}", file=sys.stderr)
     if not files:
-        raise SystemExit("moerag: no supported files found (txt, md, html, pdf)")
+        raise SystemExit(f"moerag: no supported files found ({SUPPORTED})")
     if server := server_for(args, settings):
         from app.cli.remote import ingest_remote
 
-        counts = ingest_remote(server, token_for(args, settings, admin=True), files, progress=not args.quiet)
+        token = token_for(args, settings, admin=True)
+        counts = ingest_remote(server, token, files, progress=not args.quiet, sources=sources)
     else:
-        counts = ingest_local(settings, files, progress=not args.quiet)
-    print(json.dumps(counts))
+        counts = ingest_local(settings, files, progress=not args.quiet, sources=sources)
+    print(json.dumps(counts | {"skipped": len(skipped)}))
     if counts["failed"]:
         raise SystemExit(1)  # the counts are printed; the exit status says not everything went in
 
@@ -251,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915
     remote.add_argument("--quiet", action="store_true", help="no progress bar")
     remote.add_argument("--json", action="store_true", help="print JSON (for scripts)")
 
-    ingest = sub.add_parser("ingest", parents=[remote], help="ingest files and folders (txt, md, html, pdf)")
+    ingest = sub.add_parser("ingest", parents=[remote], help=f"ingest files and folders ({SUPPORTED})")
     ingest.add_argument("paths", nargs="+")
     ingest.set_defaults(func=cmd_ingest)
 

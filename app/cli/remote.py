@@ -67,7 +67,12 @@ def print_hits(body: dict[str, Any], as_json: bool) -> None:
 
 
 def ingest_remote(
-    server: str, token: str | None, files: list[Path], batch: int = 50, progress: bool = True
+    server: str,
+    token: str | None,
+    files: list[Path],
+    batch: int = 50,
+    progress: bool = True,
+    sources: list[str] | None = None,
 ) -> dict[str, int]:
     """Upload through a running server's bulk endpoint and follow its jobs."""
     from tqdm import tqdm
@@ -78,7 +83,7 @@ def ingest_remote(
             bar.update(done - bar.n)
 
         try:
-            totals = api.upload_many(files, advance, batch)
+            totals = api.upload_many(files, advance, batch, sources=sources)
         except ApiError as exc:
             raise SystemExit(f"moerag: {exc}") from None
     for failure in totals.pop("failures"):

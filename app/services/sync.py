@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from app.core.models import Document
 from app.services.documents import Ingestor, Upload
 from engine.errors import InputError, InvalidRequest, MoeragError, NotConfigured
-from engine.parsing import walk_documents
+from engine.parsing import unsupported_reason, walk_documents
 
 Progress = Callable[[int, int], None]
 
@@ -60,16 +60,23 @@ def inside(path: Path, root: Path) -> bool:
     return real == top or top in real.parents
 
 
-def folder_files(folder: Path) -> tuple[dict[str, Path], list[str]]:
+def folder_files(folder: Path) -> tuple[dict[str, Path], list[str], list[dict[str, str]]]:
     """({absolute path: file} for the files under `folder` that `moerag ingest` would take, the
-    symbolic links skipped there as paths relative to `folder`)."""
-    files, links = walk_documents(folder)
-    return {str(p): p for p in files}, [p.relative_to(folder).as_posix() for p in links]
+    symbolic links skipped there as paths relative to `folder`, the files of a type moerag does
+    not read: [{path, reason}])."""
+    files, links, unsupported = walk_documents(folder)
+    skipped = [{"path": p.relative_to(folder).as_posix(), "reason": unsupported_reason(p)} for p in unsupported]
+    return {str(p): p for p in files}, [p.relative_to(folder).as_posix() for p in links], skipped
 
 
 def skipped_links(links: list[str]) -> dict[str, Any]:
     """What a sync reports of the symbolic links it did not follow."""
     return {"links_skipped": len(links), "links": links[:LINKS_LISTED]}
+
+
+def skipped_files(skipped: list[dict[str, str]]) -> dict[str, Any]:
+    """What a sync reports of the files it did not read (their type): a count and the first ones."""
+    return {"unsupported_skipped": len(skipped), "unsupported": skipped[:LINKS_LISTED]}
 
 
 def stored_sources(sessions: Callable[[], Session], prefix: str) -> dict[str, tuple[int, str]]:
@@ -91,10 +98,10 @@ def sync_folder(
     root = Path(folder).expanduser().resolve()
     if not root.is_dir():
         raise InvalidRequest(f"{root} is not a folder")
-    files, links = folder_files(root)
+    files, links, unsupported = folder_files(root)
     readers = {source: partial(read_inside, root, path, source) for source, path in files.items()}
     counts = mirror(ingestor, sessions, str(root) + os.sep, readers, progress)
-    return {"folder": str(root), **counts, **skipped_links(links)}
+    return {"folder": str(root), **counts, **skipped_links(links), **skipped_files(unsupported)}
 
 
 def mirror(

@@ -48,7 +48,15 @@ from sqlalchemy.orm import Session
 from app.core.locking import dies_with_caller
 from app.core.settings import Settings
 from app.services.documents import Ingestor, Upload
-from app.services.sync import Progress, folder_files, mirror, read_inside, skipped_links, stored_sources
+from app.services.sync import (
+    Progress,
+    folder_files,
+    mirror,
+    read_inside,
+    skipped_files,
+    skipped_links,
+    stored_sources,
+)
 from app.services.sync_bounds import OPEN, Bounds, FetchRefused, PageFetcher
 from engine.errors import InvalidRequest, NotConfigured, SourceUnavailable
 from engine.parsing import SUFFIXES
@@ -147,7 +155,7 @@ def sync_git(
         raise SourceUnavailable(f"{branch!r} is not a branch name")
     root = checkout(url, branch, cache)
     prefix = url.rstrip("/") + "/"
-    files, links = folder_files(root)
+    files, links, unsupported = folder_files(root)
     committed = _links(root)  # checked out as plain files holding their targets' names: never read
     readers = {}
     for path in files.values():
@@ -155,7 +163,9 @@ def sync_git(
         if name not in committed:
             readers[prefix + name] = partial(read_inside, root, path, prefix + name)
     counts = mirror(ingestor, sessions, prefix, readers, progress)
-    return {"git": url, "branch": branch, **counts, **skipped_links(sorted(committed | set(links)))}
+    unsupported = [u for u in unsupported if u["path"] not in committed]  # a committed link is a link
+    skipped = skipped_links(sorted(committed | set(links))) | skipped_files(unsupported)
+    return {"git": url, "branch": branch, **counts, **skipped}
 
 
 def _given(upload: Upload) -> Upload:

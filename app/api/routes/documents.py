@@ -73,7 +73,8 @@ def _out(doc: Document, n_chunks: int) -> DocumentOut:
     responses={200: {"model": IngestOut, "description": "The same bytes were already stored: that document."}},
 )
 async def create_document(request: Request, response: Response, rt: RuntimeDep) -> IngestOut:
-    """Ingest one document (multipart `file` of txt/md/html/pdf, or JSON text). Same bytes -> same id."""
+    """Ingest one document (multipart `file` of txt/md/html/pdf/docx/pptx/xlsx/odt, or JSON text).
+    Same bytes -> same id."""
     upload = await upload_from_request(request, rt.settings.max_upload_bytes)
     outcome = await run_in_threadpool(rt.ingestor.ingest, upload)
     if outcome.status == "duplicate":
