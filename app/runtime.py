@@ -6,7 +6,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, cast
@@ -185,6 +185,10 @@ class Runtime:
     def state(self) -> ServingState:
         """The serving state now (app.serving.states): take it once and read only it."""
         return self.services.states.current()
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Each text's tokens by the embedding model's tokenizer."""
+        return self.embedder.count_tokens(texts)
 
     def retrieval_vector(self, state: ServingState) -> Callable[[np.ndarray], np.ndarray]:
         """The question as retrieval reads it, as /ask does: through `state`'s router's query adapter."""

@@ -117,3 +117,72 @@ def test_errors_come_in_openai_s_shape(live: Server) -> None:
 def test_the_spec_documents_the_openai_routes(live: Server) -> None:
     paths = httpx.get(f"{live.url}/openapi.json").json()["paths"]
     assert {"/v1/models", "/v1/chat/completions"} <= set(paths)
+
+
+# Open WebUI's default title prompt (its DEFAULT_TITLE_GENERATION_PROMPT_TEMPLATE), as it sends it
+# to the chat model with the chat's last messages filled in.
+OPEN_WEBUI_TITLE = """### Task:
+Generate a concise, 3-5 word title with an emoji summarizing the chat history.
+### Guidelines:
+- The title should clearly represent the main theme or subject of the conversation.
+- Use emojis that enhance understanding of the topic, but avoid quotation marks or special formatting.
+- Write the title in the chat's primary language; default to English if multilingual.
+- Prioritize accuracy over excessive creativity; keep it clear and simple.
+- Your entire response must consist solely of the JSON object, without any introductory or concluding text.
+### Output:
+JSON format: { "title": "your concise title here" }
+### Examples:
+- { "title": "📉 Stock Market Trends" },
+- { "title": "🍪 Perfect Chocolate Chip Recipe" }
+### Chat History:
+<chat_history>
+USER: How do I generate a secure random token in Python?
+ASSISTANT: Use the secrets module: secrets.token_hex(32) [1].
+</chat_history>"""
+
+
+def test_usage_the_usage_chunk_and_one_model_by_id(live: Server) -> None:
+    client = _client(live)
+    done = client.chat.completions.create(model="moerag", messages=[{"role": "user", "content": QUESTION}])
+    assert done.usage is not None and done.usage.prompt_tokens > 10 and done.usage.completion_tokens > 0
+    assert done.usage.total_tokens == done.usage.prompt_tokens + done.usage.completion_tokens
+    chunks = list(
+        client.chat.completions.create(
+            model="moerag",
+            messages=[{"role": "user", "content": QUESTION}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    last = chunks[-1]
+    assert last.choices == [] and last.usage is not None and last.usage.completion_tokens > 0
+    assert all(c.usage is None for c in chunks[:-1])
+    plain = list(
+        client.chat.completions.create(model="moerag", messages=[{"role": "user", "content": QUESTION}], stream=True)
+    )
+    assert all(c.usage is None for c in plain) and all(c.choices for c in plain)  # no usage chunk unasked
+    assert client.models.retrieve("moerag").id == "moerag"
+    expert = client.models.list().data[-1].id
+    assert client.models.retrieve(expert).id == expert
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("moerag/no-such-expert")
+
+
+def test_a_chat_ui_s_title_prompt_gets_a_title_not_a_retrieval_answer(live: Server) -> None:
+    import json
+
+    client = _client(live)
+    done = client.chat.completions.create(model="moerag", messages=[{"role": "user", "content": OPEN_WEBUI_TITLE}])
+    text = done.choices[0].message.content or ""
+    title = json.loads(text)["title"]
+    assert 0 < len(title.split()) <= 5 and "secure random token" in title.lower(), text
+    extra = done.model_extra["moerag"]  # type: ignore[index]
+    assert extra["route"]["reason"] == "chat_ui_task" and not extra.get("citations")
+    streamed = "".join(
+        c.choices[0].delta.content or ""
+        for c in client.chat.completions.create(
+            model="moerag", messages=[{"role": "user", "content": OPEN_WEBUI_TITLE}], stream=True
+        )
+        if c.choices
+    )
+    assert json.loads(streamed)["title"] == title

@@ -29,6 +29,21 @@ class ChatMessage(BaseModel):
     name: str | None = None
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool = False
+
+
+class Usage(BaseModel):
+    """Tokens counted with the embedding model's tokenizer: the prompt (system prompt, question and
+    passages the answer was written from) and the completion (the text returned)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
 class ChatIn(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -46,6 +61,9 @@ class ChatIn(BaseModel):
     tools: None = Field(None, description="Not supported: a knowledge base calls no tools.")
     conversation_id: ConversationId | None = Field(
         None, description="moerag's: a stored conversation (as on /ask); then only the last user message is read."
+    )
+    stream_options: StreamOptions | None = Field(
+        None, description="With stream: include_usage sends a last chunk with the usage (no choices)."
     )
 
 
@@ -94,4 +112,5 @@ class ChatCompletionOut(BaseModel):
     created: int
     model: str
     choices: list[Choice]
+    usage: Usage
     moerag: Moerag

@@ -3,7 +3,7 @@ routed and retrieved by the engine's pipeline, counted and logged."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -47,6 +47,10 @@ class AnswerParts(Protocol):
     def metrics(self) -> Metrics: ...
 
     def state(self) -> ServingState: ...
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Each text's tokens by the embedding model's tokenizer (the OpenAI API's `usage`)."""
+        ...
 
 
 def citations(p: Prepared, answer: str | None = None) -> list[CitationOut]:

@@ -12,14 +12,24 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from app.schemas.api import AskIn, CitationOut
-from app.schemas.openai import AssistantMessage, ChatCompletionOut, ChatIn, Choice, ModelList, ModelOut, Moerag
+from app.schemas.openai import (
+    AssistantMessage,
+    ChatCompletionOut,
+    ChatIn,
+    Choice,
+    ModelList,
+    ModelOut,
+    Moerag,
+    Usage,
+)
 from app.services.answering import AnswerParts, Asked, citations, finish, prepare
 from app.services.ask import route_json
+from engine import chat_tasks
 from engine.errors import GeneratorFailed, InvalidRequest, ModelNotFound
 from engine.followup import make_standalone, standalone_chain
 from engine.generators import GeneratorError
@@ -44,6 +54,13 @@ def models(rt: AnswerParts) -> ModelList:
         names += [EXPERT_MODEL + p.slugs[0]] if p.slugs else []
         names.append(f"{EXPERT_MODEL}expert-{i}")
     return ModelList(data=[ModelOut(id=name, created=_LISTED_SINCE) for name in names])
+
+
+def model(rt: AnswerParts, model_id: str) -> ModelOut:
+    """One model by any id it answers to (`model_ids`), or ModelNotFound."""
+    if model_id not in model_ids(rt.state().experts):
+        raise ModelNotFound(f"the model {model_id!r} does not exist; GET /v1/models lists them")
+    return ModelOut(id=model_id, created=_LISTED_SINCE)
 
 
 def model_ids(experts: Mapping[int, ExpertProfile]) -> dict[str, int | None]:
@@ -133,6 +150,66 @@ def sources(cited: list[CitationOut]) -> str:
     return "\n\nSources:\n" + "\n".join(lines) if lines else ""
 
 
+def usage(rt: AnswerParts, prompt: Sequence[str], completion: str) -> Usage:
+    """The request's tokens, by the embedding model's tokenizer: the texts the answer was written
+    from (`prompt`) and the text returned."""
+    asked, answered = sum(rt.count_tokens(list(prompt))), sum(rt.count_tokens([completion]))
+    return Usage(prompt_tokens=asked, completion_tokens=answered, total_tokens=asked + answered)
+
+
+def prompt_texts(prepared: Any) -> list[str]:
+    """What the generator reads: its system prompt, the question and the passages."""
+    return [prepared.system_prompt, prepared.question, *(c.chunk.text for c in prepared.citations)]
+
+
+# ---- a chat UI's own task prompts (engine.chat_tasks) ---------------------------------------------
+
+
+def ui_task(body: ChatIn) -> str | None:
+    """The task a chat UI's own prompt asks for (its title, tags, follow-ups...), or None for a question."""
+    last = next((m for m in reversed(body.messages) if m.role == "user"), None)
+    return chat_tasks.task_of(last.content) if last is not None and isinstance(last.content, str) else None
+
+
+def task_answer(rt: AnswerParts, body: ChatIn, task: str) -> str:
+    """A chat UI's task, answered without retrieval: by the configured model when there is one
+    (`Generators.task_model`), else briefly from the chat history (engine.chat_tasks)."""
+    prompt = str(next(m.content for m in reversed(body.messages) if m.role == "user"))
+    complete = rt.generators.task_model()
+    if complete is not None:
+        messages = [{"role": m.role, "content": m.content} for m in body.messages if isinstance(m.content, str)]
+        try:
+            return complete(messages)
+        except GeneratorError as exc:
+            raise GeneratorFailed(str(exc)) from None
+    return chat_tasks.brief_answer(task, prompt)
+
+
+def task_completion(rt: AnswerParts, body: ChatIn, task: str) -> tuple[bytes | None, list[str] | None]:
+    """A task's completion: (its JSON body, None), or with stream (None, its server-sent events).
+    Not a question: nothing is retrieved or logged; `moerag.route` says so."""
+    text = task_answer(rt, body, task)
+    route = {"path": "none", "reason": "chat_ui_task", "task": task}
+    prompt = [str(m.content) for m in body.messages if isinstance(m.content, str)]
+    counted = usage(rt, prompt, text)
+    if not body.stream:
+        out = ChatCompletionOut(
+            id=_completion_id(),
+            created=int(time.time()),
+            model=body.model,
+            choices=[Choice(message=AssistantMessage(content=text))],
+            usage=counted,
+            moerag=Moerag(route=route),
+        )
+        return out.model_dump_json().encode(), None
+    chunk = _chunker(body.model, body.stream_options is not None and body.stream_options.include_usage)
+    events = [chunk({"role": "assistant", "content": ""}, moerag={"route": route}), chunk({"content": text})]
+    events.append(chunk({}, "stop"))
+    if body.stream_options is not None and body.stream_options.include_usage:
+        events.append(chunk(None, usage=counted.model_dump()))
+    return None, [*events, "data: [DONE]\n\n"]
+
+
 def completion_json(rt: AnswerParts, body: ChatIn) -> bytes:
     """One non-streamed completion, serialised (the route returns the bytes as they are)."""
     chat = prepare_chat(rt, body)
@@ -144,11 +221,13 @@ def completion_json(rt: AnswerParts, body: ChatIn) -> bytes:
         raise GeneratorFailed(str(exc)) from None
     query_id = finish(rt, asked, answer)
     cited = citations(prepared, answer)
+    content = answer + sources(cited)
     out = ChatCompletionOut(
         id=_completion_id(),
         created=int(time.time()),
         model=body.model,
-        choices=[Choice(message=AssistantMessage(content=answer + sources(cited)))],
+        choices=[Choice(message=AssistantMessage(content=content))],
+        usage=usage(rt, prompt_texts(prepared), content),
         moerag=Moerag(
             route=route_json(prepared.route),
             citations=cited,
@@ -162,23 +241,32 @@ def completion_json(rt: AnswerParts, body: ChatIn) -> bytes:
     return out.model_dump_json().encode()
 
 
-def stream_chunks(chat: ChatAsked, model: str, log: LogAnswer) -> Iterator[str]:
-    """OpenAI's stream: `data: <chat.completion.chunk>` lines, then `data: [DONE]`. The first chunk
-    (role) carries route and citations; the text comes as deltas, then the sources; the last chunk
-    (finish_reason "stop") carries query_id and timings. A generator failure is an `error` event."""
+def _chunker(model: str, with_usage: bool) -> Callable[..., str]:
+    """chunk(delta, finish_reason=None, **extra) -> one `data: <chat.completion.chunk>` line of a
+    stream; delta None: the usage chunk (no choices). With `with_usage` (stream_options
+    include_usage) every other chunk says `usage: null`, as OpenAI's do."""
     ident, created = _completion_id(), int(time.time())
 
-    def chunk(delta: dict[str, Any], finish_reason: str | None = None, **extra: Any) -> str:
-        body = {
-            "id": ident,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
-            **extra,
-        }
-        return f"data: {json.dumps(body)}\n\n"
+    def chunk(delta: dict[str, Any] | None, finish_reason: str | None = None, **extra: Any) -> str:
+        choices = (
+            [] if delta is None else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}]
+        )
+        body = {"id": ident, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices}
+        if with_usage:
+            body["usage"] = None
+        return f"data: {json.dumps(body | extra)}\n\n"
 
+    return chunk
+
+
+def stream_chunks(
+    rt: AnswerParts, chat: ChatAsked, model: str, log: LogAnswer, with_usage: bool = False
+) -> Iterator[str]:
+    """OpenAI's stream: `data: <chat.completion.chunk>` lines, then `data: [DONE]`. The first chunk
+    (role) carries route and citations; the text comes as deltas, then the sources; the last chunk
+    (finish_reason "stop") carries query_id and timings; with `with_usage` a usage chunk follows
+    (no choices). A generator failure is an `error` event."""
+    chunk = _chunker(model, with_usage)
     prepared, text = chat.asked.prepared, []
     cited = citations(prepared)
     route = {
@@ -202,6 +290,8 @@ def stream_chunks(chat: ChatAsked, model: str, log: LogAnswer) -> Iterator[str]:
         yield chunk({"content": tail})
     query_id = log(answer="".join(text))
     yield chunk({}, "stop", moerag={"query_id": query_id, "timings_ms": prepared.timings_ms})
+    if with_usage:
+        yield chunk(None, usage=usage(rt, prompt_texts(prepared), "".join(text) + tail).model_dump())
     yield "data: [DONE]\n\n"
 
 

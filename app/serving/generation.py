@@ -10,6 +10,8 @@ from engine.errors import InvalidSetting, NotConfigured
 from engine.followup import REWRITE_SECONDS, REWRITE_TOKENS, Complete
 from engine.generators import GENERATOR_NAME, ExtractiveGenerator, Generator, GeneratorError, OpenAIGenerator
 
+TASK_TOKENS, TASK_SECONDS = 256, 30.0  # a chat UI's title, tags or follow-ups: short, and not worth a long wait
+
 
 class Generators:
     """name -> Generator. "" is the server's default (`MOERAG_DEFAULT_GENERATOR`): the fallback's
@@ -41,6 +43,16 @@ class Generators:
         key = s.openai_api_key.get_secret_value() if s.openai_api_key else ""
         model = OpenAIGenerator(s.openai_base_url, s.openai_model, key)
         return partial(model.complete, max_tokens=REWRITE_TOKENS, timeout=REWRITE_SECONDS)
+
+    def task_model(self) -> Complete | None:
+        """What answers a chat UI's own task prompts (engine.chat_tasks): the configured model, when
+        there is one; None: they are answered briefly without a model."""
+        s = self.settings
+        if not s.openai_base_url:
+            return None
+        key = s.openai_api_key.get_secret_value() if s.openai_api_key else ""
+        model = OpenAIGenerator(s.openai_base_url, s.openai_model, key)
+        return partial(model.complete, max_tokens=TASK_TOKENS, timeout=TASK_SECONDS)
 
     def check(self, name: str) -> None:
         """A generator name an expert may be given: it resolves here, or InvalidSetting (422);

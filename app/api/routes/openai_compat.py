@@ -11,7 +11,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from app.api.deps import ReaderDep, RuntimeDep
 from app.api.routes.flow import gate, threaded_stream
-from app.schemas.openai import ChatCompletionOut, ChatIn, ModelList
+from app.schemas.openai import ChatCompletionOut, ChatIn, ModelList, ModelOut
 from app.services import chat
 
 router = APIRouter(prefix="/v1", tags=["openai"], dependencies=[ReaderDep])
@@ -26,17 +26,29 @@ def models(rt: RuntimeDep) -> ModelList:
     return chat.models(rt)
 
 
+@router.get("/models/{model_id:path}", response_model=ModelOut)
+def model(model_id: str, rt: RuntimeDep) -> ModelOut:
+    """One model by its id (`moerag`, `moerag/<slug>`, `moerag/expert-<id>`); 404 model_not_found."""
+    return chat.model(rt, model_id)
+
+
 @router.post("/chat/completions", response_model=ChatCompletionOut, responses={200: {"content": _STREAM}})
 async def chat_completions(body: ChatIn, request: Request, rt: RuntimeDep) -> Response:
     """The last user message answered from the knowledge base; citations and route in `moerag`."""
     door = gate(request)
     await door.check_rate(request)
     slots = door.slots
+    if (task := chat.ui_task(body)) is not None:  # the chat UI's own prompt (a title...): no retrieval
+        whole, events = await anyio.to_thread.run_sync(chat.task_completion, rt, body, task, limiter=slots)
+        if events is not None:
+            return StreamingResponse(iter(events), media_type="text/event-stream")
+        return Response(whole, media_type="application/json")
     rt.asking += 1  # on the event loop: no other thread writes it
     try:
         if body.stream:
             asked = await anyio.to_thread.run_sync(chat.prepare_chat, rt, body, limiter=slots)
-            stream = threaded_stream(rt, asked.asked, lambda log: chat.stream_chunks(asked, body.model, log))
+            usage = body.stream_options is not None and body.stream_options.include_usage
+            stream = threaded_stream(rt, asked.asked, lambda log: chat.stream_chunks(rt, asked, body.model, log, usage))
             return StreamingResponse(stream, media_type="text/event-stream")
         return Response(
             await anyio.to_thread.run_sync(chat.completion_json, rt, body, limiter=slots),
