@@ -24,7 +24,7 @@ from typing import Any
 
 import httpx
 
-from moerag.admin import AdminCalls
+from moerag.admin import AdminCalls, AsyncAdminCalls
 from moerag.types import Answer, Citation, Job, Json, Progress, Route
 
 __all__ = [
@@ -130,6 +130,13 @@ def _shifted(progress: Progress | None, base: int, total: int) -> Progress | Non
     return lambda done, _total: progress(base + done, total)
 
 
+def _one_file(path: str | Path, title: str | None, source: str | None) -> Json:
+    """The multipart body of one file's upload (its source: as given, else its path)."""
+    p = Path(path)
+    data = {k: v for k, v in {"title": title, "source": source or str(p)}.items() if v is not None}
+    return {"files": {"file": (p.name, p.read_bytes())}, "data": data}
+
+
 def _no_uploads() -> Json:
     return {"created": 0, "duplicate": 0, "failed": 0, "chunks": 0, "failures": []}
 
@@ -212,10 +219,8 @@ class Client(AdminCalls):
     # ---- documents ---------------------------------------------------------------------------
 
     def upload(self, path: str | Path, title: str | None = None, source: str | None = None) -> Json:
-        """One file (text, Markdown, HTML, PDF); the same bytes again answer `duplicate`."""
-        p = Path(path)
-        data = {k: v for k, v in {"title": title, "source": source or str(p)}.items() if v is not None}
-        return self.request("POST", "/documents", ok=(200, 201), files={"file": (p.name, p.read_bytes())}, data=data)
+        """One file (text, Markdown, HTML, PDF, Office); the same bytes again answer `duplicate`."""
+        return self.request("POST", "/documents", ok=(200, 201), **_one_file(path, title, source))
 
     def upload_many(
         self,
@@ -243,13 +248,6 @@ class Client(AdminCalls):
         totals = self.upload_many(files, progress, sources=sources) if files else _no_uploads()
         return totals | {"skipped": len(skipped), "skipped_files": skipped}
 
-    def documents(self, offset: int = 0, limit: int = 50, q: str | None = None) -> Json:
-        params = {"offset": offset, "limit": limit, **({"q": q} if q else {})}
-        return self.request("GET", "/documents", params=params)
-
-    def delete_document(self, document_id: int) -> Json:
-        return self.request("DELETE", f"/documents/{document_id}")
-
     # ---- jobs ---------------------------------------------------------------------------------------
 
     def job(self, job_id: int) -> Job:
@@ -267,7 +265,7 @@ class Client(AdminCalls):
         return job
 
 
-class AsyncClient:
+class AsyncClient(AsyncAdminCalls):
     """`Client`'s questions, searches, uploads and jobs for asyncio code (the same names, awaited)."""
 
     def __init__(self, url: str, token: str | None = None, *, timeout: float = 300.0, **httpx_options: Any) -> None:
@@ -279,6 +277,9 @@ class AsyncClient:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
         await self.http.aclose()
 
     async def request(self, method: str, path: str, ok: tuple[int, ...] = (200,), **kw: Any) -> Any:
@@ -310,6 +311,9 @@ class AsyncClient:
 
     async def search(self, query: str, k: int | None = None, clusters: list[int] | None = None) -> Json:
         return await self.request("POST", "/search", json={"query": query, "k": k, "clusters": clusters})
+
+    async def upload(self, path: str | Path, title: str | None = None, source: str | None = None) -> Json:
+        return await self.request("POST", "/documents", ok=(200, 201), **_one_file(path, title, source))
 
     async def upload_many(
         self,

@@ -133,3 +133,33 @@ def test_the_client_walks_a_folder_as_the_server_does(tmp_path: Path) -> None:
     assert [s["path"] for s in skipped] == [p.name for p in unsupported] == ["z.exe"]
     assert "unsupported type (.exe)" in unsupported_reason(unsupported[0])
     assert [client_source(f, tmp_path / "a") for f in files] == [folder_source(f, tmp_path / "a") for f in files]
+
+
+def test_the_async_client_has_every_call_the_client_has() -> None:
+    import inspect
+
+    def calls(cls: type) -> set[str]:
+        return {n for n, _ in inspect.getmembers(cls, callable) if not n.startswith("_")}
+
+    assert calls(Client) == calls(AsyncClient), calls(Client) ^ calls(AsyncClient)
+    for name in calls(Client) - {"request"}:
+        assert inspect.iscoroutinefunction(getattr(AsyncClient, name)) or inspect.isasyncgenfunction(
+            getattr(AsyncClient, name)
+        ), name
+    assert {"refit", "propose_experts", "train_router", "documents", "conversation"} <= calls(AsyncClient)
+
+
+def test_the_async_client_s_operator_calls_reach_the_server(live: Server) -> None:
+    async def run() -> None:
+        async with AsyncClient(live.url, TOKEN) as kb:
+            experts = await kb.experts()
+            assert experts and {"id", "name"} <= set(experts[0])
+            versions = await kb.router_versions()
+            assert versions and "id" in versions[0]
+            page = await kb.documents(limit=2)
+            assert page["total"] >= 1 and len(page["items"]) <= 2
+            assert (await kb.clusters(experts[0]["id"])) == [
+                c for c in await kb.clusters() if c["expert_id"] == experts[0]["id"]
+            ]
+
+    asyncio.run(run())

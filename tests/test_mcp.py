@@ -45,7 +45,8 @@ async def _call(client: Client, tool: str, **arguments: Any) -> Any:
 async def _tour(client: Client) -> dict[str, Any]:
     """Every tool and resource once; what they returned."""
     async with client:
-        seen: dict[str, Any] = {"tools": {t.name for t in (await client.list_tools()).tools}}
+        listed = (await client.list_tools()).tools
+        seen: dict[str, Any] = {"tools": {t.name for t in listed}, "listed": listed}
         seen["experts"] = (await _call(client, "list_experts"))["result"]
         seen["ask"] = await _call(client, "ask", question=QUESTION)
         expert = seen["experts"][-1]["name"]
@@ -64,6 +65,11 @@ async def _tour(client: Client) -> dict[str, Any]:
 
 def _check(seen: dict[str, Any], asked: dict[str, Any]) -> None:
     assert seen["tools"] >= TOOLS
+    for tool in seen["listed"]:  # each says it only reads, and says what each parameter is
+        assert tool.annotations is not None and tool.annotations.read_only_hint is True, tool.name
+        assert tool.annotations.destructive_hint is False, tool.name
+        for name, schema in tool.input_schema.get("properties", {}).items():
+            assert schema.get("description"), (tool.name, name)
     assert seen["ask"]["route"]["path"] == asked["route"]["path"]
     assert [c["chunk_id"] for c in seen["ask"]["citations"]] == [c["chunk_id"] for c in asked["citations"]]
     assert seen["ask"]["answer"] and "[1]" in seen["ask"]["answer"]

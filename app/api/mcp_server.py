@@ -40,6 +40,13 @@ if TYPE_CHECKING:
 
 PATH = "/mcp"  # where the server mounts the streamable HTTP transport
 ChunkId = Annotated[int, Field(ge=0, le=INT64_MAX, description="A chunk's id (search and ask name them).")]
+Question = Annotated[str, Field(description="The question, in the user's words (a follow-up made standalone).")]
+Query = Annotated[str, Field(description="What to find passages about: a question or keywords.")]
+ExpertName = Annotated[
+    str | None, Field(description="Ask only this expert: a name from list_experts; omit to let moerag route.")
+]
+Passages = Annotated[int | None, Field(ge=1, le=50, description="How many passages to cite (default: the expert's).")]
+Found = Annotated[int, Field(ge=1, le=50, description="How many passages to return, best first.")]
 DOCUMENTS_LISTED = 500  # the `moerag://documents` resource lists the first this many
 
 
@@ -64,6 +71,11 @@ def build(rt: Runtime, door: AnswerGate | None = None) -> MCPServer:  # noqa: C9
 
     door = door or AnswerGate(None, "", rt.settings.ask_concurrency)  # stdio: one local agent, no clients
 
+    from mcp.types import ToolAnnotations
+
+    # Every tool reads the documents and changes nothing an agent must confirm (a question asked is
+    # logged, as on /ask); none reaches outside this knowledge base.
+    _READS = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
     server = MCPServer(
         "moerag",
         instructions="Answers and passages from this team's documents, with citations and the expert "
@@ -83,7 +95,7 @@ def build(rt: Runtime, door: AnswerGate | None = None) -> MCPServer:  # noqa: C9
             raise ApiError("expert_not_found", f"no expert named {name!r}; list_experts names them")
         return found[0]
 
-    async def ask(question: str, expert: str | None = None, k: int | None = None, ctx: Any = None) -> dict[str, Any]:
+    async def ask(question: Question, expert: ExpertName = None, k: Passages = None, ctx: Any = None) -> dict[str, Any]:
         """Answer a question from the documents: the answer with numbered citations [n], the
         passages cited, and the route (the expert that answered, or the whole store, and why).
         `expert`: ask this expert (a name from list_experts); `k`: passages to cite."""
@@ -94,10 +106,10 @@ def build(rt: Runtime, door: AnswerGate | None = None) -> MCPServer:  # noqa: C9
             return json.loads(await anyio.to_thread.run_sync(answer_json, ready(), body, limiter=door.slots))
 
     ask.__annotations__["ctx"] = Context  # the SDK finds the parameter it fills by this type
-    server.tool()(ask)
+    server.tool(annotations=_READS)(ask)
 
-    @server.tool()
-    async def search(query: str, k: int = 5, expert: str | None = None) -> dict[str, Any]:
+    @server.tool(annotations=_READS)
+    async def search(query: Query, k: Found = 5, expert: ExpertName = None) -> dict[str, Any]:
         """Passages most similar to `query` (ids, documents, scores, text), from the whole store
         or from one expert's clusters (`expert`: a name from list_experts)."""
         with _anticipated(ToolError):
@@ -106,14 +118,14 @@ def build(rt: Runtime, door: AnswerGate | None = None) -> MCPServer:  # noqa: C9
             body = SearchIn(query=query, k=k, clusters=clusters)
             return (await anyio.to_thread.run_sync(run_search, rt, body)).model_dump()
 
-    @server.tool()
+    @server.tool(annotations=_READS)
     async def list_experts() -> list[dict[str, Any]]:
         """The experts questions are routed to: id, name and the clusters each owns."""
         with _anticipated(ToolError):
             profiles = ready().state().experts
         return [{"id": p.id, "name": p.name, "clusters": list(p.clusters)} for _, p in sorted(profiles.items())]
 
-    @server.tool()
+    @server.tool(annotations=_READS)
     async def get_chunk(chunk_id: ChunkId) -> dict[str, Any]:
         """One passage in full with its document, heading, expert and the passages before and after it."""
         with _anticipated(ToolError):
