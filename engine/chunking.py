@@ -17,6 +17,7 @@ from typing import Literal
 from engine.blocks import Block, ParsedDocument
 from engine.document_budget import check_document
 from engine.errors import DocumentTooLarge
+from engine.ocr import MAX_PAGES as OCR_PAGES
 
 TokenCounter = Callable[[Sequence[str]], list[int]]
 
@@ -39,6 +40,7 @@ class ChunkingConfig:
     max_chars_per_token: int = 16
     max_chunks: int = 20_000  # per document: more is refused (413) rather than half-ingested
     max_chars: int = 5_000_000  # per document's text: more is refused (413) before any work (engine.document_budget)
+    max_ocr_pages: int = OCR_PAGES  # per scanned document: pages read by OCR (engine.ocr); more is refused (413)
 
     def __post_init__(self) -> None:
         if not 0 < self.min_tokens <= self.target_tokens <= self.max_tokens:

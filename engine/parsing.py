@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 import charset_normalizer
 
 from engine.blocks import MIME_BY_KIND, Builder, ParsedDocument, first_line
-from engine.errors import CorruptDocument, EmptyDocument, UndecodableDocument, UnsupportedType
+from engine.errors import CorruptDocument, DocumentTooLarge, EmptyDocument, UndecodableDocument, UnsupportedType
+from engine.ocr import MAX_PAGES as OCR_PAGES
 
 OFFICE_KINDS = frozenset({"docx", "pptx", "xlsx", "odt"})  # read by engine.office
 
@@ -167,11 +168,14 @@ def decode_text(data: bytes) -> str:
     return str(best)
 
 
-def parse(data: bytes, filename: str | None = None, content_type: str | None = None) -> ParsedDocument:
+def parse(
+    data: bytes, filename: str | None = None, content_type: str | None = None, *, ocr_pages: int = OCR_PAGES
+) -> ParsedDocument:
+    """`ocr_pages`: the most pages of a scanned PDF read by OCR (engine.ocr, the `ocr` extra)."""
     kind = sniff(data, filename, content_type)
     fallback_title = PurePath(filename).stem if filename else ""
     if kind == "pdf":
-        return parse_pdf(data, fallback_title)
+        return parse_pdf(data, fallback_title, ocr_pages)
     if kind in OFFICE_KINDS:
         from engine.office import PARSERS
 
@@ -371,7 +375,7 @@ def parse_html(text: str, fallback_title: str = "") -> ParsedDocument:
     return walker.builder.build("html", title or fallback_title)
 
 
-def parse_pdf(data: bytes, fallback_title: str = "") -> ParsedDocument:
+def parse_pdf(data: bytes, fallback_title: str = "", ocr_pages: int = OCR_PAGES) -> ParsedDocument:
     # pypdf is imported lazily: it is only needed for PDFs.
     from pypdf import PdfReader
     from pypdf.errors import PdfReadError
@@ -382,7 +386,13 @@ def parse_pdf(data: bytes, fallback_title: str = "") -> ParsedDocument:
             raise CorruptDocument("the PDF is encrypted; upload a decrypted copy")
         pages = [page.extract_text() or "" for page in reader.pages]
         meta_title = (reader.metadata.title if reader.metadata else None) or ""
-    except CorruptDocument:
+        if not any(p.strip() for p in pages):  # a scan: every page an image, no text layer
+            from engine import ocr
+
+            scans = [[image.data for image in page.images] for page in reader.pages]
+            if any(scans):
+                pages = ocr.read_scanned(scans, ocr_pages)
+    except (CorruptDocument, EmptyDocument, DocumentTooLarge):
         raise
     except (PdfReadError, ValueError, KeyError, TypeError, AttributeError, OSError) as exc:
         raise CorruptDocument(f"the PDF could not be read: {exc}") from exc
@@ -391,5 +401,5 @@ def parse_pdf(data: bytes, fallback_title: str = "") -> ParsedDocument:
         for para in _PARAGRAPH_BREAK.split(page.replace("\r\n", "\n")):
             builder.add(para, (f"page {number}",), number)
     if not builder.blocks:
-        raise EmptyDocument("the PDF has no extractable text (a scanned PDF needs OCR first)")
+        raise EmptyDocument("the PDF has no extractable text: neither a text layer nor an image to read")
     return builder.build("pdf", str(meta_title).strip() or fallback_title or first_line(builder))

@@ -11,6 +11,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from engine.lexical import Fusion
+from engine.ocr import MAX_PAGES as OCR_PAGES
 
 
 class Settings(BaseSettings):
@@ -71,6 +72,11 @@ class Settings(BaseSettings):
     )
     max_chunks_per_document: int = Field(
         20_000, ge=1, description="A document that makes more chunks is refused whole (413 document_too_large)."
+    )
+    max_ocr_pages: int = Field(
+        OCR_PAGES,
+        ge=1,
+        description="Pages of one scanned PDF read by OCR (the ocr extra); a scan of more is refused (413).",
     )
     max_document_chars: int = Field(
         5_000_000,
@@ -327,6 +333,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "max_request_bytes",
         "max_document_chars",
         "max_chunks_per_document",
+        "max_ocr_pages",
         "max_question_chars",
         "max_top_k",
         "max_queued_jobs",

@@ -91,7 +91,7 @@ class Ingestor:
         return self.search_index() if self.search_index is not None else None
 
     def _prepare(self, upload: Upload) -> _Prepared:
-        parsed = parse(upload.data, upload.filename, upload.content_type)
+        parsed = parse(upload.data, upload.filename, upload.content_type, ocr_pages=self.chunking.max_ocr_pages)
         chunks = chunk_document(parsed, self.embedder.count_tokens, self.chunking)
         return _Prepared(upload, upload.content_hash, parsed, chunks)
 
