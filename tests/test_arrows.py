@@ -87,6 +87,9 @@ def test_the_client_reads_the_same_file_types_as_the_server() -> None:
     from moerag import client
 
     assert client.SUFFIXES == SUFFIXES
+    console = (ROOT / "app" / "console" / "static" / "console.js").read_text()  # the console's folder upload
+    listed = console.split("const SUPPORTED = [", 1)[1].split("]", 1)[0]
+    assert {s.strip().strip('"') for s in listed.split(",")} == SUFFIXES
 
 
 # The folders of app/, bottom to top: a module imports from its own folder and the ones below it.

@@ -340,17 +340,27 @@ on("pg-new", "click", () => newConversation(state));
 on("pg-mode", "change", () => { $("pg-expert").disabled = $("pg-mode").value !== "expert"; });
 on("cv-close", "click", () => $("chunk-viewer").close());
 on("doc-search", "submit", (e) => { e.preventDefault(); state.docQuery = $("doc-q").value.trim(); state.docPage = 0; return refresh("documents"); });
+// The types moerag reads (engine.parsing.SUFFIXES): a folder's other files are named as skipped.
+const SUPPORTED = [".txt", ".text", ".rst", ".md", ".markdown", ".html", ".htm", ".xhtml", ".pdf",
+  ".docx", ".pptx", ".xlsx", ".odt"];
+const readable = (f) => SUPPORTED.some((s) => f.name.toLowerCase().endsWith(s));
 on("doc-upload", "submit", async (e) => {
   e.preventDefault();
   const form = new FormData();
+  const folder = [...$("doc-folder").files].filter((f) => !f.webkitRelativePath.split("/").some((p) => p.startsWith(".")));
+  const skipped = folder.filter((f) => !readable(f)).map((f) => `${f.webkitRelativePath}: unsupported type`);
+  // A folder's file is stored as folder-name/path, as `moerag ingest FOLDER` and upload_folder store it.
   [...$("doc-files").files].forEach((f) => form.append("files", f, f.name));
+  folder.filter(readable).forEach((f) => form.append("files", f, f.webkitRelativePath));
+  if (!form.has("files")) { status("nothing to upload: pick files or a folder of a type moerag reads", true, skipped); return; }
   const job = await api("POST", "/documents/bulk", form);
   const done = await waitJob(job.id, $("doc-progress"), $("doc-job"));
   if (done.status !== "done") status(`upload failed: ${done.error}`, true);
   else {
     const r = done.result;
-    status(`ingested: ${r.created} new, ${r.duplicate} already there, ${r.failed} failed`, r.failed > 0,
-      (r.failures || []).map((f) => `${f.source}: ${f.error}`));
+    const left = skipped.length ? `, ${skipped.length} skipped` : "";
+    status(`ingested: ${r.created} new, ${r.duplicate} already there, ${r.failed} failed${left}`,
+      r.failed > 0, [...(r.failures || []).map((f) => `${f.source}: ${f.error}`), ...skipped]);
   }
   await refresh("documents");
 });
