@@ -292,3 +292,25 @@ def test_a_follow_up_is_rewritten_by_the_configured_model(llama_server: str, cli
     rt.settings.followup_rewrite = "rule"  # the rule alone
     ruled = client.post("/ask", json={**first, "question": "and how do I undo that?"}).json()
     assert ruled["standalone_by"] == "rule" and ruled["standalone_question"].startswith(switch["standalone_question"])
+
+
+def test_a_chat_ui_task_goes_to_the_configured_model_without_retrieval(llama_server: str, client: object) -> None:
+    """With a model configured, Open WebUI's title prompt is sent to it as the UI wrote it (no
+    passages searched, nothing logged as a question); the reply is the model's own."""
+    from fastapi.testclient import TestClient
+
+    from tests.conftest import AUTH
+    from tests.test_openai_api import OPEN_WEBUI_TITLE
+
+    assert isinstance(client, TestClient)
+    rt = client.app.state.runtime  # type: ignore[attr-defined]
+    rt.settings.openai_base_url, rt.settings.openai_model = llama_server, "smollm2"
+    before = client.get("/admin/api/questions", headers=AUTH).json()["total"]
+    body = {"model": "moerag", "messages": [{"role": "user", "content": OPEN_WEBUI_TITLE}]}
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["moerag"]["route"]["reason"] == "chat_ui_task" and not out["moerag"].get("citations")
+    assert out["choices"][0]["message"]["content"].strip() and out["usage"]["completion_tokens"] > 0
+    assert client.get("/admin/api/questions", headers=AUTH).json()["total"] == before  # not a question
+    rt.settings.openai_base_url = None
