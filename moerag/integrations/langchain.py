@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from moerag.client import AsyncClient, Client
+from moerag.integrations import metadata
 from moerag.types import Answer
 
 try:
@@ -27,22 +28,8 @@ except ImportError as exc:  # a clear error, not a traceback deep in an import
 def documents(answer: Answer) -> list[Document]:
     """An /ask answer's citations as LangChain documents, best first; the route rides in each one's
     metadata (path, expert, confidence, reason) beside the chunk's ids, source, title and score."""
-    route: Any = answer.get("route") or {}
-    kept = {key: route.get(key) for key in ("path", "expert", "confidence", "reason")}
     return [
-        Document(
-            page_content=c["text"],
-            metadata={
-                "chunk_id": c["chunk_id"],
-                "document_id": c["document_id"],
-                "source": c["source"],
-                "title": c["title"],
-                "heading": c.get("heading"),
-                "score": c["score"],
-                "route": kept,
-                "query_id": answer.get("query_id"),
-            },
-        )
+        Document(page_content=c["text"], metadata=metadata(answer, c) | {"score": c["score"]})
         for c in answer.get("citations", [])
     ]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from moerag.client import AsyncClient, Client
+from moerag.integrations import metadata
 from moerag.types import Answer
 
 try:
@@ -25,23 +26,9 @@ except ImportError as exc:  # a clear error, not a traceback deep in an import
 
 def nodes(answer: Answer) -> list[NodeWithScore]:
     """An /ask answer's citations as scored nodes, best first (the node id: moerag's chunk id)."""
-    route: Any = answer.get("route") or {}
-    kept = {key: route.get(key) for key in ("path", "expert", "confidence", "reason")}
     out = []
     for c in answer.get("citations", []):
-        node = TextNode(
-            id_=f"moerag-chunk-{c['chunk_id']}",
-            text=c["text"],
-            metadata={
-                "chunk_id": c["chunk_id"],
-                "document_id": c["document_id"],
-                "source": c["source"],
-                "title": c["title"],
-                "heading": c.get("heading"),
-                "route": kept,
-                "query_id": answer.get("query_id"),
-            },
-        )
+        node = TextNode(id_=f"moerag-chunk-{c['chunk_id']}", text=c["text"], metadata=metadata(answer, c))
         out.append(NodeWithScore(node=node, score=c["score"]))
     return out
 
