@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import os
 import shutil
 import signal
@@ -108,6 +109,7 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
     client = truth
     from ray import serve
 
+    from app.cli.main import main
     from app.shards.client import RayShards, searches
     from app.shards.map import IngressSpec, parse
     from app.shards.replicas import deploy
@@ -140,6 +142,11 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
             start_http(IngressSpec(port=http_port))
         handles = deploy(shard_map, rt.settings.db_url, rt.embedder.dim)
         stats = [h.stats.remote().result() for h in handles]
+        # `ray status` on a map that is not deployed: one line saying so, not Serve's traceback.
+        other = tmp_path / "other.yaml"
+        other.write_text(json.dumps({"shards": [{"name": "all", "experts": ["git"], "default": True}]}))
+        with pytest.raises(SystemExit, match="is not deployed; deployed: "):
+            main(["--data-dir", str(rt.settings.resolved_data_dir), "ray", "status", "--config", str(other)])
         assert sum(s["vectors"] for s in stats) == state.index.ntotal  # every vector on exactly one shard
         sharded = ShardedIndex(state.index, lists, searches(handles))
         # BM25 too: each replica scores its chunks' postings with the whole store's statistics.

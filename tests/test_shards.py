@@ -331,6 +331,20 @@ def test_ray_up_checks_the_map_against_the_store_before_it_starts_anything(
     assert "invalid_setting" in message and "does not have: ['nosuch']; it has: [" in message and "'git'" in message
 
 
+def test_an_unquoted_expert_name_in_yaml_says_to_quote_it(tmp_path: Any) -> None:
+    """`experts: [Python: module json]` is YAML for a mapping: the error says to quote the name."""
+    from app.shards.map import load
+    from engine.errors import InvalidSetting
+
+    bad = tmp_path / "shards.yaml"
+    bad.write_text("shards:\n  - name: a\n    default: true\n    experts: [Python: module json, git]\n")
+    with pytest.raises(InvalidSetting, match="quote names in YAML"):
+        load(bad)
+    good = tmp_path / "quoted.yaml"
+    good.write_text('shards:\n  - name: a\n    default: true\n    experts: ["Python: module json", git]\n')
+    assert load(good).shards[0].experts == ("Python: module json", "git")
+
+
 def test_shard_replicas_built_from_sql_follow_the_index_log_for_their_lists(
     client: TestClient, routed: dict[str, Any]
 ) -> None:

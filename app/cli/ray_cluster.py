@@ -43,8 +43,11 @@ def add_commands(sub: Any) -> None:
     status.add_argument("--config", type=Path, required=True, help="the shard map deployed")
     status.add_argument("--address", default="auto", help="the Ray cluster (default: the local one)")
     status.set_defaults(func=cmd_status)
-    down = actions.add_parser("down", help="delete the shards (and stop the local cluster `up` started)")
-    down.add_argument("--address", help="the Ray cluster joined by `up --address`; default: the local one, stopped")
+    down = actions.add_parser("down", help="delete moerag's applications (and stop a local cluster `up` started)")
+    down.add_argument(
+        "--address",
+        help="the Ray cluster joined by `up --address`; default: the local one (stopped only if `up` started it)",
+    )
     down.set_defaults(func=cmd_down)
 
 
@@ -81,7 +84,16 @@ def cmd_up(args: argparse.Namespace) -> None:  # noqa: PLR0915
         try:  # a local cluster `up` started before (a changed map deployed beside the running one)
             ray.init(address="auto", log_to_driver=False)
         except ConnectionError:
-            _ray_command("start", "--head", "--disable-usage-stats", "--include-dashboard=false")
+            # Ray has no authentication of its own: a cluster this command starts listens on
+            # 127.0.0.1 only (to span machines, start Ray yourself, fenced, and pass --address).
+            _ray_command(
+                "start",
+                "--head",
+                "--node-ip-address=127.0.0.1",
+                "--disable-usage-stats",
+                "--include-dashboard=false",
+            )
+            _started_marker(settings).write_text("moerag ray up started this Ray cluster\n")
     if not ray.is_initialized():
         ray.init(address=args.address or "auto", log_to_driver=False)
     if shards.ingress is not None:  # Serve's HTTP proxy starts first or never (app.shards.ingress)
@@ -134,8 +146,18 @@ def cmd_up(args: argparse.Namespace) -> None:  # noqa: PLR0915
 def cmd_status(args: argparse.Namespace) -> None:
     from app.shards import client as ray_client
     from app.shards import map as shard_map
+    from engine.errors import NotConfigured
 
-    shards = ray_client.RayShards(shard_map.load(args.config), args.address)
+    wanted = shard_map.load(args.config)
+    serve = ray_client.require()
+    ray_client.join(args.address)
+    if wanted.app_name not in serve.status().applications:  # one line, not a traceback from Serve
+        deployed = sorted(a for a in serve.status().applications if a.startswith(shard_map.APP))
+        raise NotConfigured(
+            f"the shard map {args.config} (version {wanted.version}) is not deployed; deployed: {deployed or 'none'}; "
+            f"deploy it with `moerag ray up --config {args.config}`"
+        )
+    shards = ray_client.RayShards(wanted, args.address)
     out: dict[str, Any] = {"shard_map": shards.shard_map.version, "shards": shards.stats()}
     if shards.shard_map.embedder is not None:
         from app.shards import embedder as ray_embedder
@@ -166,6 +188,14 @@ def cmd_down(args: argparse.Namespace) -> None:
             serve.delete(app)
             deleted.append(app)
     ray.shutdown()
-    if args.address is None:
+    marker = _started_marker(settings_from(args))
+    stopped = args.address is None and marker.exists()
+    if stopped:  # never a cluster `up` did not start: other Ray work on this machine keeps running
         _ray_command("stop")
-    print(json.dumps({"deleted": deleted}))
+        marker.unlink(missing_ok=True)
+    print(json.dumps({"deleted": deleted, "ray_stopped": stopped}))
+
+
+def _started_marker(settings: Any) -> Path:
+    """The data dir's note that `ray up` started the local Ray cluster (so `ray down` may stop it)."""
+    return Path(settings.resolved_data_dir) / "ray-started"

@@ -125,8 +125,14 @@ def parse(data: Any, version: str = "") -> ShardMap:  # noqa: C901
             raise InvalidSetting(f"shard {name!r} is named twice")
         seen.add(name)
         experts = raw.get("experts", [])
-        if not isinstance(experts, list) or not all(isinstance(e, str) for e in experts):
+        if not isinstance(experts, list):
             raise InvalidSetting(f"shard {name!r}: 'experts' is a list of expert names")
+        for e in experts:
+            if not isinstance(e, str):  # YAML read `json: csv` as a mapping, `2024` as a number...
+                raise InvalidSetting(
+                    f"shard {name!r}: {e!r} is not an expert name; quote names in YAML when they hold ': ', "
+                    f"' #', or look like a number or a date: - \"Python: module json\""
+                )
         for e in experts:
             if e in owned:
                 raise InvalidSetting(f"expert {e!r} is in shards {owned[e]!r} and {name!r}; an expert has one shard")
