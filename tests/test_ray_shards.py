@@ -142,6 +142,10 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
             start_http(IngressSpec(port=http_port))
         handles = deploy(shard_map, rt.settings.db_url, rt.embedder.dim)
         stats = [h.stats.remote().result() for h in handles]
+        # `ray up` again with the same map changes no replica: it is deployed already.
+        from app.shards.replicas import deployed
+
+        assert deployed(shard_map) and not deployed(parse(raw_map | {"shards": raw_map["shards"][2:]}))
         # `ray status` on a map that is not deployed: one line saying so, not Serve's traceback.
         other = tmp_path / "other.yaml"
         other.write_text(json.dumps({"shards": [{"name": "all", "experts": ["git"], "default": True}]}))

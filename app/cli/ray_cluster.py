@@ -38,6 +38,9 @@ def add_commands(sub: Any) -> None:
         help="seconds before the shards of any other map are deleted (servers switch within 2 s of the new "
         "map running; default 30)",
     )
+    up.add_argument(
+        "--redeploy", action="store_true", help="replace the replicas even when this map is deployed already"
+    )
     up.set_defaults(func=cmd_up)
     status = actions.add_parser("status", help="shards, replicas, vectors and versions")
     status.add_argument("--config", type=Path, required=True, help="the shard map deployed")
@@ -103,7 +106,11 @@ def cmd_up(args: argparse.Namespace) -> None:  # noqa: PLR0915
         ray_ingress.start_http(shards.ingress)
     # Replicas boot from the snapshots (MOERAG_SNAPSHOT_URL; on one machine the data dir's index folder).
     snapshots = settings.snapshot_url or str(settings.index_dir)
-    handles = ray_shards.deploy(shards, settings.db_url, dim, snapshots, settings.index_codec)
+    if ray_shards.deployed(shards) and not args.redeploy:  # the same map again: nothing to change
+        print(f"shard map {shards.version} is deployed already: no replica changed (--redeploy replaces them)")
+        handles = [ray_client.handle(shards, s.name) for s in shards.shards]
+    else:
+        handles = ray_shards.deploy(shards, settings.db_url, dim, snapshots, settings.index_codec)
     print(json.dumps({"shard_map": shards.version, "shards": ray_client.shard_stats(shards, handles)}, indent=2))
     if shards.embedder is not None:  # the model on Ray too: one application whatever the map's version
         from app.shards import embedder as ray_embedder

@@ -25,6 +25,11 @@ from index.shards import DeadlineSpent, ShardBreakers, ShardedIndex, ShardRows, 
 log = logging.getLogger(__name__)
 
 
+def handle(shard_map: ShardMap, shard: str) -> Any:
+    """A shard deployment's Serve handle."""
+    return require().get_deployment_handle(f"shard-{shard}", app_name=shard_map.app_name)
+
+
 class RayShards:
     """The serving side: the shard map's deployments, and the sharded view of an index that the
     serving state holds instead of the index (app.serving.states)."""

@@ -55,6 +55,7 @@ _LIGHT = {"num_cpus": 0.1}
 # (a frozen or wedged process): seconds, not Serve's default 30 s of searches timing out.
 HEALTH_PERIOD_S, HEALTH_TIMEOUT_S = 1.0, 3.0
 REPLICA_BASE_BYTES = 160 * 2**20  # a replica's interpreter, FAISS, SQLAlchemy and Ray's worker, measured
+_MEMORY_STEP = 64 * 2**20  # a replica's declared memory, in whole steps
 BATCH = 32  # the most searches a replica answers in one FAISS scan
 POSTINGS_SHARE = 0.1  # the share of a replica's time its BM25 rebuilds may take (as the server's)
 
@@ -81,6 +82,12 @@ def join(address: str) -> None:
         raise NotConfigured(
             f"no Ray cluster at {address!r} ({exc}): start one with `moerag ray up --config MAP`"
         ) from None
+
+
+def deployed(shard_map: ShardMap) -> bool:
+    """Whether this map version's application runs already, every shard deployment in it."""
+    states = replica_states(shard_map.app_name)
+    return states is not None and all(f"shard-{s.name}" in states for s in shard_map.shards)
 
 
 def replica_states(app_name: str) -> dict[str, dict[str, int]] | None:
@@ -430,7 +437,8 @@ def replica_memory(engine: Engine, shard_map: ShardMap, dim: int) -> list[int]:
     out = []
     for held in lists:
         vectors = sum(sizes.get(int(c), 0) for c in held)
-        out.append(REPLICA_BASE_BYTES + vectors * (2 * dim * 4 + 1024))
+        need = REPLICA_BASE_BYTES + vectors * (2 * dim * 4 + 1024)
+        out.append(-(-need // _MEMORY_STEP) * _MEMORY_STEP)  # whole steps: a few more chunks change nothing
     return out
 
 
