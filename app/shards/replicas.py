@@ -53,7 +53,7 @@ Stamped = (
 _LIGHT = {"num_cpus": 0.1}
 # Serve asks each replica `check_health` this often and replaces one that does not answer in time
 # (a frozen or wedged process): seconds, not Serve's default 30 s of searches timing out.
-HEALTH_PERIOD_S, HEALTH_TIMEOUT_S = 1.0, 3.0
+HEALTH_PERIOD_S, HEALTH_TIMEOUT_S = 2.0, 5.0
 REPLICA_BASE_BYTES = 160 * 2**20  # a replica's interpreter, FAISS, SQLAlchemy and Ray's worker, measured
 _MEMORY_STEP = 64 * 2**20  # a replica's declared memory, in whole steps
 BATCH = 32  # the most searches a replica answers in one FAISS scan
