@@ -13,7 +13,8 @@ from __future__ import annotations
 import io
 import re
 import zipfile
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
 from typing import Any
 
 from engine.blocks import Builder, ParsedDocument, first_line
@@ -33,6 +34,14 @@ def _need(module: str, package: str) -> Any:
         raise NotConfigured(
             f"reading this file needs {package}, one of moerag's dependencies: pip install {package}"
         ) from None
+
+
+def _opened(open_: Callable[[io.BytesIO], Any], data: bytes, what: str) -> Any:
+    """`open_` over the file's bytes; CorruptDocument (422) when its parser cannot read it."""
+    try:
+        return open_(io.BytesIO(data))
+    except (zipfile.BadZipFile, KeyError, ValueError, OSError) as exc:
+        raise CorruptDocument(f"{what} could not be read: {exc}") from exc
 
 
 def _row_text(header: Sequence[str], cells: Sequence[str]) -> str:
@@ -78,10 +87,7 @@ class _Sections:
 
 def parse_docx(data: bytes, fallback_title: str = "") -> ParsedDocument:
     docx = _need("docx", "python-docx")
-    try:
-        document = docx.Document(io.BytesIO(data))
-    except (zipfile.BadZipFile, KeyError, ValueError) as exc:
-        raise CorruptDocument(f"the Word document could not be read: {exc}") from exc
+    document = _opened(docx.Document, data, "the Word document")
     builder, sections, title = Builder(), _Sections(), ""
     body = document.element.body
     for child in body.iterchildren():
@@ -113,10 +119,7 @@ def parse_docx(data: bytes, fallback_title: str = "") -> ParsedDocument:
 
 def parse_pptx(data: bytes, fallback_title: str = "") -> ParsedDocument:
     pptx = _need("pptx", "python-pptx")
-    try:
-        deck = pptx.Presentation(io.BytesIO(data))
-    except (zipfile.BadZipFile, KeyError, ValueError) as exc:
-        raise CorruptDocument(f"the presentation could not be read: {exc}") from exc
+    deck = _opened(pptx.Presentation, data, "the presentation")
     builder, first_title = Builder(), ""
     for number, slide in enumerate(deck.slides, start=1):
         title_shape = slide.shapes.title
@@ -150,10 +153,7 @@ def _slide_texts(slide: Any, title_shape: Any) -> Iterator[str]:
 
 def parse_xlsx(data: bytes, fallback_title: str = "") -> ParsedDocument:
     openpyxl = _need("openpyxl", "openpyxl")
-    try:
-        book = openpyxl.load_workbook(io.BytesIO(data), read_only=True, data_only=True)
-    except (zipfile.BadZipFile, KeyError, ValueError, OSError) as exc:
-        raise CorruptDocument(f"the workbook could not be read: {exc}") from exc
+    book = _opened(partial(openpyxl.load_workbook, read_only=True, data_only=True), data, "the workbook")
     builder = Builder()
     try:
         for number, sheet in enumerate(book.worksheets, start=1):
@@ -175,10 +175,7 @@ def parse_odt(data: bytes, fallback_title: str = "") -> ParsedDocument:
     from odf.namespaces import TABLENS, TEXTNS
     from odf.opendocument import load
 
-    try:
-        document = load(io.BytesIO(data))
-    except (zipfile.BadZipFile, KeyError, ValueError) as exc:
-        raise CorruptDocument(f"the OpenDocument file could not be read: {exc}") from exc
+    document = _opened(load, data, "the OpenDocument file")
     builder, sections = Builder(), _Sections()
     for node in document.text.childNodes:
         if node.qname == (TEXTNS, "h"):

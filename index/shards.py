@@ -148,7 +148,7 @@ class ShardBreakers:
         self._lock = threading.Lock()
         self._failures = [0] * shards  # failures in a row
         self._open_until = [0.0] * shards  # monotonic time the back-off ends (0: closed)
-        self._probing = [False] * shards  # a half-open probe is in flight
+        self._probing = [0.0] * shards  # when the half-open probe in flight was let through (0: none)
         self.calls = [0] * shards  # calls let through
         self.errors = [0] * shards  # calls that failed or timed out
         self.skipped = [0] * shards  # calls not made: the breaker was open
@@ -156,25 +156,28 @@ class ShardBreakers:
     def allow(self, shard: int) -> bool:
         """Whether to ask `shard` now (counted); False: skip it."""
         with self._lock:
-            until = self._open_until[shard]
-            if until and (time.monotonic() < until or self._probing[shard]):
+            until, now = self._open_until[shard], time.monotonic()
+            # A probe whose answer was never read (a question that did not need it) stops holding
+            # the shard after the longest back-off: the next call probes again.
+            probing = self._probing[shard] and now - self._probing[shard] < self.max_s
+            if until and (now < until or probing):
                 self.skipped[shard] += 1
                 return False
             if until:  # the back-off is over: this call is the probe
-                self._probing[shard] = True
+                self._probing[shard] = now
             self.calls[shard] += 1
             return True
 
     def ok(self, shard: int) -> None:
         with self._lock:
-            self._failures[shard], self._open_until[shard], self._probing[shard] = 0, 0.0, False
+            self._failures[shard], self._open_until[shard], self._probing[shard] = 0, 0.0, 0.0
 
     def failed(self, shard: int) -> None:
         with self._lock:
             self.errors[shard] += 1
             self._failures[shard] += 1
             backoff = min(self.max_s, self.base_s * 2 ** (self._failures[shard] - 1))
-            self._open_until[shard], self._probing[shard] = time.monotonic() + backoff, False
+            self._open_until[shard], self._probing[shard] = time.monotonic() + backoff, 0.0
 
     def state(self, shard: int) -> str:
         """ "closed", "open" (skipped until its back-off ends) or "half-open" (the next call probes)."""

@@ -96,7 +96,13 @@ def walk_folder(folder: str | Path) -> tuple[list[Path], list[Json]]:
     files, skipped = [], []
     for f in sorted(root.rglob("*")):
         inside = f.relative_to(root)
-        if any(part.startswith(".") for part in inside.parts) or any(p.is_symlink() for p in [f, *f.parents][:-1]):
+        if any(part.startswith(".") for part in inside.parts):
+            continue
+        steps = [root.joinpath(*inside.parts[: n + 1]) for n in range(len(inside.parts))]  # below root only
+        if any(step.is_symlink() for step in steps[:-1]):
+            continue  # under a linked folder: the link itself is reported
+        if f.is_symlink():
+            skipped.append({"path": inside.as_posix(), "reason": "a symbolic link (never followed)"})
             continue
         if not f.is_file():
             continue
@@ -231,7 +237,7 @@ class Client(AdminCalls):
     ) -> Json:
         """Many files through bulk jobs: totals created, duplicate, failed, chunks, and the failures.
         `sources`: each file's source (default: its path as given)."""
-        totals: Json = {"created": 0, "duplicate": 0, "failed": 0, "chunks": 0, "failures": []}
+        totals = _no_uploads()
         base = 0
         for part in _batches(files, batch, sources):
             job = self.request("POST", "/documents/bulk", ok=(202,), files=part)
@@ -322,7 +328,7 @@ class AsyncClient(AsyncAdminCalls):
         batch: int = UPLOAD_BATCH,
         sources: Sequence[str] | None = None,
     ) -> Json:
-        totals: Json = {"created": 0, "duplicate": 0, "failed": 0, "chunks": 0, "failures": []}
+        totals = _no_uploads()
         base = 0
         for part in _batches(files, batch, sources):
             job = await self.request("POST", "/documents/bulk", ok=(202,), files=part)

@@ -133,6 +133,12 @@ def test_the_client_walks_a_folder_as_the_server_does(tmp_path: Path) -> None:
     assert [s["path"] for s in skipped] == [p.name for p in unsupported] == ["z.exe"]
     assert "unsupported type (.exe)" in unsupported_reason(unsupported[0])
     assert [client_source(f, tmp_path / "a") for f in files] == [folder_source(f, tmp_path / "a") for f in files]
+    # A folder reached through a link of its own is walked; a link inside it is named, never followed.
+    (tmp_path / "via").symlink_to(tmp_path / "a")
+    (tmp_path / "a" / "out.md").symlink_to(tmp_path / "a" / "x.md")
+    via_files, via_skipped = walk_folder(tmp_path / "via")
+    assert [f.name for f in via_files] == ["x.md", "y.xlsx"]
+    assert {s["path"]: s["reason"] for s in via_skipped}["out.md"] == "a symbolic link (never followed)"
 
 
 def test_the_async_client_has_every_call_the_client_has() -> None:

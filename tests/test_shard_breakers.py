@@ -32,6 +32,16 @@ def test_a_breaker_opens_backs_off_and_a_probe_closes_it() -> None:
     assert (b.errors[0], b.skipped[0]) == (2, 3)
 
 
+def test_a_probe_whose_answer_is_never_read_does_not_hold_the_shard_for_good() -> None:
+    b = ShardBreakers(1, base_s=0.05, max_s=0.2)
+    b.failed(0)
+    time.sleep(0.06)
+    assert b.allow(0)  # the probe, sent; its answer never collected (neither ok nor failed)
+    assert not b.allow(0)
+    time.sleep(0.21)
+    assert b.allow(0)  # past the longest back-off: another probe
+
+
 def _sharded(breakers: ShardBreakers, down: list[int]) -> tuple[ShardedIndex, list[int]]:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((400, 16)).astype(np.float32)

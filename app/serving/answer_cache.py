@@ -32,11 +32,10 @@ class AnswerCache:
         if self.size <= 0:
             return compute()
         t = time.perf_counter()
-        before = serial
         with self._lock:
-            found = self._entries.get((before, key))
+            found = self._entries.get((serial, key))
             if found is not None:
-                self._entries.move_to_end((before, key))
+                self._entries.move_to_end((serial, key))
                 self.hits += 1
         if found is not None:
             took = (time.perf_counter() - t) * 1000
@@ -46,7 +45,7 @@ class AnswerCache:
             self.misses += 1
             # Filed whole only: a shard that did not answer is asked again next time.
             if not prepared.route.missing_shards:
-                self._entries[(before, key)] = prepared
+                self._entries[(serial, key)] = prepared
                 while len(self._entries) > self.size:
                     self._entries.popitem(last=False)
         return prepared

@@ -35,11 +35,10 @@ class RayShards:
     serving state holds instead of the index (app.serving.states)."""
 
     def __init__(self, shard_map: ShardMap, address: str = "auto", timeout_seconds: float = 5.0) -> None:
-        serve = require()
+        require()
         join(address)
         self.shard_map, self.timeout_seconds = shard_map, timeout_seconds
-        app = shard_map.app_name
-        self.handles = [serve.get_deployment_handle(f"shard-{s.name}", app_name=app) for s in shard_map.shards]
+        self.handles = [handle(shard_map, s.name) for s in shard_map.shards]
         self.sent = [0] * len(shard_map.shards)  # searches this process sent each shard (the console's load)
         # A shard that failed or timed out is skipped for a back-off, then probed (index.shards).
         self.breakers = ShardBreakers(len(shard_map.shards))
