@@ -43,6 +43,7 @@ from app.serving.generation import Generators
 from app.serving.lexical import LexicalManager
 from app.serving.states import ServingStates
 from app.store.catalogue import ALL_PARTS, Catalogue
+from engine.central_sample import SHARDED_SHARE
 from engine.chunking import ChunkingConfig
 from engine.device_choice import choose_device
 from engine.embedder import Embedder
@@ -89,6 +90,13 @@ class Services:
     jobs: JobRunner
 
 
+def routing_sample(settings: Settings) -> float:
+    """The central sample's share: MOERAG_ROUTING_SAMPLE, else one over shards and none in one process."""
+    if settings.routing_sample is not None:
+        return settings.routing_sample
+    return SHARDED_SHARE if settings.shard_map is not None else 0.0
+
+
 class Runtime:
     """The composition root and life cycle: settings, database, catalogue and the process-wide parts
     exist from construction; `start` builds the frozen `Services` and follows the catalogue."""
@@ -114,6 +122,7 @@ class Runtime:
             in_child=settings.lexical_rebuild_in_child,
             niceness=niceness,
             postings=settings.shard_map is None,  # over shards: BM25's statistics here, postings there
+            sample=routing_sample(settings),  # the central sample, read with BM25 (engine.central_sample)
         )
         self.generators = Generators(settings)  # name -> generator (the experts' and the fallback's)
         self.console_sessions = ConsoleSessions(self.sessions)
@@ -302,7 +311,7 @@ class Runtime:
                 drift=content_fit.drift,
                 active=lambda: states.current().router,
             )
-            states.start(self.catalogue.version, self.lexical.current(), self.lexical.version)
+            states.start(self.catalogue.version, self.lexical.current(), self.lexical.version, self.lexical.sample)
             self.lexical.subscribe(states.lexical_built)
             pipeline = AskPipeline(
                 embedder=emb,

@@ -428,8 +428,9 @@ def sweep_main(argv: list[str]) -> None:
     Every combination of the grid's `PipelineConfig` fields (the others stay at their defaults)
     answers every question through `AskPipeline.prepare`, with the active router and the domain
     experts of `routing.setup_experts`. One JSON line per combination: routed hit@10 and MRR@10,
-    the share of questions on the expert path, the share of those sent to the right domain, and
-    the vectors the expert path scanned on average, and each metric's paired difference from the
+    the share of questions on the expert path, the share of those sent to the right domain, the
+    vectors the expert path scanned on average, the share of questions routed as the first
+    combination routed them (path and expert), and each metric's paired difference from the
     first combination with a 95% bootstrap interval. Tune on dev only; the held-back questions judge.
     """
     ap = argparse.ArgumentParser(
@@ -460,6 +461,7 @@ def sweep_main(argv: list[str]) -> None:
         setup_experts(rt)  # one expert per domain, named for it
         served_config = rt.pipeline.config
         baseline: list[int | None] | None = None  # the first combination's ranks
+        first_routes: list[tuple[str, int | None]] | None = None  # and its routes (path, expert)
         rows: list[dict[str, object]] = []
         for values in itertools.product(*grid.values()):
             combo = dict(zip(grid, values, strict=True))
@@ -471,6 +473,8 @@ def sweep_main(argv: list[str]) -> None:
             m = metrics_for(ranked, questions)
             first = first_hits(ranked, questions)
             baseline = first if baseline is None else baseline
+            taken = [(r.path, r.expert.id if r.path == "expert" and r.expert is not None else None) for r in routes]
+            first_routes = taken if first_routes is None else first_routes
             row = {
                 **combo,
                 "hit@10": m["hit@10"],
@@ -478,6 +482,9 @@ def sweep_main(argv: list[str]) -> None:
                 "expert_path_share": share,
                 "right_on_path": right,
                 "vectors_scanned": round(sum(scanned) / max(1, len(scanned))),
+                "same_route_as_first": round(
+                    sum(a == b for a, b in zip(taken, first_routes, strict=True)) / len(taken), 3
+                ),
                 "minus_first": {
                     k: paired_difference(first, baseline, k) for k in ("hit@1", "hit@5", "hit@10", "mrr@10")
                 },
@@ -487,7 +494,7 @@ def sweep_main(argv: list[str]) -> None:
         rt.pipeline.config = served_config
         if args.name:
             out = {
-                "command": "python benchmarks/routing.py sweep " + " ".join(sys.argv[1:]),
+                "command": "python benchmarks/routing.py " + " ".join(sys.argv[1:]),
                 "codec": args.codec,
                 "questions": len(questions),
                 "rows": rows,

@@ -5,11 +5,11 @@ local Ray cluster over the sample store (`moerag serve --sample` builds it).
 
 1. **One process.** The store is served in this process (no shards): `--questions` questions
    (the first words of chunks spread over the store, in a fixed order) asked by `--clients` closed-loop threads
-   for `--seconds`: questions/s and p50.
+   for `--seconds`: questions/s and p50; its route reads its whole index, as one process does by default.
 2. **Over shards.** The store's experts spread over `--shards` shards (largest first onto the
    lightest; one replica each), the same runtime's serving state republished over them: the
-   same load; and, question by question, the shards each one called (the breakers' counts), by
-   path (confident or fallback).
+   same load, the route read from the central sample (as over shards by default); and, question by
+   question, the shards each one called (the breakers' counts), by path (confident or fallback).
 3. **A frozen replica.** The only replica of the shard holding the most vectors is stopped
    (SIGSTOP) and the load runs again: questions/s against healthy, the first answer's time and
    the slowest after it (a question has one deadline, `--timeout`, for all its shard calls; a
@@ -112,9 +112,14 @@ def main() -> None:
     from app.shards.client import RayShards
     from app.shards.replicas import deploy
     from benchmarks.ray_scale import spread
+    from engine.central_sample import SHARDED_SHARE
     from engine.pipeline import AskRequest
 
-    settings = Settings(data_dir=args.data_dir, question_cache=0, answer_cache=0, trace_questions=False)
+    # The central sample is built (a server over shards has one by default) but read only over the
+    # shards: the one process answers as one process does by default, from its whole index.
+    settings = Settings(
+        data_dir=args.data_dir, question_cache=0, answer_cache=0, trace_questions=False, routing_sample=SHARDED_SHARE
+    )
     rt = Runtime(settings)
     rt.start(run_jobs=False)
     result: dict[str, Any] = {
@@ -128,7 +133,9 @@ def main() -> None:
         sizes = {e.name: int(state.index.scan_size(list(e.clusters))[1]) for e in state.experts.values()}
         shard_map = spread(sizes, args.shards, replicas=1)
         result["shard_map"] = [{"shard": s.name, "experts": list(s.experts)} for s in shard_map.shards]
+        rt.pipeline.config.routing_sample = False
         result["one_process"] = load(rt, questions, args.clients, args.seconds)
+        rt.pipeline.config.routing_sample = True
         print("one process", {k: v for k, v in result["one_process"].items() if k != "latencies_ms"}, flush=True)
 
         ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)

@@ -20,7 +20,7 @@ import numpy as np
 
 from engine.embedder import Embedder
 from engine.generators import GENERIC_SYSTEM_PROMPT, Generator, Passage
-from engine.lexical import Fusion, LexicalIndex, Terms, convex_fusion, reciprocal_rank_fusion
+from engine.lexical import BestChunks, Fusion, LexicalIndex, Terms, convex_fusion, reciprocal_rank_fusion
 from engine.question_encoder import done_future
 from engine.route_check import (
     Outside,
@@ -145,6 +145,9 @@ class PipelineConfig:
     # lists' floors (content that arrived after the experts were fitted, index.fit), no expert
     # fits the question and it goes to the fallback (reason no_expert_fits); 0 = off.
     open_set_passages: int = 3
+    # The route (the gate's vote, the check's witnesses) reads the central sample when the serving
+    # state has one (MOERAG_ROUTING_SAMPLE, engine.central_sample); False: the whole index.
+    routing_sample: bool = True
 
 
 class AskPipeline:
@@ -212,7 +215,11 @@ class AskPipeline:
         timings["embed"] = (time.perf_counter() - t) * 1000  # the model, BM25's scores overlapped
 
         t = time.perf_counter()
-        route = self._route(q, req, terms, state)
+        # What the route reads: the central sample when there is one (no shard asked), else the store.
+        sample = state.sample if cfg.routing_sample else None
+        route_index = state.route_index if sample is not None else index
+        route_terms = sample.terms(req.question) if sample is not None and terms is not None else terms
+        route = self._route(q, req, route_terms, state, route_index)
         route.catalogue_version, route.versions = state.version, state.versions
         q = self.retrieval_vector(q, state.router)  # [1, D]
         timings["route"] = (time.perf_counter() - t) * 1000
@@ -233,8 +240,9 @@ class AskPipeline:
             else:  # FAISS: only the expert's inverted lists (the nearest ones, when capped)
                 if cfg.expert_nprobe:
                     clusters = index.nearest_lists(q[0], scope, cfg.expert_nprobe).tolist()
-                # The route's check probe goes with the scoped search (over shards: one round trip).
-                probed = outside_lists(q, index, scope, cfg.expert_verify_lists) if checked else []
+                # The route's check probe goes with the scoped search (over shards: one round trip),
+                # unless the sample serves it (then no shard outside the expert's is asked).
+                probed = outside_lists(q, index, scope, cfg.expert_verify_lists) if checked and sample is None else []
                 asks: list[Ask] = [(n, clusters), (1, probed)] if probed else [(n, clusters)]
                 (scores, ids), *probe = index.search_each(q, asks)  # [1, N]; [1, 1]
                 outside = outside_of(probe[0][0], probed, index) if probe else None
@@ -245,7 +253,7 @@ class AskPipeline:
             if checked and best < cfg.expert_min_score:
                 route.path, route.reason = "fallback", "weak_expert_results"
                 route.detail = f"best scoped score {best:.2f} < {cfg.expert_min_score:.2f}: searched everything"
-            elif checked and (verdict := self._check_route(q, terms, index, scope, best, route, outside)):
+            elif checked and (verdict := self._check_route(q, route_terms, route_index, scope, best, route, outside)):
                 route.path, route.reason, route.detail = "fallback", *verdict
             elif cfg.expert_hybrid:  # BM25 over the expert's chunks, fused as on the fallback
                 citations = self._fuse(dense, terms, k, n, index, scope)
@@ -279,12 +287,16 @@ class AskPipeline:
         self,
         q: np.ndarray,
         req: AskRequest,
-        terms: Terms | None = None,
+        terms: BestChunks | None = None,
         state: ServingState | None = None,
+        index: SearchIndex | None = None,
     ) -> Route:
+        """The route of `req` in `state`: the gate's vote reads `index` (the state's, else what the
+        route reads: engine.central_sample) and BM25's best of `terms`."""
         cfg = self.config
         state = state or self.state()
-        experts, router, index = state.experts, state.router, state.index
+        experts, router = state.experts, state.router
+        index = index if index is not None else state.index
         neighbours, probed, hits = None, 0, None
         if router is not None and req.mode != "fallback":  # the gate's votes: a small IVF probe, BM25's best
             neighbours, probed = router.probe(index, q)
@@ -350,7 +362,7 @@ class AskPipeline:
     def _check_route(
         self,
         q: np.ndarray,
-        terms: Terms | None,
+        terms: BestChunks | None,
         index: SearchIndex,
         scope: list[int],
         best: float,

@@ -19,6 +19,8 @@ What the state pins and what it shares:
 - `matrix`: the expert-sorted copy for the scoped kernel, built with the state (GPU only).
 - `shard_map`: with expert shards (index.shards), `index` is the replica's lists spread over
   the shards the map names, and this is the map's version.
+- `sample`: the central sample (engine.central_sample) built with BM25; when set, the gate's vote
+  and the route's check read it (`route_index`) instead of the index.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING
 
+from engine.central_sample import CentralSample
 from engine.lexical import LexicalIndex
 from engine.sharded_lexical import ShardedLexical
 from index import SearchIndex
@@ -61,6 +64,13 @@ class ServingState:
     lexical_version: int = 0
     matrix: ExpertMatrix | None = None
     shard_map: str | None = None  # the shard map's version when the index is spread over shards
+    # The central sample (engine.central_sample), built with BM25: what the route reads, when set.
+    sample: CentralSample | None = None
+
+    @cached_property
+    def route_index(self) -> SearchIndex:
+        """What the gate's vote and the route check search: the sample over the index's lists, else the index."""
+        return self.sample.over(self.index) if self.sample is not None else self.index
 
     @cached_property
     def mapped(self) -> tuple[str, ...]:

@@ -6,7 +6,10 @@ gate's vote, the route's check), the best score within some lists (the fusion's 
 scores of given chunks (the dense candidates being fused). Over shards:
 
 - at the question's start, while the model embeds it, every shard is asked once for its `depth`
-  best chunks and, per list it holds, its best score (`summary`);
+  best chunks and, per list it holds, its best score (`summary`), unless the route reads a
+  central sample (engine.central_sample): then no shard is asked until the route's searches, whose
+  answers bring their lists' best scores, and a shard is asked for its summary only when a
+  scale is wanted over lists no search went to;
 - the whole store's best k (k <= depth) and the best within any lists come from those answers;
   a deeper or scoped search asks again (RRF fusion only);
 - the dense candidates' scores come with the shard searches that found them (the question's
@@ -31,8 +34,19 @@ import numpy.typing as npt
 
 from engine.lexical import QueryWeights, TermStats
 from engine.postings import Postings
-from index import SearchIndex
-from index.shards import DeadlineSpent, ShardBreakers, ShardedIndex, bm25_found, merge_topk, offer_bm25, record_failure
+from index import ClusteredIndex, SearchIndex
+from index.shards import (
+    Answer,
+    DeadlineSpent,
+    ShardBreakers,
+    ShardedIndex,
+    ShardSearch,
+    bm25_best,
+    bm25_found,
+    merge_topk,
+    offer_bm25,
+    record_failure,
+)
 
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float32]
@@ -73,10 +87,14 @@ class ShardedLexical:
         index: ShardedIndex,
         depth: int = 50,
         breakers: ShardBreakers | None = None,
+        summary: bool = True,
     ) -> None:
         """index: the sharded index the shards hold (which shard holds each list, each chunk's list);
-        breakers: the shards' (index.shards.ShardBreakers), shared with the dense searches."""
+        breakers: the shards' (index.shards.ShardBreakers), shared with the dense searches;
+        summary: every shard asked for its best chunks at a question's start (False: the route
+        reads a central sample, and the searches bring the lists' best scores)."""
         self.stats, self.shards, self.names = stats, list(shards), list(names)
+        self.summary = summary
         self.breakers = breakers
         self.shard_of_list, self.clusters_of, self.depth = index.shard_of_list, index.clusters_of, depth
 
@@ -101,13 +119,14 @@ class ShardedTerms:
         question's weights with its shard searches from now on: their answers bring the found
         chunks' scores (index.shards.offer_bm25), which `scores_of` then need not ask."""
         offer_bm25(self.w)
-        if self._sent is None:
+        if self._sent is None and self.lexical.summary:
             self._sent = self._ask(range(len(self.lexical.shards)), self.lexical.depth, None, None)
 
     @cached_property
     def _summary(self) -> list[LexicalAnswer]:
-        self.prefetch()
-        assert self._sent is not None
+        offer_bm25(self.w)
+        if self._sent is None:
+            self._sent = self._ask(range(len(self.lexical.shards)), self.lexical.depth, None, None)
         return self._collect(self._sent)
 
     def search(self, k: int, scope: Sequence[int] | None = None) -> list[tuple[int, float]]:
@@ -126,10 +145,21 @@ class ShardedTerms:
         return [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True) if i >= 0 and s > 0]
 
     def best(self, scope: Sequence[int] | None = None) -> float:
-        """The best score over the whole store or within `scope`'s lists; 0 when none shares a term."""
+        """The best score over the whole store or within `scope`'s lists; 0 when none shares a term.
+        Without a summary, the lists' best scores the question's searches brought, and the summary
+        only of the shards holding `scope` that no search asked."""
         best = 0.0
         wanted = None if scope is None else np.asarray(list(scope), dtype=np.int64)
-        for a in self._summary:
+        if self.lexical.summary or "_summary" in self.__dict__:  # asked at the start, or already read
+            answers = self._summary
+        else:
+            brought, covered = bm25_best()
+            shards = range(len(self.lexical.shards)) if wanted is None else self._shards_of(wanted)
+            missing = [s for s in shards if s not in covered]
+            values = brought.values() if wanted is None else [brought.get(int(c), 0.0) for c in wanted]
+            best = max(values, default=0.0)
+            answers = self._collect(self._ask(missing, 1, None, None)) if missing else []
+        for a in answers:
             keep = a.best if wanted is None else a.best[np.isin(a.lists, wanted)]
             best = max(best, float(keep.max(initial=0.0)))
         return best
@@ -220,6 +250,26 @@ def answer_from(
     best = np.zeros(len(uniq), dtype=np.float32)
     np.maximum.at(best, inverse, scores[hit[placed]])
     return LexicalAnswer(ids[top], scores[top].astype(np.float32), uniq.astype(np.int64), best, of_ids)
+
+
+def local_search_with_bm25(part: ClusteredIndex, postings: Postings) -> ShardSearch:
+    """A shard's search in this process (tests, one machine) that, given the question's weights,
+    brings what a replica's brings (app.shards.replicas): the found chunks' BM25 scores and its best
+    per list."""
+
+    def search(
+        q: Floats, k: int, lists: Ints, at_least: int | None = None, bm25: object | None = None
+    ) -> Future[Answer]:
+        scores, ids = part.search(q, k, lists)  # [Q, k]
+        done: Future[Answer] = Future()
+        if not isinstance(bm25, QueryWeights):
+            done.set_result((scores, ids))
+            return done
+        a = answer_from(postings.scores(bm25), postings.ids, part.clusters_of, 1, None, ids.ravel())
+        done.set_result((scores, ids, 0, 0, a.of_ids.reshape(ids.shape), a.lists, a.best))
+        return done
+
+    return search
 
 
 def local_lexical(postings: Postings, index: SearchIndex) -> LexicalShard:

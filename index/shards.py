@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -34,8 +34,14 @@ Ints = npt.NDArray[np.int64]
 
 # A shard's answer: (scores [Q, k], ids [Q, k]), or with the catalogue versions its content lies
 # between (scores, ids, lo, hi) when the shard follows the catalogue on its own (app.shards.replicas),
-# and the ids' BM25 scores [Q, k] when the search carried the question's BM25 weights.
-Answer = tuple[Floats, Ints] | tuple[Floats, Ints, int, int] | tuple[Floats, Ints, int, int, Floats]
+# and when the search carried the question's BM25 weights, the ids' BM25 scores [Q, k] and the
+# shard's best BM25 score in each list it holds (lists [L], best [L]: lists with a hit only).
+Answer = (
+    tuple[Floats, Ints]
+    | tuple[Floats, Ints, int, int]
+    | tuple[Floats, Ints, int, int, Floats]
+    | tuple[Floats, Ints, int, int, Floats, Ints, Floats]
+)
 
 
 class PendingSearch(Protocol):
@@ -70,6 +76,8 @@ _FAILED: ContextVar[list[str] | None] = ContextVar("moerag_failed_shards", defau
 class _Bm25Alongside:
     weights: object | None = None  # the question's BM25 term weights (engine.lexical.QueryWeights)
     found: dict[int, float] = field(default_factory=dict)  # chunk id -> its BM25 score, from the shards
+    best: dict[int, float] = field(default_factory=dict)  # list -> its best BM25 score, from the shards
+    covered: set[int] = field(default_factory=set)  # the shards whose answers brought their lists' best
     deadline: float | None = None  # monotonic time by which all the question's shard calls must answer
 
 
@@ -103,6 +111,13 @@ def bm25_found() -> dict[int, float]:
     """{chunk id: BM25 score} the question's shard searches brought so far (empty outside `shard_failures`)."""
     holder = _BM25.get()
     return holder.found if holder is not None else {}
+
+
+def bm25_best() -> tuple[dict[int, float], set[int]]:
+    """({list: its best BM25 score}, the shards that brought theirs): what the question's shard
+    searches brought so far; a list of a covered shard with no score has no chunk sharing a term."""
+    holder = _BM25.get()
+    return (holder.best, holder.covered) if holder is not None else ({}, set())
 
 
 class DeadlineSpent(TimeoutError):
@@ -139,12 +154,17 @@ def record_failure(shard: str, what: str, *, skipped: bool = False) -> None:
 class ShardBreakers:
     """A circuit breaker per shard. Closed: the shard is asked. A failure or a timeout opens it:
     the shard is skipped (the answer is partial at once, no wait) for a back-off that doubles with
-    each failure in a row (`base_s` .. `max_s`); then it is half-open: one call probes it, and
-    success closes it, another failure opens it again for longer. Shared by every serving state
-    of a process (the states come and go; a shard's health does not)."""
+    each failure in a row (`base_s` .. `max_s`); then it is half-open: it is probed, and success
+    closes it, another failure opens it again for longer. With a `probe` (a light call to the
+    shard: its answer or an error), the probe runs on a thread of its own and the shard stays
+    skipped until it answers, so no question waits on a shard that is still stuck; without one,
+    the next question's call is the probe. Shared by every serving state of a process (the states
+    come and go; a shard's health does not)."""
 
-    def __init__(self, shards: int, base_s: float = 0.5, max_s: float = 10.0) -> None:
-        self.base_s, self.max_s = base_s, max_s
+    def __init__(
+        self, shards: int, base_s: float = 0.5, max_s: float = 10.0, probe: Callable[[int], object] | None = None
+    ) -> None:
+        self.base_s, self.max_s, self.probe = base_s, max_s, probe
         self._lock = threading.Lock()
         self._failures = [0] * shards  # failures in a row
         self._open_until = [0.0] * shards  # monotonic time the back-off ends (0: closed)
@@ -163,10 +183,26 @@ class ShardBreakers:
             if until and (now < until or probing):
                 self.skipped[shard] += 1
                 return False
-            if until:  # the back-off is over: this call is the probe
+            if until:  # the back-off is over: probe it (on its own thread, or with this call)
                 self._probing[shard] = now
+                if self.probe is not None:
+                    self.skipped[shard] += 1
+                    threading.Thread(
+                        target=self._probe, args=(shard,), name=f"shard-probe-{shard}", daemon=True
+                    ).start()
+                    return False
             self.calls[shard] += 1
             return True
+
+    def _probe(self, shard: int) -> None:
+        assert self.probe is not None
+        try:
+            self.probe(shard)
+        except Exception as exc:  # still down or stuck: open again, for longer
+            log.info("shard %d still does not answer its probe: %s", shard, exc)
+            self.failed(shard)
+        else:
+            self.ok(shard)
 
     def ok(self, shard: int) -> None:
         with self._lock:
@@ -372,11 +408,16 @@ class ShardedIndex(ListFacts):
                 continue
             if self.breakers is not None:
                 self.breakers.ok(s)
-            if holder is not None and len(answers[s]) == 5:  # its chunks' BM25 scores, for the fusion
+            if holder is not None and len(answers[s]) >= 5:  # its chunks' BM25 scores, for the fusion
                 ids, bm25 = answers[s][1], answers[s][4]  # type: ignore[misc]
                 holder.found.update(
                     (i, b) for i, b in zip(ids.ravel().tolist(), bm25.ravel().tolist(), strict=True) if i >= 0
                 )
+            if holder is not None and len(answers[s]) == 7:  # and its lists' best: the fusion's scale
+                lists, best = answers[s][5], answers[s][6]  # type: ignore[misc]
+                for c, b in zip(lists.tolist(), best.tolist(), strict=True):
+                    holder.best[c] = max(b, holder.best.get(c, 0.0))
+                holder.covered.add(s)
         return answers
 
     def _allow(self, shard: int) -> bool:

@@ -56,6 +56,9 @@ def truth(settings: Settings, embedder: Embedder, routed_store: RoutedStore) -> 
     shutil.copytree(routed_store.data, settings.resolved_data_dir)
     for name, value in ROUTED_SETTINGS.items():
         setattr(settings, name, value)
+    # The central sample in this one process too (a server over shards has one by default): the
+    # answers over the shards are then compared with the same routes (the small store is sampled whole).
+    settings.routing_sample = 0.05
     url = os.environ.get("MOERAG_TEST_PG_URL")
     if url:
         source, target = make_engine(settings.db_url), make_engine(url)
@@ -182,13 +185,27 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
         questions = _questions()[::8]
         before = [client.post("/ask", json={"query": q}).json() for q in questions]
         states = rt.services.states
-        states.shards = RayShards(shard_map)
+        tier = states.shards = RayShards(shard_map)
         states.changed(rt.catalogue.version, frozenset({"index"}))  # republished over the shards
-        assert isinstance(rt.state().index, ShardedIndex)
-        after = [client.post("/ask", json={"query": q}).json() for q in questions]
-        for b, a in zip(before, after, strict=True):
+        assert isinstance(rt.state().index, ShardedIndex) and rt.state().sample is not None
+        after, touched = [], []
+        for q in questions:  # the shards each question called (the breakers count every call let through)
+            calls = list(tier.breakers.calls)
+            after.append(client.post("/ask", json={"query": q}).json())
+            touched.append([b - a for a, b in zip(calls, tier.breakers.calls, strict=True)])
+        for b, a, t in zip(before, after, touched, strict=True):
             assert [c["chunk_id"] for c in a["citations"]] == [c["chunk_id"] for c in b["citations"]]
             assert a["route"]["path"] == b["route"]["path"] and a["route"]["shard_map"] == shard_map.version
+            # The route read the central sample: a confident question called one shard once, a
+            # fallback each shard once (one round; after an expert's search the route's check
+            # overruled, that search's call too).
+            if a["route"]["path"] == "expert":
+                assert sorted(t) == [0, 0, 1], (a["route"], t)
+            elif a["route"]["reason"] in ("low_confidence", "none_class", "forced"):
+                assert t == [1, 1, 1], (a["route"], t)
+            else:
+                assert min(t) == 1 and sum(t) == 4, (a["route"], t)
+        assert any(a["route"]["path"] == "expert" for a in after)
         assert client.get("/readyz").json()["serving"]["shard_map"] == shard_map.version
         status = RayShards(shard_map).stats()  # what `moerag ray status` prints
         assert [s["vectors"] for s in status] == [s["vectors"] for s in stats]

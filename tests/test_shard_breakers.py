@@ -42,6 +42,35 @@ def test_a_probe_whose_answer_is_never_read_does_not_hold_the_shard_for_good() -
     assert b.allow(0)  # past the longest back-off: another probe
 
 
+def test_with_a_probe_of_its_own_no_question_waits_on_a_stuck_shard() -> None:
+    """The probe runs on its own thread: questions skip the shard until it answers."""
+    answers = [TimeoutError("still stuck"), None]
+    probed: list[float] = []
+
+    def probe(shard: int) -> None:
+        time.sleep(0.05)  # a probe takes its time; no question waits for it
+        probed.append(time.monotonic())
+        outcome = answers.pop(0)
+        if outcome is not None:
+            raise outcome
+
+    b = ShardBreakers(1, base_s=0.05, max_s=0.2, probe=probe)
+    b.failed(0)
+    time.sleep(0.06)
+    t = time.monotonic()
+    assert not b.allow(0) and time.monotonic() - t < 0.01  # half-open: probed apart, skipped meanwhile
+    deadline = time.monotonic() + 2
+    while b.errors[0] < 2 and time.monotonic() < deadline:  # the probe failed: open for longer
+        assert not b.allow(0)
+        time.sleep(0.01)
+    assert b.errors[0] == 2 and b.state(0) == "open"
+    while b.state(0) != "closed" and time.monotonic() < deadline:  # the next probe finds it back
+        b.allow(0)
+        time.sleep(0.01)
+    assert b.state(0) == "closed" and b.allow(0) and len(probed) == 2
+    assert b.calls[0] == 1  # no question's call was a probe
+
+
 def _sharded(breakers: ShardBreakers, down: list[int]) -> tuple[ShardedIndex, list[int]]:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((400, 16)).astype(np.float32)

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from engine.pipeline import AskRequest
 from engine.postings import Postings
-from engine.sharded_lexical import ShardedLexical, local_lexical
+from engine.sharded_lexical import ShardedLexical, local_lexical, local_search_with_bm25
 from index import ClusteredIndex
 from index.list_map import ListMap
 from index.shards import ROWS_A_CALL, ShardedIndex, carve, local_rows, local_search, merge_topk, shard_of_lists
@@ -200,8 +200,13 @@ def test_the_ask_flow_over_expert_shards_equals_the_whole_index(client: TestClie
     """Three shards by expert (git; sqlite; debian with the lists no expert owns): every answer's
     route, ids and scores equal the single index's, routed and fallback; a confident route's
     search goes to its expert's shard alone."""
+    from app.serving.lexical import build_with_sample
+
     rt = client.app.state.runtime  # type: ignore[attr-defined]
-    state = rt.state()
+    # The route reads a central sample (as a server over shards does by default), in both: the
+    # store is small, so it is sampled whole.
+    *_, sample = build_with_sample(rt.sessions, False, 0.05)
+    state = dataclasses.replace(rt.state(), sample=sample)
     experts = routed["experts"]
     owners: list[int | None] = [None] * state.index.nlist
     for eid, profile in state.experts.items():
@@ -211,18 +216,33 @@ def test_the_ask_flow_over_expert_shards_equals_the_whole_index(client: TestClie
     lists = [np.flatnonzero(shard == s) for s in range(3)]
     parts = [carve(state.index, ls) for ls in lists]
     assert sum(p.ntotal for p in parts) == state.index.ntotal
-    sharded = ShardedIndex(state.index, lists, [local_search(p) for p in parts])
-    # BM25 on the shards too: each part's postings, scored with the whole store's statistics.
+    # BM25 on the shards too: each part's postings, scored with the whole store's statistics; a
+    # search carrying the question's weights brings its chunks' scores and its lists' best.
     records = rt.pipeline.store.fetch(state.index.assignments()[0].tolist())
     postings = [
         Postings(ids, [f"{records[i].heading}\n{records[i].text}" for i in ids])
         for ids in (p.assignments()[0].tolist() for p in parts)
     ]
+    sharded = ShardedIndex(
+        state.index, lists, [local_search_with_bm25(p, b) for p, b in zip(parts, postings, strict=True)]
+    )
+    asked = [0, 0, 0]  # BM25 calls each shard took
+
+    def counted(n: int, ask: Any) -> Any:
+        def call(*a: Any) -> Any:
+            asked[n] += 1
+            return ask(*a)
+
+        return call
+
+    # With the sample, BM25 asks no summary at a question's start: the searches bring their lists' best scores.
+    assert state.sample is not None and len(state.sample) == state.index.ntotal
     lexical = ShardedLexical(
         state.lexical.stats,
-        [local_lexical(b, p) for b, p in zip(postings, parts, strict=True)],
+        [counted(n, local_lexical(b, p)) for n, (b, p) in enumerate(zip(postings, parts, strict=True))],
         ["git", "sqlite", "debian"],
         sharded,
+        summary=False,
     )
     whole = rt.pipeline
     over_shards = dataclasses.replace(state, index=sharded, lexical=lexical)
@@ -235,21 +255,24 @@ def test_the_ask_flow_over_expert_shards_equals_the_whole_index(client: TestClie
         for question in questions[:: 4 if whole.config.fusion == "rrf" else 1]:
             whole.state = lambda: state
             expect = whole.prepare(AskRequest(question, mode=mode))
-            calls = list(sharded.calls)
+            calls, bm25_calls = list(sharded.calls), list(asked)
             whole.state = lambda: over_shards  # type: ignore[assignment]
             got = whole.prepare(AskRequest(question, mode=mode))
+            touched = [a - b + c - d for a, b, c, d in zip(sharded.calls, calls, asked, bm25_calls, strict=True)]
             assert (got.route.path, got.route.reason) == (expect.route.path, expect.route.reason), question
             assert [c.chunk.id for c in got.citations] == [c.chunk.id for c in expect.citations], question
             assert [c.score for c in got.citations] == pytest.approx([c.score for c in expect.citations], abs=1e-6)
             assert got.route.vectors_scanned == expect.route.vectors_scanned
             compared += 1
             if got.route.reason == "confident" and got.route.expert is not None:
-                # Its expert's search went to its shard alone; the gate's vote and the route's check
-                # probe the question's nearest lists, wherever they live.
+                # One call to its expert's shard, no other shard asked: the gate's vote and the
+                # route's check read the sample, and the search brings BM25's scores and scale.
                 owner = {experts["git"]: 0, experts["sqlite"]: 1, experts["debian"]: 2}[got.route.expert.id]
                 assert sharded.shards_of(got.route.expert.clusters) == [owner]
-                assert sharded.calls[owner] > calls[owner]
+                assert touched == [int(n == owner) for n in range(3)], (question, touched)
                 confident += 1
+            elif got.route.path == "fallback" and got.route.reason in ("forced", "low_confidence") and mode != "rrf":
+                assert touched == [1, 1, 1] or whole.config.fusion == "rrf", (question, touched)  # one round
     whole.state, whole.config.fusion = rt.services.states.current, "convex"
     assert compared >= 100
     assert confident >= 10, confident
@@ -431,9 +454,14 @@ def test_shard_replicas_built_from_sql_follow_the_index_log_for_their_lists(
         assert np.array_equal(got, want) and got.any()
         # A search carrying the question's weights brings its chunks' scores (the fusion's, no call of its own).
         answer = replicas[1].search(q[:1], 10, replicas[1].lists, at, w)
-        assert len(answer) == 5 and (answer[1] >= 0).all()
+        assert len(answer) == 7 and (answer[1] >= 0).all()
         bm25_of = whole.query("git branch commit rebase").scores_of(answer[1][0].tolist())
         assert np.array_equal(answer[4][0], bm25_of)
+        # ... and its best per list, every list it holds (the fusion's scale for any scope there)
+        lists, best = answer[5], answer[6]
+        for c in lists.tolist()[:5]:
+            mask = np.isin(whole.ids, rt.state().index.assignments()[0][rt.state().index.assignments()[1] == c])
+            assert best[lists.tolist().index(c)] == whole.query("git branch commit rebase").best(mask)
         assert replicas[1].bm25.refresh(replicas[1].lists) and not replicas[1].bm25.stale
         assert np.array_equal(replicas[1].lexical(w, 0, None, moved_ids).of_ids, want)
         for r in replicas:
@@ -524,7 +552,7 @@ def test_a_shard_that_does_not_answer_makes_the_answer_partial_never_an_error(
             self.parts = parts
             return ShardedIndex(index, lists, searches, shard_map="test", names=["git", "sqlite", "rest"])
 
-        def lexical_over(self, stats: Any, index: ShardedIndex, position: int) -> ShardedLexical:
+        def lexical_over(self, stats: Any, index: ShardedIndex, position: int, summary: bool) -> ShardedLexical:
             """BM25's postings on the same parts, the sqlite shard's failing alike."""
             records = rt.pipeline.store.fetch(index.assignments()[0].tolist())
             calls = []
@@ -532,7 +560,7 @@ def test_a_shard_that_does_not_answer_makes_the_answer_partial_never_an_error(
                 ids = [i for i in part.assignments()[0].tolist() if i in records]
                 ask = local_lexical(Postings(ids, [f"{records[i].heading}\n{records[i].text}" for i in ids]), part)
                 calls.append(ask if n != 1 else lambda *a, ask=ask: ask(*a) if not down["on"] else _timeout())
-            return ShardedLexical(stats, calls, ["git", "sqlite", "rest"], index)
+            return ShardedLexical(stats, calls, ["git", "sqlite", "rest"], index, summary=summary)
 
         def overview(self) -> list[dict[str, Any]]:
             names = ["git", "sqlite", "rest"]
@@ -693,3 +721,20 @@ def test_a_server_over_shards_keeps_the_lists_without_the_vectors(client: TestCl
     written = lean.snapshots(whole.version)
     lean.checkpoint()  # nothing to write; the log it followed may be compacted (after the retention)
     assert lean.snapshots(whole.version) == written and lean.written == lean.position
+
+
+def test_a_cluster_of_several_nodes_refuses_a_store_only_this_machine_reads() -> None:
+    """`ray up` on more than one node: SQLite and a local snapshot folder are refused, with the fix."""
+    from app.shards.replicas import refuse_local_store
+    from engine.errors import NotConfigured
+
+    refuse_local_store(1, "sqlite:////data/moerag.db", "/data/index")  # one machine: all of it is local
+    with pytest.raises(NotConfigured, match="2 nodes") as refused:
+        refuse_local_store(2, "sqlite:////data/moerag.db", "/data/index")
+    assert "MOERAG_DATABASE_URL to PostgreSQL" in str(refused.value)
+    assert "MOERAG_SNAPSHOT_URL" in str(refused.value)
+    with pytest.raises(NotConfigured, match="MOERAG_SNAPSHOT_URL") as refused:
+        refuse_local_store(3, "postgresql+psycopg://db/moerag", "/data/index")
+    assert "SQLite" not in str(refused.value)
+    refuse_local_store(3, "postgresql+psycopg://db/moerag", "s3://bucket/moerag")  # shared: accepted
+    refuse_local_store(3, "postgresql+psycopg://db/moerag", "file:///mnt/shared/moerag")

@@ -99,13 +99,15 @@ def cmd_up(args: argparse.Namespace) -> None:  # noqa: PLR0915
             _started_marker(settings).write_text("moerag ray up started this Ray cluster\n")
     if not ray.is_initialized():
         ray.init(address=args.address or "auto", log_to_driver=False)
+    # Replicas boot from the snapshots (MOERAG_SNAPSHOT_URL; on one machine the data dir's index folder).
+    snapshots = settings.snapshot_url or str(settings.index_dir)
+    # A replica placed on another machine reads the same database and snapshots, or nothing at all.
+    ray_shards.refuse_local_store(ray_shards.alive_nodes(), settings.db_url, snapshots)
     if shards.ingress is not None:  # Serve's HTTP proxy starts first or never (app.shards.ingress)
         from app.api.main import worker_app
         from app.shards import ingress as ray_ingress
 
         ray_ingress.start_http(shards.ingress)
-    # Replicas boot from the snapshots (MOERAG_SNAPSHOT_URL; on one machine the data dir's index folder).
-    snapshots = settings.snapshot_url or str(settings.index_dir)
     if ray_shards.deployed(shards) and not args.redeploy:  # the same map again: nothing to change
         print(f"shard map {shards.version} is deployed already: no replica changed (--redeploy replaces them)")
         handles = [ray_client.handle(shards, s.name) for s in shards.shards]

@@ -122,6 +122,14 @@ class Settings(BaseSettings):
         description="The check's lexical witness: when BM25's best chunk over the whole store lies outside the "
         "expert, an outside chunk within this much of the best inside also sends it to the fallback. 0 = off.",
     )
+    routing_sample: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="The central sample: this share of the chunks (at least 2,000) kept where questions are routed; "
+        "the gate's vote and the route's check read it: a confident question asks one shard. Unset: 0.05 over "
+        "shards, 0 (the whole index) in one process.",
+    )
     lexical_rebuild_share: float = Field(
         0.1,
         gt=0,
@@ -361,6 +369,7 @@ SECTIONS: dict[str, tuple[str, ...]] = {
         "expert_nprobe",
         "expert_verify_lists",
         "expert_verify_lexical_slack",
+        "routing_sample",
         "router_probe_lists",
         "router_samples",
         "router_holdout",

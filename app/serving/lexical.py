@@ -17,14 +17,16 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 
+import numpy as np
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.core.db import make_engine, make_sessionmaker
 from app.core.lifeline import helpers_die_with_this_process
 from app.core.locking import exit_with_parent
-from app.core.models import Chunk
+from app.core.models import Chunk, FloatVector, stack
 from app.store.catalogue import read_version
+from engine.central_sample import CentralSample, build_sample, sample_share, sampled
 from engine.lexical import LexicalIndex
 
 log = logging.getLogger(__name__)
@@ -33,17 +35,43 @@ log = logging.getLogger(__name__)
 def build(sessions: sessionmaker[Session], postings: bool = True) -> tuple[LexicalIndex, int]:
     """BM25 over every chunk, and the catalogue version it was read at (its rows are that version's or
     later); postings=False: its global statistics alone (the postings live on expert shards)."""
+    lexical, version, _ = build_with_sample(sessions, postings, 0.0)
+    return lexical, version
+
+
+def build_with_sample(
+    sessions: sessionmaker[Session], postings: bool = True, share: float = 0.0
+) -> tuple[LexicalIndex, int, CentralSample | None]:
+    """`build`, and in the same read the central sample of `share` of the chunks (engine.central_sample;
+    None for share 0): their vectors and postings, scored with the BM25 statistics built here."""
     with sessions() as s:
         version = read_version(s)
         rows = s.execute(select(Chunk.id, Chunk.heading, Chunk.text).order_by(Chunk.id)).all()
-    return LexicalIndex([r[0] for r in rows], [f"{r[1]}\n{r[2]}" for r in rows], postings=postings), version
+        ids = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))  # [N] ascending
+        texts = [f"{r[1]}\n{r[2]}" for r in rows]
+        lexical = LexicalIndex(ids.tolist(), texts, postings=postings)
+        effective = sample_share(len(rows), share)
+        if not effective:
+            return lexical, version, None
+        keep = np.flatnonzero(sampled(ids, effective))  # [S] rows
+        chosen = ids[keep].tolist()
+        vectors: dict[int, FloatVector] = {}
+        for start in range(0, len(chosen), _IN_BATCH):
+            batch = chosen[start : start + _IN_BATCH]
+            vectors |= dict(s.execute(select(Chunk.id, Chunk.embedding).where(Chunk.id.in_(batch))).tuples().all())
+    dim = next(iter(vectors.values())).shape[0] if vectors else 0
+    x = stack((vectors[i] for i in chosen), dim)  # [S, D]
+    return lexical, version, build_sample(ids[keep], x, [texts[r] for r in keep], lexical.stats, effective)
 
 
-def _build_at(url: str, postings: bool) -> tuple[LexicalIndex, int]:
-    """`build` in a child process: its own engine on the same database."""
+_IN_BATCH = 900  # ids an IN (...) names at most (SQLite's default bound on variables was 999)
+
+
+def _build_at(url: str, postings: bool, share: float) -> tuple[LexicalIndex, int, CentralSample | None]:
+    """`build_with_sample` in a child process: its own engine on the same database."""
     engine = make_engine(url)
     try:
-        return build(make_sessionmaker(engine), postings)
+        return build_with_sample(make_sessionmaker(engine), postings, share)
     finally:
         engine.dispose()
 
@@ -65,6 +93,7 @@ class LexicalManager:
         in_child: bool = False,
         niceness: int = 10,
         postings: bool = True,
+        sample: float = 0.0,
     ) -> None:
         self.sessions = sessions
         self.niceness = niceness  # a rebuild in its own process yields the cores to the questions
@@ -79,11 +108,17 @@ class LexicalManager:
         )
         # False when BM25's postings live on expert shards (MOERAG_SHARD_MAP): the statistics alone.
         self.postings = postings
+        # The central sample's share of the chunks (engine.central_sample), built with each BM25
+        # build from the same read (0: none): where questions are routed without the shards.
+        self.sample_share = sample
+        self.sample: CentralSample | None = None
         self._pool: ProcessPoolExecutor | None = None
         self._index: LexicalIndex | None = None
         self.version = 0  # the catalogue version of the last build (its rows are this version's or later)
         self.builds = 0  # how many times it was (re)built
-        self._listeners: list[Callable[[LexicalIndex, int], object]] = []  # told of each build (the serving state)
+        self._listeners: list[
+            Callable[[LexicalIndex, int, CentralSample | None], object]
+        ] = []  # told of each build (the serving state)
         self._dirty = True
         self._next_allowed = 0.0  # clock time before which a non-forced rebuild waits
         self._lock = threading.Lock()
@@ -91,8 +126,9 @@ class LexicalManager:
     def current(self) -> LexicalIndex | None:
         return self._index
 
-    def subscribe(self, listener: Callable[[LexicalIndex, int], object]) -> None:
-        """Tell `listener` of every build from now on: (the index, the catalogue version it read)."""
+    def subscribe(self, listener: Callable[[LexicalIndex, int, CentralSample | None], object]) -> None:
+        """Tell `listener` of every build from now on: (the index, the catalogue version it read, the
+        central sample built with it)."""
         self._listeners.append(listener)
 
     def mark_dirty(self, *_: object) -> None:
@@ -107,19 +143,19 @@ class LexicalManager:
         with self._lock:
             self._dirty = False
             t0 = self.clock()
-            fresh, version = self._build(in_child=not force)
-            self._index, self.version = fresh, version
+            fresh, version, sample = self._build(in_child=not force)
+            self._index, self.version, self.sample = fresh, version, sample
             self.builds += 1
             for told in self._listeners:
-                told(fresh, version)
+                told(fresh, version, sample)
             took = self.clock() - t0
             self._next_allowed = t0 + took / self.max_share
         log.info("BM25 index rebuilt over %d chunks in %.1fs", len(fresh), took)
         return True
 
-    def _build(self, *, in_child: bool) -> tuple[LexicalIndex, int]:
+    def _build(self, *, in_child: bool) -> tuple[LexicalIndex, int, CentralSample | None]:
         if not in_child or self._url is None:
-            return build(self.sessions, self.postings)
+            return build_with_sample(self.sessions, self.postings, self.sample_share)
         if self._pool is None:
             # A fresh interpreter a rebuild (never fork a process that runs threads), gone with it:
             # no memory held between rebuilds, no process left behind by a parent that dies.
@@ -129,11 +165,11 @@ class LexicalManager:
                 1, context, initializer=_worker_start, initargs=(self.niceness, os.getpid()), max_tasks_per_child=1
             )
         try:
-            return self._pool.submit(_build_at, self._url, self.postings).result()
+            return self._pool.submit(_build_at, self._url, self.postings, self.sample_share).result()
         except Exception:  # the child died (memory?) or failed: build here, as before
             log.exception("BM25 rebuild in a child process failed; rebuilding in this one")
             self.close()
-            return build(self.sessions, self.postings)
+            return build_with_sample(self.sessions, self.postings, self.sample_share)
 
     def close(self) -> None:
         pool, self._pool = self._pool, None

@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from app.clustering.indexing import IndexManager
 from app.core.models import Chunk, cluster_owners, stack
 from app.store.profiles import load_profiles
+from engine.central_sample import CentralSample
 from engine.expert_matrix import ExpertMatrix
 from engine.lexical import LexicalIndex, TermStats
 from engine.router import Router
@@ -52,8 +53,9 @@ class ShardTier(Protocol):
         """The state's index: `index`'s lists over the shards, searched at catalogue version `position` or later."""
         ...
 
-    def lexical_over(self, stats: TermStats, index: ShardedIndex, position: int) -> ShardedLexical:
-        """The state's BM25: the shards' postings scored with `stats`, at catalogue version `position` or later."""
+    def lexical_over(self, stats: TermStats, index: ShardedIndex, position: int, summary: bool) -> ShardedLexical:
+        """The state's BM25: the shards' postings scored with `stats`, at catalogue version `position`
+        or later; `summary`: every shard asked for its best chunks at a question's start."""
         ...
 
     def overview(self) -> list[dict[str, Any]]:
@@ -91,6 +93,7 @@ class ServingStates:
         self.shards = shards
         self._lexical: LexicalIndex | None = None  # the BM25 index now (its statistics, over shards)
         self._lexical_version = 0
+        self._sample: CentralSample | None = None  # built with BM25 (app.serving.lexical)
 
     def search_index(self) -> Any:
         """What searches every vector now: this process's replica, else (a server over expert shards)
@@ -106,11 +109,17 @@ class ServingStates:
         assert state is not None, "no serving state published yet"
         return state
 
-    def start(self, version: int, lexical: LexicalIndex | None, lexical_version: int) -> ServingState:
+    def start(
+        self,
+        version: int,
+        lexical: LexicalIndex | None,
+        lexical_version: int,
+        sample: CentralSample | None = None,
+    ) -> ServingState:
         """The first state: every part read now (the catalogue was opened at `version` or before)."""
         with self._lock:
             experts = load_profiles(self.sessions)
-            self._lexical, self._lexical_version = lexical, lexical_version
+            self._lexical, self._lexical_version, self._sample = lexical, lexical_version, sample
             return self._publish(
                 version, experts, self.load_router(), self._matrix(experts) if self.kernel_matrix else None
             )
@@ -136,16 +145,16 @@ class ServingStates:
             old = self.current()
             return self._publish(old.version, old.experts, old.router, old.matrix)
 
-    def lexical_built(self, lexical: LexicalIndex, version: int) -> None:
-        """A BM25 rebuild (built at catalogue `version`): the same state with it."""
+    def lexical_built(self, lexical: LexicalIndex, version: int, sample: CentralSample | None = None) -> None:
+        """A BM25 rebuild (built at catalogue `version`, with its central sample): the same state with them."""
         with self._lock:
             old = self.current()
-            self._lexical, self._lexical_version = lexical, version
+            self._lexical, self._lexical_version, self._sample = lexical, version, sample
             if isinstance(old.index, ShardedIndex) and self.shards is not None:  # over the shards again
                 self._publish(old.version, old.experts, old.router, old.matrix)
                 return
             self._serial += 1
-            self._state = replace(old, serial=self._serial, lexical=lexical, lexical_version=version)
+            self._state = replace(old, serial=self._serial, lexical=lexical, lexical_version=version, sample=sample)
 
     def _publish(
         self,
@@ -166,7 +175,9 @@ class ServingStates:
             sharded = self.shards.index_over(held, experts, position)
             index, shard_map = sharded, sharded.shard_map
             if self._lexical is not None:  # BM25's postings on the shards, its statistics from here
-                lexical = self.shards.lexical_over(self._lexical.stats, sharded, position)
+                # With a central sample the route asks the shards nothing: no summary of BM25's best
+                # first; the searches bring their lists' best scores (engine.sharded_lexical).
+                lexical = self.shards.lexical_over(self._lexical.stats, sharded, position, self._sample is None)
         if index is None:
             raise RuntimeError("this server holds no vectors (MOERAG_SHARD_MAP) and has no shards to search")
         state = ServingState(
@@ -180,6 +191,7 @@ class ServingStates:
             lexical_version=self._lexical_version,
             matrix=matrix,
             shard_map=shard_map,
+            sample=self._sample,
         )
         self._state = state  # the one reference swap: a question sees the old state or this one, whole
         return state

@@ -40,8 +40,9 @@ class RayShards:
         self.shard_map, self.timeout_seconds = shard_map, timeout_seconds
         self.handles = [handle(shard_map, s.name) for s in shard_map.shards]
         self.sent = [0] * len(shard_map.shards)  # searches this process sent each shard (the console's load)
-        # A shard that failed or timed out is skipped for a back-off, then probed (index.shards).
-        self.breakers = ShardBreakers(len(shard_map.shards))
+        # A shard that failed or timed out is skipped for a back-off, then probed apart from the
+        # questions (its `stats`, within a question's wait) until it answers (index.shards).
+        self.breakers = ShardBreakers(len(shard_map.shards), probe=self._probe)
         self.reasked = [0] * len(shard_map.shards)  # of them, asked again for one cut (index.shards)
 
     def index_over(
@@ -57,6 +58,10 @@ class RayShards:
             index, lists, found, shard_map=self.shard_map.version, names=names, rows=rows, breakers=self.breakers
         )
 
+    def _probe(self, shard: int) -> None:
+        """A breaker's probe: shard `shard` answers its figures within a question's wait, or raises."""
+        self.handles[shard].stats.remote().result(timeout_s=self.timeout_seconds)
+
     def _rows(self, handle: Any, position: int) -> ShardRows:
         """A shard's row search (`ShardReplica.rows`), within twice a search's wait: it carries many rows."""
 
@@ -66,10 +71,12 @@ class RayShards:
 
         return rows
 
-    def lexical_over(self, stats: TermStats, index: ShardedIndex, position: int = 0) -> ShardedLexical:
+    def lexical_over(
+        self, stats: TermStats, index: ShardedIndex, position: int = 0, summary: bool = True
+    ) -> ShardedLexical:
         """BM25 over the shards: each replica scores its chunks' postings with `stats`' term
         weights (engine.sharded_lexical), at catalogue version `position` or later, within the
-        same bounded wait as a search."""
+        same bounded wait as a search; `summary`: every shard asked for its best at a question's start."""
 
         def through(handle: Any) -> LexicalShard:
             def ask(w: QueryWeights, k: int, lists: Any, ids: Any) -> _Within:
@@ -78,7 +85,8 @@ class RayShards:
             return ask
 
         names = [s.name for s in self.shard_map.shards]
-        return ShardedLexical(stats, [through(h) for h in self.handles], names, index, breakers=self.breakers)
+        shards = [through(h) for h in self.handles]
+        return ShardedLexical(stats, shards, names, index, breakers=self.breakers, summary=summary)
 
     def _counted(self, shard: int, search: ShardSearch) -> ShardSearch:
         def counted(

@@ -43,10 +43,19 @@ from engine.sharded_lexical import LexicalAnswer
 from index import ClusteredIndex
 
 log = logging.getLogger(__name__)
-# scores, ids, lo, hi (and the ids' BM25 scores when the search carried the question's weights)
+# scores, ids, lo, hi (and when the search carried the question's weights, the ids' BM25 scores
+# and the shard's best BM25 score per list: lists, best)
 Stamped = (
     tuple[npt.NDArray[np.float32], npt.NDArray[np.int64], int, int]
-    | tuple[npt.NDArray[np.float32], npt.NDArray[np.int64], int, int, npt.NDArray[np.float32]]
+    | tuple[
+        npt.NDArray[np.float32],
+        npt.NDArray[np.int64],
+        int,
+        int,
+        npt.NDArray[np.float32],
+        npt.NDArray[np.int64],
+        npt.NDArray[np.float32],
+    ]
 )
 # A replica scans its lists for milliseconds a question: a tenth of a CPU each lets Ray place a
 # shard map's replicas on a small machine; memory, not CPU, is what a shard needs (`replica_memory`).
@@ -82,6 +91,35 @@ def join(address: str) -> None:
         raise NotConfigured(
             f"no Ray cluster at {address!r} ({exc}): start one with `moerag ray up --config MAP`"
         ) from None
+
+
+def alive_nodes() -> int:
+    """The nodes of the Ray cluster this process joined that are alive now."""
+    import ray
+
+    return sum(1 for n in ray.nodes() if n.get("Alive"))
+
+
+def refuse_local_store(nodes: int, db_url: str, snapshots: str) -> None:
+    """On a cluster of more than one node, every replica must read the same store: NotConfigured,
+    with the reason and the fix, for a SQLite database (a file on one machine) or snapshots in a
+    plain local folder (`file://` names a mount every node is taken to share)."""
+    if nodes <= 1:
+        return
+    from sqlalchemy.engine import make_url
+
+    why = []
+    if make_url(db_url).get_backend_name() == "sqlite":
+        why.append("the database is SQLite, a file on this machine: set MOERAG_DATABASE_URL to PostgreSQL")
+    if "://" not in snapshots:
+        why.append(
+            f"index snapshots are a local folder ({snapshots}): set MOERAG_SNAPSHOT_URL to a place every node "
+            "reads (s3://bucket/moerag, or file:///mount shared by every node)"
+        )
+    if why:
+        raise NotConfigured(
+            f"the Ray cluster has {nodes} nodes and replicas on the others cannot read " + "; ".join(why)
+        )
 
 
 def deployed(shard_map: ShardMap) -> bool:
@@ -266,9 +304,9 @@ class ShardReplica:
         for (scores, ids), w in zip(found, bm25 or [None] * len(found), strict=True):
             if w is None:
                 out.append((scores, ids, lo, hi))
-            else:  # the found chunks' BM25 scores with the question's weights: the fusion's, in this answer
-                of_ids = self.bm25.answer(w, 0, None, ids.ravel(), index.clusters_of).of_ids.reshape(ids.shape)
-                out.append((scores, ids, lo, hi, of_ids))
+            else:  # with the question's weights: the found chunks' BM25 scores and each list's best (the fusion's)
+                a = self.bm25.answer(w, 1, None, ids.ravel(), index.clusters_of)
+                out.append((scores, ids, lo, hi, a.of_ids.reshape(ids.shape), a.lists, a.best))
         return out
 
     def rows(
