@@ -42,6 +42,7 @@ from app.serving.answer_cache import AnswerCache
 from app.serving.generation import Generators
 from app.serving.lexical import LexicalManager
 from app.serving.states import ServingStates
+from app.shards.link import ShardLink
 from app.store.catalogue import ALL_PARTS, Catalogue
 from engine.central_sample import SHARDED_SHARE
 from engine.chunking import ChunkingConfig
@@ -129,6 +130,7 @@ class Runtime:
         per_minute = settings.ask_rate_per_minute
         self.ask_limiter = RateLimiter(self.engine, per_minute) if per_minute else None
         self.metrics = Metrics(question_stats=self._question_stats, drift=self._drift, shards=self.shard_health)
+        self.shard_link: ShardLink | None = None  # the child joined to Ray, with MOERAG_SHARD_MAP (app.shards.link)
         self.admin_token = ""
         self.ready = False
         self.phase = "starting"  # what /readyz says before ready: "preparing" (serve --sample), "starting"
@@ -246,7 +248,10 @@ class Runtime:
                 from app.shards import map as shard_map
 
                 shards = shard_map.load(s.shard_map)
-                tier = ray_client.RayShards(shards, s.ray_address, s.shard_timeout_seconds)
+                # Ray is joined by a child process: a server that loses Ray stays up (app.shards.link).
+                self.shard_link = ShardLink(s.ray_address)
+                self.shard_link.start()
+                tier = ray_client.RayShards(shards, s.ray_address, s.shard_timeout_seconds, link=self.shard_link)
             emb = self._embedder or load_embedder(s, shards is not None and shards.embedder is not None)
             if run_jobs:  # serving: uploads embed behind the questions being answered
                 emb.lower_document_priority(s.background_niceness)
@@ -299,7 +304,7 @@ class Runtime:
                 from app.shards.map_follow import ShardMapFollower
 
                 follow = ShardMapFollower(
-                    s.shard_map, states, tier.shard_map.version, s.ray_address, tier.timeout_seconds
+                    s.shard_map, states, tier.shard_map.version, s.ray_address, tier.timeout_seconds, self.shard_link
                 )
                 threading.Thread(target=follow.run, args=(self._stop,), name="shard-map", daemon=True).start()
             routers = RouterManager(
@@ -376,6 +381,8 @@ class Runtime:
             svc.jobs.stop()
         self.catalogue.close()
         self.lexical.close()
+        if self.shard_link is not None:
+            self.shard_link.close()
         if svc is not None:
             svc.questions.close()
         if self._checkpointer is not None:

@@ -7,7 +7,8 @@ local Ray cluster over the sample store (`moerag serve --sample` builds it).
    (the first words of chunks spread over the store, in a fixed order) asked by `--clients` closed-loop threads
    for `--seconds`: questions/s and p50; its route reads its whole index, as one process does by default.
 2. **Over shards.** The store's experts spread over `--shards` shards (largest first onto the
-   lightest; one replica each), the same runtime's serving state republished over them: the
+   lightest; one replica each), the same runtime's serving state republished over them, reached
+   as a server reaches them (through its link, a child process joined to Ray): the
    same load, the route read from the central sample (as over shards by default); and, question by
    question, the shards each one called (the breakers' counts), by path (confident or fallback).
 3. **A frozen replica.** The only replica of the shard holding the most vectors is stopped
@@ -110,6 +111,7 @@ def main() -> None:
     from app.core.settings import Settings
     from app.runtime import Runtime
     from app.shards.client import RayShards
+    from app.shards.link import ShardLink
     from app.shards.replicas import deploy
     from benchmarks.ray_scale import spread
     from engine.central_sample import SHARDED_SHARE
@@ -122,6 +124,7 @@ def main() -> None:
     )
     rt = Runtime(settings)
     rt.start(run_jobs=False)
+    link: ShardLink | None = None
     result: dict[str, Any] = {
         "command": "python benchmarks/shard_faults.py --data-dir SAMPLE_DIR"
         + "".join(f" --{k} {getattr(args, k)}" for k in ("shards", "clients", "seconds", "timeout")),
@@ -141,7 +144,10 @@ def main() -> None:
         ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
         handles = deploy(shard_map, settings.db_url, rt.embedder.dim)
         states = rt.services.states
-        tier = RayShards(shard_map, timeout_seconds=args.timeout)
+        # As a server reaches them: through its link, a child process joined to the cluster (app.shards.link).
+        link = ShardLink(ray.get_runtime_context().gcs_address)
+        link.start()
+        tier = RayShards(shard_map, timeout_seconds=args.timeout, link=link)
         states.shards = tier
         states.changed(rt.catalogue.version, frozenset({"index"}))
 
@@ -185,6 +191,8 @@ def main() -> None:
             result[part]["p95_ms"] = round(statistics.quantiles(lat, n=20)[18], 1) if len(lat) > 20 else None
     finally:
         rt.close()
+        if link is not None:
+            link.close()
         if ray.is_initialized():
             ray.shutdown()
     RESULTS.mkdir(exist_ok=True)

@@ -204,6 +204,13 @@ class ShardBreakers:
         else:
             self.ok(shard)
 
+    def probe_now(self) -> None:
+        """Every open breaker's back-off ends now (the shards may be back: a reconnection)."""
+        with self._lock:
+            for shard, until in enumerate(self._open_until):
+                if until:
+                    self._open_until[shard], self._probing[shard] = time.monotonic(), 0.0
+
     def ok(self, shard: int) -> None:
         with self._lock:
             self._failures[shard], self._open_until[shard], self._probing[shard] = 0, 0.0, 0.0

@@ -254,6 +254,26 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
             asker.more(40, within=60)
         asker.assert_whole()
 
+        # `moerag ray restart git` under load: its two replicas are replaced one at a time, and no
+        # question fails or is partial meanwhile.
+        map_file = tmp_path / "map.yaml"
+        map_file.write_text(json.dumps(raw_map, sort_keys=True))  # the bytes parse() hashed: the same version
+        from app.shards.map import load
+
+        assert load(map_file).version == shard_map.version
+        old = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if "shard-git" in a["name"]}
+        with Asker(client, git) as asker:
+            asker.more(10, within=30)
+            main(["--data-dir", str(rt.settings.resolved_data_dir), "ray", "restart", "git", "--config", str(map_file)])
+            asker.more(10, within=30)
+        asker.assert_whole()
+        new = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if "shard-git" in a["name"]}
+        assert len(new) == 2 and not new & old, (old, new)
+        with pytest.raises(SystemExit, match="has no shard 'nope'"):
+            main(
+                ["--data-dir", str(rt.settings.resolved_data_dir), "ray", "restart", "nope", "--config", str(map_file)]
+            )
+
         # A shard that cannot answer in time is left out: partial, never an error (a timeout of
         # 0.1 ms, which no shard meets), and the answer is not cached.
         sqlite_question = {"query": "SQLite write-ahead log checkpoint", "mode": "fallback"}

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import secrets
 import subprocess
 import sys
 import time
@@ -46,6 +48,13 @@ def add_commands(sub: Any) -> None:
     status.add_argument("--config", type=Path, required=True, help="the shard map deployed")
     status.add_argument("--address", default="auto", help="the Ray cluster (default: the local one)")
     status.set_defaults(func=cmd_status)
+    restart = actions.add_parser(
+        "restart", help="replace one shard's replicas one at a time (a shard of two or more keeps answering)"
+    )
+    restart.add_argument("shard", help="the shard's name in the map")
+    restart.add_argument("--config", type=Path, required=True, help="the shard map deployed")
+    restart.add_argument("--address", default="auto", help="the Ray cluster (default: the local one)")
+    restart.set_defaults(func=cmd_restart)
     down = actions.add_parser("down", help="delete moerag's applications (and stop a local cluster `up` started)")
     down.add_argument(
         "--address",
@@ -54,10 +63,26 @@ def add_commands(sub: Any) -> None:
     down.set_defaults(func=cmd_down)
 
 
-def _ray_command(*args: str) -> None:
-    """Ray's own CLI, from this interpreter's environment."""
+def _ray_command(*args: str, token: bool = False) -> None:
+    """Ray's own CLI, from this interpreter's environment; token: with Ray's token authentication on."""
     ray = Path(sys.executable).with_name("ray")
-    subprocess.run([str(ray), *args], check=True, stdout=subprocess.DEVNULL)
+    env = os.environ | {"RAY_AUTH_MODE": "token"} if token else None
+    subprocess.run([str(ray), *args], check=True, stdout=subprocess.DEVNULL, env=env)
+
+
+RAY_TOKEN = Path.home() / ".ray" / "auth_token"  # where Ray reads its token (RAY_AUTH_TOKEN_PATH elsewhere)
+
+
+def _ensure_ray_token() -> None:
+    """Ray's authentication token, written (owner-only) when this machine has none yet: a cluster
+    `ray start` starts requires it only when the file exists."""
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH") or RAY_TOKEN.exists():
+        return
+    RAY_TOKEN.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(RAY_TOKEN, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    print(f"wrote Ray's authentication token to {RAY_TOKEN} (every process joining the cluster needs it)")
 
 
 def cmd_up(args: argparse.Namespace) -> None:  # noqa: PLR0915
@@ -87,15 +112,10 @@ def cmd_up(args: argparse.Namespace) -> None:  # noqa: PLR0915
         try:  # a local cluster `up` started before (a changed map deployed beside the running one)
             ray.init(address="auto", log_to_driver=False)
         except ConnectionError:
-            # Ray has no authentication of its own: a cluster this command starts listens on
-            # 127.0.0.1 only (to span machines, start Ray yourself, fenced, and pass --address).
-            _ray_command(
-                "start",
-                "--head",
-                "--node-ip-address=127.0.0.1",
-                "--disable-usage-stats",
-                "--include-dashboard=false",
-            )
+            # Ray listens on every interface (it will not advertise a loopback address), so the
+            # cluster this command starts requires Ray's token: nothing joins it without the file.
+            _ensure_ray_token()
+            _ray_command("start", "--head", "--disable-usage-stats", "--include-dashboard=false", token=True)
             _started_marker(settings).write_text("moerag ray up started this Ray cluster\n")
     if not ray.is_initialized():
         ray.init(address=args.address or "auto", log_to_driver=False)
@@ -177,6 +197,18 @@ def cmd_status(args: argparse.Namespace) -> None:
 
         out["ingress"] = ray_ingress.status()
     print(json.dumps(out, indent=2))
+
+
+def cmd_restart(args: argparse.Namespace) -> None:
+    from app.shards import client as ray_client
+    from app.shards import map as shard_map
+    from app.shards import replicas as ray_shards
+
+    wanted = shard_map.load(args.config)
+    ray_client.require()
+    ray_client.join(args.address)
+    replaced = ray_shards.restart(wanted, args.shard, told=lambda line: print(line, file=sys.stderr, flush=True))
+    print(json.dumps({"shard": args.shard, "replaced": replaced}, indent=2))
 
 
 def cmd_down(args: argparse.Namespace) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from app.shards.link import LinkedResponse, ShardLink
 from app.shards.map import ShardMap
 from app.shards.replicas import join, replica_states, require
 from engine.lexical import QueryWeights, TermStats
@@ -34,16 +35,25 @@ class RayShards:
     """The serving side: the shard map's deployments, and the sharded view of an index that the
     serving state holds instead of the index (app.serving.states)."""
 
-    def __init__(self, shard_map: ShardMap, address: str = "auto", timeout_seconds: float = 5.0) -> None:
-        require()
-        join(address)
-        self.shard_map, self.timeout_seconds = shard_map, timeout_seconds
-        self.handles = [handle(shard_map, s.name) for s in shard_map.shards]
+    def __init__(
+        self, shard_map: ShardMap, address: str = "auto", timeout_seconds: float = 5.0, link: ShardLink | None = None
+    ) -> None:
+        """link: the server's child process joined to Ray (app.shards.link), through which every
+        call goes; None: this process joins Ray itself (the CLI, tests, benchmarks)."""
+        self.shard_map, self.timeout_seconds, self.link = shard_map, timeout_seconds, link
+        if link is None:
+            require()
+            join(address)
+            self.handles = [handle(shard_map, s.name) for s in shard_map.shards]
+        else:
+            self.handles = [link.handle(shard_map.app_name, f"shard-{s.name}") for s in shard_map.shards]
         self.sent = [0] * len(shard_map.shards)  # searches this process sent each shard (the console's load)
         # A shard that failed or timed out is skipped for a back-off, then probed apart from the
         # questions (its `stats`, within a question's wait) until it answers (index.shards).
         self.breakers = ShardBreakers(len(shard_map.shards), probe=self._probe)
         self.reasked = [0] * len(shard_map.shards)  # of them, asked again for one cut (index.shards)
+        if link is not None:  # Ray back after a loss: probe every shard now, not after its back-off
+            link.on_up(self.breakers.probe_now)
 
     def index_over(
         self, index: ClusteredIndex | ListMap, experts: Mapping[int, ExpertProfile], position: int = 0
@@ -103,12 +113,22 @@ class RayShards:
         return counted
 
     def stats(self) -> list[dict[str, Any]]:
-        return shard_stats(self.shard_map, self.handles)
+        return shard_stats(self.shard_map, self.handles, states=self._replica_states)
+
+    def _replica_states(self, app_name: str) -> dict[str, dict[str, int]] | None:
+        if self.link is None:
+            return replica_states(app_name)
+        try:
+            return self.link.function("replica_states", app_name, timeout_s=2.0)
+        except Exception:  # Ray away: Serve cannot say
+            return None
 
     def health(self) -> list[dict[str, Any]]:
         """Each shard as this process sees it (no call made): calls let through, errors and
-        timeouts, calls skipped while its breaker was open, and the breaker's state now."""
+        timeouts, calls skipped while its breaker was open, the breaker's state now, and whether
+        this process reaches Ray at all."""
         b = self.breakers
+        ray = self.link is None or self.link.connected.is_set()  # this process's link to Ray (app.shards.link)
         return [
             {
                 "shard": s.name,
@@ -116,6 +136,7 @@ class RayShards:
                 "errors": b.errors[n],
                 "skipped": b.skipped[n],
                 "breaker": b.state(n),
+                "ray": "connected" if ray else f"unreachable ({self.link.reason if self.link else ''})",
             }
             for n, s in enumerate(self.shard_map.shards)
         ]
@@ -124,7 +145,7 @@ class RayShards:
         """Each shard in map order, for the console: `shard_stats` (a shard none of whose replicas
         answers within 2 s is `reachable: false`), its experts and the searches this process sent it
         (`reasked`: of them, asked again to bring the answer to one cut)."""
-        rows = shard_stats(self.shard_map, self.handles, timeout_seconds=2.0)
+        rows = shard_stats(self.shard_map, self.handles, timeout_seconds=2.0, states=self._replica_states)
         for n, (shard, row) in enumerate(zip(self.shard_map.shards, rows, strict=True)):
             row["experts"] = list(shard.experts) + (["(unmapped lists)"] if shard.default else [])
             row["searches"], row["reasked"] = self.sent[n], self.reasked[n]
@@ -132,7 +153,10 @@ class RayShards:
 
 
 def shard_stats(
-    shard_map: ShardMap, handles: Sequence[Any], timeout_seconds: float | None = None
+    shard_map: ShardMap,
+    handles: Sequence[Any],
+    timeout_seconds: float | None = None,
+    states: Callable[[str], dict[str, dict[str, int]] | None] = replica_states,
 ) -> list[dict[str, Any]]:
     """Each shard's name, replicas (the map's; `running_replicas`: Serve's count now; `autoscaling`:
     the bounds, when the map sets them), what one of its replicas holds (lists, vectors, position), and
@@ -140,10 +164,10 @@ def shard_stats(
     timeout, a shard that does not answer in time is `reachable: false` (its figures None) instead
     of an error."""
     out = []
-    states = replica_states(shard_map.app_name) or {}
+    running_states = states(shard_map.app_name) or {}
     for s, h in zip(shard_map.shards, handles, strict=True):
         row: dict[str, Any] = {"shard": s.name, "replicas": s.replicas}
-        running = states.get(f"shard-{s.name}", {}).get("RUNNING")
+        running = running_states.get(f"shard-{s.name}", {}).get("RUNNING")
         row["running_replicas"] = running  # None: Serve could not say
         if s.autoscaling is not None:
             row["autoscaling"] = [s.autoscaling.min_replicas, s.autoscaling.max_replicas]
@@ -191,6 +215,8 @@ class _Within:
         self.response = ask()
 
     def result(self) -> Any:
+        if isinstance(self.response, LinkedResponse):  # the link's child asks again itself
+            return self._await()
         from ray.exceptions import RayActorError  # the replica died, or cannot be reached
 
         try:

@@ -19,6 +19,7 @@ from app.serving.states import ServingStates
 from app.shards import client as ray_client
 from app.shards import map as shard_map
 from app.shards import replicas as ray_shards
+from app.shards.link import ShardLink
 from app.shards.map import APP, ShardMap
 from engine.errors import InvalidSetting
 
@@ -26,8 +27,11 @@ log = logging.getLogger(__name__)
 POLL_SECONDS = 2.0
 
 
-def deployed(shard_map: ShardMap) -> bool:
-    """Whether the map's application runs (every deployment has its replicas up)."""
+def deployed(shard_map: ShardMap, link: ShardLink | None = None) -> bool:
+    """Whether the map's application runs (every deployment has its replicas up), asked through
+    the server's `link` to Ray when given."""
+    if link is not None:
+        return bool(link.function("deployed", shard_map.app_name))
     app = ray_shards.require().status().applications.get(shard_map.app_name)
     return app is not None and getattr(app.status, "value", app.status) == "RUNNING"
 
@@ -44,10 +48,16 @@ def retire(keep: ShardMap | None = None) -> list[str]:
 
 class ShardMapFollower:
     def __init__(
-        self, path: Path, states: ServingStates, version: str, address: str = "auto", timeout_seconds: float = 5.0
+        self,
+        path: Path,
+        states: ServingStates,
+        version: str,
+        address: str = "auto",
+        timeout_seconds: float = 5.0,
+        link: ShardLink | None = None,
     ) -> None:
         self.path, self.states, self.version = path, states, version
-        self.address, self.timeout_seconds = address, timeout_seconds
+        self.address, self.timeout_seconds, self.link = address, timeout_seconds, link
         self._waiting: str | None = None  # a new version seen, its application not running yet
 
     def check(self) -> bool:
@@ -59,12 +69,12 @@ class ShardMapFollower:
             return False
         if new.version == self.version:
             return False
-        if not deployed(new):
+        if not deployed(new, self.link):
             if self._waiting != new.version:
                 log.info("shard map %s changed to %s: waiting for `moerag ray up` to run it", self.path, new.version)
                 self._waiting = new.version
             return False
-        self.states.reshard(ray_client.RayShards(new, self.address, self.timeout_seconds))
+        self.states.reshard(ray_client.RayShards(new, self.address, self.timeout_seconds, self.link))
         log.info("serving over shard map %s (was %s)", new.version, self.version)
         self.version, self._waiting = new.version, None
         return True

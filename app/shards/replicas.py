@@ -143,6 +143,62 @@ def replica_states(app_name: str) -> dict[str, dict[str, int]] | None:
     }
 
 
+def _replica_actors(app_name: str, deployment: str) -> list[dict[str, str]]:
+    """The named actors of a deployment's live replicas ({"name", "namespace"}): Serve names each
+    `SERVE_REPLICA::<app>#<deployment>#<id>` (no dashboard needed, unlike Ray's state API)."""
+    import ray
+
+    prefix = f"SERVE_REPLICA::{app_name}#{deployment}#"
+    return [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
+
+
+def _running(app_name: str, deployment: str) -> int:
+    """How many of a deployment's replicas Serve counts RUNNING now (whatever the application's state)."""
+    try:
+        d = require().status().applications[app_name].deployments[deployment]
+    except Exception:  # the controller away for a moment, or the application deploying
+        return 0
+    return sum(n for state, n in (d.replica_states or {}).items() if getattr(state, "value", str(state)) == "RUNNING")
+
+
+def restart(shard_map: ShardMap, shard: str, timeout_s: float = 300.0, told: Any = print) -> list[dict[str, Any]]:
+    """Replace the replicas of shard `shard` one at a time: each is ended and Serve's controller
+    starts another in its place (booting as any new replica does: its part, a snapshot or SQL);
+    the next goes only once the shard has all its replicas running again, so a shard of two or more
+    keeps answering throughout (a search whose replica ends is asked again on another:
+    app.shards.client). -> each replaced replica (`replica`, `seconds` until its successor ran).
+    NotConfigured for a shard the map does not name or a map not deployed; TimeoutError when a
+    successor is not running within `timeout_s`."""
+    import ray
+
+    names = [s.name for s in shard_map.shards]
+    if shard not in names:
+        raise NotConfigured(f"shard map {shard_map.version} has no shard {shard!r}; its shards: {', '.join(names)}")
+    deployment = f"shard-{shard}"
+    if replica_states(shard_map.app_name) is None and not _replica_actors(shard_map.app_name, deployment):
+        raise NotConfigured(f"shard map {shard_map.version} is not deployed: nothing to restart")
+    old = _replica_actors(shard_map.app_name, deployment)
+    wanted = max(len(old), _running(shard_map.app_name, deployment))
+    replaced = []
+    for n, actor in enumerate(old, start=1):
+        t0 = time.monotonic()
+        told(f"replica {n} of {len(old)} of shard {shard}: replacing {actor['name']}")
+        ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
+        while True:  # its successor running, the ended one gone from Serve's count
+            alive = {a["name"] for a in _replica_actors(shard_map.app_name, deployment)}
+            if (
+                actor["name"] not in alive
+                and len(alive) >= wanted
+                and _running(shard_map.app_name, deployment) >= wanted
+            ):
+                break
+            if time.monotonic() - t0 > timeout_s:
+                raise TimeoutError(f"shard {shard}: no replica took {actor['name']}'s place within {timeout_s:g} s")
+            time.sleep(0.25)
+        replaced.append({"replica": actor["name"], "seconds": round(time.monotonic() - t0, 1)})
+    return replaced
+
+
 class ShardReplica:
     """One replica of one shard: the vectors of `lists` only, in an index with every centroid."""
 

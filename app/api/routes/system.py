@@ -47,10 +47,10 @@ async def readyz(request: Request) -> JSONResponse:
 
 
 def _status(rt: Runtime) -> str:
-    """ "ready", or "degraded" while an expert shard's breaker is open (answers are partial then:
-    the shards it names in `shards` are skipped until a probe finds them back)."""
+    """ "ready", or "degraded" while an expert shard's breaker is open or Ray is out of reach (answers
+    are partial then: the shards it names in `shards` are skipped until a probe finds them back)."""
     health = rt.shard_health() or []
-    return "degraded" if any(row["breaker"] != "closed" for row in health) else "ready"
+    return "degraded" if any(row["breaker"] != "closed" or row["ray"] != "connected" for row in health) else "ready"
 
 
 def _details(rt: Runtime) -> dict[str, object]:
