@@ -38,6 +38,7 @@ from app.services.expert_undo import undo_job
 from app.services.ratelimit import RateLimiter
 from app.services.refit import Refit
 from app.services.routing import RouterManager, load_active, train_job
+from app.services.tokens import Tokens
 from app.serving.answer_cache import AnswerCache
 from app.serving.generation import Generators
 from app.serving.lexical import LexicalManager
@@ -127,6 +128,7 @@ class Runtime:
         )
         self.generators = Generators(settings)  # name -> generator (the experts' and the fallback's)
         self.console_sessions = ConsoleSessions(self.sessions)
+        self.tokens = Tokens(self.sessions)  # scoped API tokens (app.services.tokens)
         per_minute = settings.ask_rate_per_minute
         self.ask_limiter = RateLimiter(self.engine, per_minute) if per_minute else None
         self.metrics = Metrics(question_stats=self._question_stats, drift=self._drift, shards=self.shard_health)

@@ -26,7 +26,7 @@ import numpy.typing as npt
 from engine.lexical import QueryWeights, TermStats
 from engine.postings import Postings
 from index import SearchIndex
-from index.store import Ask
+from index.store import Ask, IdSet
 
 Floats = npt.NDArray[np.float32]
 Ints = npt.NDArray[np.int64]
@@ -155,15 +155,20 @@ class SampleIndex:
         lists = self.nlist if clusters is None else len({int(c) for c in clusters if 0 <= c < self.nlist})
         return lists, len(self._rows_in(clusters))
 
-    def search(self, q: Floats, k: int, clusters: Iterable[int] | None = None) -> tuple[Floats, Ints]:
+    def search(
+        self, q: Floats, k: int, clusters: Iterable[int] | None = None, within: IdSet | None = None
+    ) -> tuple[Floats, Ints]:
         """q [Q, D] -> (scores [Q, k], ids [Q, k]) over the sampled vectors in `clusters`' lists
-        (None: all), best first, ties to the lower id; missing slots -inf / -1, as FAISS fills them."""
+        (None: all; only the ids `within` holds, when given), best first, ties to the lower id;
+        missing slots -inf / -1, as FAISS fills them."""
         q = np.ascontiguousarray(q, dtype=np.float32)
         rows = self._rows_in(None if clusters is None else list(clusters))  # [R]
+        if within is not None:
+            rows = rows[np.isin(self.sample.ids[rows], within.ids)]
         return _top(q @ self.sample.vectors[rows].T, self.sample.ids[rows], k)  # [Q, R] -> [Q, k]
 
-    def search_each(self, q: Floats, asks: Sequence[Ask]) -> list[tuple[Floats, Ints]]:
-        return [self.search(q, k, clusters) for k, clusters in asks]
+    def search_each(self, q: Floats, asks: Sequence[Ask], within: IdSet | None = None) -> list[tuple[Floats, Ints]]:
+        return [self.search(q, k, clusters, within) for k, clusters in asks]
 
     def search_nearest(self, q: Floats, k: int, nprobe: int) -> tuple[Floats, Ints, int]:
         """Each row of q [Q, D] over its own `nprobe` nearest lists: (scores [Q, k], ids [Q, k],

@@ -146,10 +146,15 @@ class LexicalIndex:
         """One question against this index: its scores are computed once, for every search of it."""
         return LexicalQuery(self, text)
 
-    def terms(self, text: str, mask_of: Callable[[Sequence[int]], np.ndarray] | None = None) -> ScopedQuery:
+    def terms(
+        self,
+        text: str,
+        mask_of: Callable[[Sequence[int]], np.ndarray] | None = None,
+        within: np.ndarray | None = None,
+    ) -> ScopedQuery:
         """The question as the ask flow reads it (`Terms`): scopes given as lists, `mask_of` turning
-        them into this index's masks."""
-        return ScopedQuery(self.query(text), mask_of)
+        them into this index's masks; within: [N] bool, the only rows a scoped caller may read."""
+        return ScopedQuery(self.query(text), mask_of, within)
 
     def scores(self, text: str) -> np.ndarray | None:
         """[N] BM25 score of every chunk for `text`; None: no chunks or no query terms."""
@@ -222,18 +227,25 @@ class Terms(Protocol):
 class ScopedQuery:
     """`LexicalQuery` read by lists: a scope's mask from `mask_of` (the ask flow caches them)."""
 
-    def __init__(self, query: LexicalQuery, mask_of: Callable[[Sequence[int]], np.ndarray] | None) -> None:
-        self.query, self.mask_of = query, mask_of
+    def __init__(
+        self,
+        query: LexicalQuery,
+        mask_of: Callable[[Sequence[int]], np.ndarray] | None,
+        within: np.ndarray | None = None,
+    ) -> None:
+        """within: [N] bool, the rows a scoped caller may read (engine.access); None: all of them."""
+        self.query, self.mask_of, self.within = query, mask_of, within
 
     def prefetch(self) -> None:
         _ = self.query.scores  # BM25 over every chunk now (while the model embeds the question)
 
     def _mask(self, scope: Sequence[int] | None) -> np.ndarray | None:
         if scope is None:
-            return None
+            return self.within
         if self.mask_of is None:
             raise ValueError("a scoped BM25 search needs the lists' masks (mask_of)")
-        return self.mask_of(scope)
+        mask = self.mask_of(scope)
+        return mask if self.within is None else mask & self.within
 
     def search(self, k: int, scope: Sequence[int] | None = None) -> list[tuple[int, float]]:
         return self.query.search(k, self._mask(scope))

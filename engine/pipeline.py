@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from functools import partial
@@ -18,6 +18,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
+from engine.access import Allowed
 from engine.embedder import Embedder
 from engine.generators import GENERIC_SYSTEM_PROMPT, Generator, Passage
 from engine.lexical import BestChunks, Fusion, LexicalIndex, Terms, convex_fusion, reciprocal_rank_fusion
@@ -63,6 +64,9 @@ class AskRequest:
     top_k: int | None = None
     mode: Mode = "auto"
     expert_id: int | None = None
+    # A scoped caller's reach (engine.access): the searches see only these chunks, the route only
+    # these experts; None: the whole store.
+    allowed: Allowed | None = None
 
 
 @dataclass
@@ -207,8 +211,9 @@ class AskPipeline:
         t = time.perf_counter()
         pending = self.submit_question(req.question, alone)  # [1, D] to come
         lexical, index = state.lexical, state.index  # one BM25 index per question; its scores computed once
-        mask_of = partial(self._scope_mask, lexical, index) if isinstance(lexical, LexicalIndex) else None
-        terms = lexical.terms(req.question, mask_of) if lexical is not None else None
+        allowed = req.allowed
+        within = allowed.id_set if allowed is not None else None  # the only candidates (engine.access)
+        terms = self._terms(req, state)
         if terms is not None and not (alone and self.wide_questions and isinstance(lexical, LexicalIndex)):
             terms.prefetch()  # BM25 while the model runs: on another core when idle (here), or on the shards
         q = pending.result()  # [1, D]
@@ -234,7 +239,7 @@ class AskPipeline:
             matrix = state.matrix
             checked = req.mode != "expert"  # a forced expert is searched as asked
             outside: Outside | Literal[False] | None = False  # the check's probe, once searched
-            if matrix is not None:  # GPU deployments: the expert-sorted copy and the scoped kernel
+            if matrix is not None and allowed is None:  # GPU deployments: the expert-sorted copy and the scoped kernel
                 scores, ids = matrix.search(q, [route.expert.id], n)  # [1, N]
                 route.vectors_scanned += matrix.sizes([route.expert.id])
             else:  # FAISS: only the expert's inverted lists (the nearest ones, when capped)
@@ -244,7 +249,7 @@ class AskPipeline:
                 # unless the sample serves it (then no shard outside the expert's is asked).
                 probed = outside_lists(q, index, scope, cfg.expert_verify_lists) if checked and sample is None else []
                 asks: list[Ask] = [(n, clusters), (1, probed)] if probed else [(n, clusters)]
-                (scores, ids), *probe = index.search_each(q, asks)  # [1, N]; [1, 1]
+                (scores, ids), *probe = index.search_each(q, asks, within)  # [1, N]; [1, 1]
                 outside = outside_of(probe[0][0], probed, index) if probe else None
                 route.vectors_scanned += index.scan_size(clusters)[1]
             route.clusters_scanned += len(clusters)
@@ -265,10 +270,12 @@ class AskPipeline:
         if route.path == "fallback":
             k = req.top_k or cfg.default_top_k
             n = max(cfg.candidates, k)
-            scores, ids = index.search(q, n)  # [1, N] exact, every cluster
+            # Exact over every list; a scoped caller's over the lists holding its chunks only.
+            reach = allowed.lists_in(index) if allowed is not None else None
+            scores, ids = index.search(q, n, reach, within)  # [1, N]
             hits = [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True) if i >= 0]
             citations = self._fuse(hits, terms, k, n, index, None)
-            lists, vectors = index.scan_size()
+            lists, vectors = index.scan_size(reach)
             route.clusters_scanned += lists
             route.vectors_scanned += vectors
         timings["retrieve"] = (time.perf_counter() - t) * 1000
@@ -277,6 +284,18 @@ class AskPipeline:
         generator = self.generator(expert.generator if expert else "")  # "": the server's default
         system_prompt = expert.system_prompt if expert and expert.system_prompt else GENERIC_SYSTEM_PROMPT
         return Prepared(req.question, route, citations, generator, system_prompt, timings, started)
+
+    def _terms(self, req: AskRequest, state: ServingState) -> Terms | None:
+        """The question's BM25 in `state`, over the rows a scoped caller may read only."""
+        lexical, allowed = state.lexical, req.allowed
+        if isinstance(lexical, LexicalIndex):
+            rows = allowed.rows_mask(lexical, lexical.ids) if allowed is not None else None  # [N]
+            return lexical.terms(req.question, partial(self._scope_mask, lexical, state.index), rows)
+        if lexical is None:
+            return None
+        if allowed is not None:
+            raise ValueError("a scoped caller's BM25 is not enforced over expert shards")
+        return lexical.terms(req.question)
 
     def retrieval_vector(self, q: np.ndarray, router: Router | None) -> np.ndarray:
         """q [Q, D] -> [Q, D] as retrieval reads it: through `router`'s query adapter unless it is
@@ -307,6 +326,8 @@ class AskPipeline:
             for cls, p in zip(decision.classes, decision.probs, strict=True):
                 eid = router.expert_of(cls)
                 top.append((experts.get(eid) if eid is not None else None, p))
+        allowed = req.allowed
+        top, experts, out_of_scope = in_scope(top, experts, allowed)
         confidence = top[0][1] if top else None
         version = router.version_id if router is not None else None
         entropy = decision.entropy if decision is not None else None
@@ -325,14 +346,13 @@ class AskPipeline:
             return make("fallback", "forced", "fallback requested", None)
         if req.mode == "expert":
             chosen = experts.get(req.expert_id) if req.expert_id is not None else (top[0][0] if top else None)
-            if chosen is None:
-                return make("fallback", "unknown_expert", f"no expert {req.expert_id}", None)
-            if not chosen.clusters:
-                return make("fallback", "expert_has_no_clusters", f"expert {chosen.name!r} owns no clusters", chosen)
-            return make("expert", "forced", f"expert {chosen.name!r} requested", chosen)
+            return make(*forced(chosen, req.expert_id))
+        if out_of_scope:
+            detail = "the likeliest expert for it is outside this token's scope: searched what the token may read"
+            return make("fallback", "out_of_scope", detail, None)
         mapped = state.mapped  # once per serving state, not per question
         if len(mapped) < 2:  # no gate to choose: no confidence is claimed (1.000 over one class means nothing)
-            why = f"one expert ({mapped[0]!r}) owns lists" if mapped else "no expert owns lists"
+            why = one_expert(mapped, experts, allowed)
             detail = f"{why}: there is no gate to route between, so the whole store is searched"
             return Route("fallback", "one_expert", detail, None, None, [], cfg.threshold, version, None, 0, 0)
         if router is None or not top:
@@ -415,3 +435,39 @@ class AskPipeline:
                 masks.clear()
             masks[key] = mask
         return mask
+
+
+def in_scope(
+    top: list[tuple[ExpertProfile | None, float]], experts: Mapping[int, ExpertProfile], allowed: Allowed | None
+) -> tuple[list[tuple[ExpertProfile | None, float]], Mapping[int, ExpertProfile], bool]:
+    """The gate's ranking and the experts as a scoped caller may see them (only experts in its
+    scope), and whether the gate's best expert lies outside it. Unscoped: as they are."""
+    if allowed is None:
+        return top, experts, False
+    best = top[0][0] if top else None
+    outside = best is not None and best.id not in allowed.experts
+    kept: list[tuple[ExpertProfile | None, float]] = [
+        (e, p) for e, p in top if e is not None and e.id in allowed.experts
+    ]
+    return kept, {i: e for i, e in experts.items() if i in allowed.experts}, outside
+
+
+def one_expert(mapped: Sequence[str], experts: Mapping[int, ExpertProfile], allowed: Allowed | None) -> str:
+    """Why there is no gate to route between, naming the one expert only to a caller who may see it."""
+    if not mapped:
+        return "no expert owns lists"
+    if allowed is None or mapped[0] in {e.name for e in experts.values()}:
+        return f"one expert ({mapped[0]!r}) owns lists"
+    return "one expert owns lists"
+
+
+def forced(
+    chosen: ExpertProfile | None, asked: int | None
+) -> tuple[Literal["expert", "fallback"], str, str, ExpertProfile | None]:
+    """A forced expert's route (path, reason, detail, expert): the expert asked for (or the
+    gate's best), or the fallback when there is none (`asked`: the id asked for) or it owns no lists."""
+    if chosen is None:
+        return "fallback", "unknown_expert", f"no expert {asked}", None
+    if not chosen.clusters:
+        return "fallback", "expert_has_no_clusters", f"expert {chosen.name!r} owns no clusters", chosen
+    return "expert", "forced", f"expert {chosen.name!r} requested", chosen

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from index.list_map import ListFacts, ListMap
-from index.store import Ask, ClusteredIndex, SearchIndex
+from index.store import Ask, ClusteredIndex, IdSet, SearchIndex
 
 log = logging.getLogger(__name__)
 Floats = npt.NDArray[np.float32]
@@ -339,15 +339,19 @@ class ShardedIndex(ListFacts):
 
     # ---- search --------------------------------------------------------------------------------
 
-    def search(self, q: Floats, k: int, clusters: Iterable[int] | None = None) -> tuple[Floats, Ints]:
+    def search(
+        self, q: Floats, k: int, clusters: Iterable[int] | None = None, within: IdSet | None = None
+    ) -> tuple[Floats, Ints]:
         """As `ClusteredIndex.search`: q [Q, D] -> (scores [Q, k], ids [Q, k]); only the shards
         holding the lists are asked, all at once, and their top-k merged."""
-        return self.search_each(q, [(k, clusters)])[0]
+        return self.search_each(q, [(k, clusters)], within)[0]
 
-    def search_each(self, q: Floats, asks: Sequence[Ask]) -> list[tuple[Floats, Ints]]:
+    def search_each(self, q: Floats, asks: Sequence[Ask], within: IdSet | None = None) -> list[tuple[Floats, Ints]]:
         """Several searches of q [Q, D], each (k, lists): every shard call of every search is sent
         before any answer is awaited (a confident question's scoped search and its route check's
         probe travel together: one round trip, not two). Results in order."""
+        if within is not None:  # the app refuses scoped callers over shards before any search
+            raise ValueError("a search within some chunk ids is not sent to expert shards")
         q = np.ascontiguousarray(q, dtype=np.float32)
         if q.ndim != 2 or q.shape[1] != self.dim:
             raise ValueError(f"queries must be [Q, {self.dim}], got {q.shape}")

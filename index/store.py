@@ -45,6 +45,22 @@ def _sq8(quantizer: Any, d: int, c: int) -> Any:
 Ask = tuple[int, Iterable[int] | None]  # (k, the lists to scan; None: every list)
 
 
+class IdSet:
+    """The chunk ids a search may return (a scoped caller's: engine.access): `ids` [A] ascending,
+    and the bitmap FAISS tests each scanned id against (bit i of byte i >> 3), built once: a bit
+    test a vector, where a batch selector would build a hash set every search."""
+
+    def __init__(self, ids: Ints) -> None:
+        self.ids = np.ascontiguousarray(ids, dtype=np.int64)
+        bits = np.zeros(int(self.ids.max()) + 1 if len(self.ids) else 8, dtype=bool)
+        bits[self.ids] = True
+        self.bitmap = np.packbits(bits, bitorder="little")  # [ceil(max id / 8)] uint8
+
+    def selector(self) -> Any:
+        """A FAISS selector over the bitmap (it reads this object's array: keep both alive for the search)."""
+        return faiss.IDSelectorBitmap(len(self.bitmap), faiss.swig_ptr(self.bitmap))
+
+
 class SearchIndex(Protocol):
     """What the question path reads of an index: `ClusteredIndex`, or `index.shards.ShardedIndex`
     whose vectors live in shards. Shapes as in `ClusteredIndex`."""
@@ -62,8 +78,10 @@ class SearchIndex(Protocol):
     def probe_budget(self, wanted: int) -> int: ...
     def nearest_lists(self, q: Floats, clusters: Iterable[int], nprobe: int) -> Ints: ...
     def clusters_of(self, ids: Ints) -> Ints: ...
-    def search(self, q: Floats, k: int, clusters: Iterable[int] | None = None) -> tuple[Floats, Ints]: ...
-    def search_each(self, q: Floats, asks: Sequence[Ask]) -> list[tuple[Floats, Ints]]: ...
+    def search(
+        self, q: Floats, k: int, clusters: Iterable[int] | None = None, within: IdSet | None = None
+    ) -> tuple[Floats, Ints]: ...
+    def search_each(self, q: Floats, asks: Sequence[Ask], within: IdSet | None = None) -> list[tuple[Floats, Ints]]: ...
     def search_nearest(self, q: Floats, k: int, nprobe: int) -> tuple[Floats, Ints, int]: ...
 
 
@@ -235,34 +253,42 @@ class ClusteredIndex:
 
     # ---- search -----------------------------------------------------------------------------
 
-    def search(self, q: Floats, k: int, clusters: Iterable[int] | None = None) -> tuple[Floats, Ints]:
+    def search(
+        self, q: Floats, k: int, clusters: Iterable[int] | None = None, within: IdSet | None = None
+    ) -> tuple[Floats, Ints]:
         """Top-k by inner product. q [Q, D] -> (scores [Q, K], ids [Q, K]); missing slots get id -1.
 
         clusters=None searches every list (exact); otherwise only the given lists are scanned.
+        within: only these chunk ids are candidates (a scoped caller's: engine.access).
         """
         q = np.ascontiguousarray(q, dtype=np.float32)
         if q.ndim != 2 or q.shape[1] != self.dim:
             raise ValueError(f"queries must be [Q, {self.dim}], got {q.shape}")
         if k <= 0:
             raise ValueError("k must be positive")
-        if clusters is not None:
-            lists = self._valid_lists(clusters)
-            return self.search_rows(q, k, [lists] * len(q))
+        if clusters is not None or within is not None:
+            lists = self._valid_lists(clusters) if clusters is not None else np.arange(self.nlist, dtype=np.int64)
+            return self.search_rows(q, k, [lists] * len(q), within=within)
         with self._lock.read():
             scores, ids = self._ivf.search(q, k)
         return scores, ids
 
-    def search_each(self, q: Floats, asks: Sequence[Ask]) -> list[tuple[Floats, Ints]]:
+    def search_each(self, q: Floats, asks: Sequence[Ask], within: IdSet | None = None) -> list[tuple[Floats, Ints]]:
         """Several searches of the same q [Q, D], each (k, lists) as `search` takes them: their
         results in order. Here one after the other; over shards (index.shards) sent at once."""
-        return [self.search(q, k, lists) for k, lists in asks]
+        return [self.search(q, k, lists, within) for k, lists in asks]
 
     def search_rows(
-        self, q: Floats, k: int, lists: Sequence[Iterable[int]], through: int | None = None
+        self,
+        q: Floats,
+        k: int,
+        lists: Sequence[Iterable[int]],
+        through: int | None = None,
+        within: IdSet | None = None,
     ) -> tuple[Floats, Ints]:
         """Each row of q [Q, D] over its own lists (`lists[i]` for row i) in one scan, only ids <=
-        `through` when given: (scores [Q, K], ids [Q, K]); a row with no list to scan gets (-inf,
-        -1) throughout."""
+        `through` when given, only the ids `within` holds when given: (scores [Q, K],
+        ids [Q, K]); a row with no list to scan gets (-inf, -1) throughout."""
         q = np.ascontiguousarray(q, dtype=np.float32)
         if q.ndim != 2 or q.shape[1] != self.dim or len(lists) != len(q):
             raise ValueError(f"queries must be [Q, {self.dim}] with one list set a row, got {q.shape}, {len(lists)}")
@@ -275,7 +301,11 @@ class ClusteredIndex:
         # FAISS's C call: its Python wrapper takes no search parameters (the id filter).
         scores, ids = np.empty((len(q), k), dtype=np.float32), np.empty((len(q), k), dtype=np.int64)
         near = np.zeros(probe.shape, dtype=np.float32)  # [Q, C] no distances to the lists: unused here
-        selector = faiss.IDSelectorRange(0, through + 1) if through is not None else None  # alive for the call
+        # Alive for the call: an id bound, the ids a scoped caller may read, or both.
+        selector: Any = faiss.IDSelectorRange(0, through + 1) if through is not None else None
+        if within is not None:
+            allowed = within.selector()
+            selector = allowed if selector is None else faiss.IDSelectorAnd(selector, allowed)
         ivf_params: Any = faiss.SearchParametersIVF
         params = ivf_params(sel=selector, nprobe=self.nlist) if selector is not None else None
         ptr = faiss.swig_ptr

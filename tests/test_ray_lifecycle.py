@@ -145,13 +145,16 @@ def test_a_server_outlives_the_ray_cluster_and_answers_whole_again_when_it_is_ba
     }
     map_file.write_text(json.dumps(raw))
     _ray_up(settings.resolved_data_dir, map_file, cluster.address)
-    settings.shard_map, settings.ray_address, settings.shard_timeout_seconds = map_file, cluster.address, 2.0
+    settings.shard_map, settings.ray_address = map_file, cluster.address
     settings.answer_cache = 0  # every answer searched anew (a cached one would hide the shards' state)
     rt = Runtime(settings, embedder=embedder)
     body = {"query": "How do I rebase a branch onto another in git?", "mode": "fallback"}
     with TestClient(create_app(settings, runtime=rt, start_in_background=False)) as client:
-        whole = client.post("/ask", json=body).json()
-        assert not whole["route"]["partial"] and whole["citations"]
+        deadline = time.monotonic() + 60  # on a busy machine a first call can take its time
+        while (whole := client.post("/ask", json=body).json())["route"]["partial"]:
+            assert time.monotonic() < deadline, whole["route"]
+            time.sleep(0.5)
+        assert whole["citations"]
         assert client.get("/readyz").json()["status"] == "ready"
         child = rt.shard_link._child.pid  # type: ignore[union-attr]
 
@@ -164,7 +167,7 @@ def test_a_server_outlives_the_ray_cluster_and_answers_whole_again_when_it_is_ba
         r = client.post("/ask", json=body)
         assert r.status_code == 200 and r.json()["route"]["partial"], r.text
         assert set(r.json()["route"]["missing_shards"]) == {"git", "rest"}
-        assert time.monotonic() - t < 3  # one deadline at most, never Ray's own minute
+        assert time.monotonic() - t < settings.shard_timeout_seconds + 1  # one deadline at most, never Ray's minute
         time.sleep(5)  # longer than the link needs to see the cluster gone: the server is still here
         assert client.get("/readyz").json()["status"] == "degraded"
         ready = client.get("/readyz", headers=AUTH).json()

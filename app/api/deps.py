@@ -13,6 +13,7 @@ from app.core.auth import SESSION_COOKIE, csrf_token, token_matches
 from app.core.errors import ApiError
 from app.runtime import Runtime
 from app.schemas.api import INT64_MAX, PAGE_LIMIT
+from app.services.tokens import ADMIN, EVERYONE, READER, TOKEN_PREFIX, Principal
 
 
 # Dependencies that do no I/O are `async def`: FastAPI runs a plain `def` dependency in the
@@ -48,9 +49,14 @@ def require_admin(
     credentials: Bearer,
     x_csrf_token: Annotated[str | None, Header()] = None,
 ) -> None:
-    """The bearer token, or a console session cookie (plus its CSRF header on state changes)."""
+    """The bearer token (or a scoped token with the admin role), or a console session cookie (plus
+    its CSRF header on state changes)."""
     if token_matches(rt.admin_token, _authorization(credentials)):
         return
+    if credentials is not None and credentials.credentials.startswith(TOKEN_PREFIX):
+        named = rt.tokens.resolve(credentials.credentials)
+        if named is not None and named.may("admin"):
+            return
     cookie = request.cookies.get(SESSION_COOKIE)
     if cookie is not None and rt.console_sessions.valid(rt.admin_token, cookie):
         if request.method in SAFE_METHODS:
@@ -88,26 +94,67 @@ def optional_read_security(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 async def require_reader(request: Request, rt: RuntimeDep, credentials: ReadBearer) -> None:
-    """Reads are open unless MOERAG_READ_TOKEN is set; then its token, the admin token or a console session
-    (looked up in SQL, in the thread pool: the open case, the hot path of /ask and /search, does no I/O)."""
+    """Reads are open unless MOERAG_READ_TOKEN is set or a scoped token exists; then the read token,
+    the admin token, a scoped token or a console session. Who is reading (and what they may read)
+    is kept on the request for the route (`principal`)."""
     await check_reader(request, rt, _authorization(credentials))
 
 
 async def check_reader(request: Request, rt: Runtime, authorization: str | None) -> None:
     """`require_reader`'s rule for any request (the /mcp transport, outside FastAPI's dependencies)."""
+    request.state.principal = await reader(request, rt, authorization)
+
+
+async def reader(request: Request, rt: Runtime, authorization: str | None) -> Principal:
+    """Who reads: a scoped token is looked up in SQL on every request (a revocation holds from the
+    next one); with no token, everyone reads the whole store only where nothing closes reads."""
+    if token_matches(rt.admin_token, authorization):
+        return ADMIN
     configured = rt.settings.read_token
-    if configured is None:
-        return
-    if token_matches(configured.get_secret_value(), authorization) or token_matches(rt.admin_token, authorization):
-        return
+    if configured is not None and token_matches(configured.get_secret_value(), authorization):
+        return READER
+    given = authorization.removeprefix("Bearer ").strip() if authorization else ""
+    if given.startswith(TOKEN_PREFIX):
+        named = await run_in_threadpool(rt.tokens.resolve, given)
+        if named is None:
+            raise ApiError(
+                "unauthorized", "this token is unknown, revoked or expired", headers={"WWW-Authenticate": "Bearer"}
+            )
+        return named
     cookie = request.cookies.get(SESSION_COOKIE)
     if cookie is not None and await run_in_threadpool(rt.console_sessions.valid, rt.admin_token, cookie):
-        return
+        return ADMIN
+    if configured is None:  # open reads (any other bearer is a client's placeholder) unless a scoped token exists
+        closed = rt.tokens.reads_closed()
+        if closed is None:
+            closed = await run_in_threadpool(rt.tokens.refresh_reads_closed)
+        if not closed:
+            return EVERYONE
     raise ApiError(
         "unauthorized",
-        "reads need a token here (MOERAG_READ_TOKEN is set): Authorization: Bearer <token>",
+        "reads need a token here (MOERAG_READ_TOKEN or scoped tokens are set): Authorization: Bearer <token>",
         headers={"WWW-Authenticate": "Bearer"},
     )
+
+
+async def require_whole_reader(request: Request, rt: RuntimeDep, credentials: ReadBearer) -> None:
+    """A read that is not limited to a scope yet: `require_reader`, and a scoped token refused
+    (deny by default) rather than shown what lies outside its scope."""
+    await check_reader(request, rt, _authorization(credentials))
+    refuse_scoped(request)
+
+
+def refuse_scoped(request: Request) -> None:
+    if principal(request).scope is not None:
+        raise ApiError("scoped_token", "this endpoint answers for the whole store: a scoped token may not read it")
+
+
+WholeReaderDep = Depends(require_whole_reader)
+
+
+def principal(request: Request) -> Principal:
+    """Who is reading this request (`require_reader` set it; the whole store otherwise)."""
+    return getattr(request.state, "principal", EVERYONE)
 
 
 ReaderDep = Depends(require_reader)

@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.api.deps import check_reader
+from app.api.deps import check_reader, refuse_scoped
 from app.core.errors import ApiError, error_body
 from app.schemas.api import INT64_MAX, AskIn, SearchIn
 from app.services import library
@@ -146,8 +146,8 @@ def build(rt: Runtime, door: AnswerGate | None = None) -> MCPServer:  # noqa: C9
         with _anticipated(ResourceNotFoundError):
             if not document_id.isdigit() or int(document_id) > INT64_MAX:
                 raise ApiError("not_found", f"no document {document_id[:40]!r}")
-            doc = await anyio.to_thread.run_sync(library.document, ready().sessions, int(document_id))
-        return "\n\n".join(c.text for c in doc.chunks)
+            _, chunks = await anyio.to_thread.run_sync(library.document, ready().sessions, int(document_id))
+        return "\n\n".join(c.text for c in chunks)
 
     return server
 
@@ -220,6 +220,7 @@ class ReadTokenGate:
                 if request.method != "POST":
                     raise ApiError("method_not_allowed", "the MCP endpoint takes POST only", headers={"Allow": "POST"})
                 await check_reader(request, self.rt, request.headers.get("authorization"))
+                refuse_scoped(request)  # its tools and resources are not limited to a scope yet
             except ApiError as exc:
                 await JSONResponse(error_body(exc.code, exc.message), exc.status, headers=exc.headers)(
                     scope, receive, send

@@ -15,6 +15,7 @@ from app.cli import ray_cluster
 from app.cli.common import ingest_files, local_runtime, require_store, server_for, settings_from, token_for
 from app.cli.experts import add_commands as add_expert_commands
 from app.cli.sync import cmd_sync, every_seconds
+from app.cli.tokens import add_commands as add_token_commands
 from app.core.settings import Settings
 from engine.parsing import SUPPORTED, folder_source, unsupported_reason, walk_documents
 
@@ -328,6 +329,7 @@ def build_parser() -> argparse.ArgumentParser:  # noqa: PLR0915
     sync.add_argument("--max-depth", type=int, default=5, help="--site: links followed from the start (default 5)")
     sync.add_argument("--every", type=every_seconds, help="run again after this long (30s, 10m, 2h), until stopped")
     sync.set_defaults(func=cmd_sync)
+    add_token_commands(sub, remote)
     ray_cluster.add_commands(sub)
     mcp = sub.add_parser("mcp", help="serve MCP over stdio (tools ask, search, list_experts, get_chunk)")
     mcp.set_defaults(func=cmd_mcp)

@@ -46,6 +46,7 @@ STATUS: dict[str, int] = {
     "too_large": 413,
     "unauthorized": 401,
     "csrf": 403,
+    "scoped_token": 403,
     "rate_limited": 429,
     "too_many_jobs": 429,
     # the server and what it depends on

@@ -292,6 +292,24 @@ class RevokedSession(Base):
     expires_at: Mapped[int] = mapped_column(BigInteger, index=True)  # epoch seconds; deleted after
 
 
+class ApiToken(Base):
+    """A named API token (app.services.tokens): only its SHA-256 is stored. `role`: read, write or
+    admin; `scope`: the experts, tags and source prefixes it may read ({"experts": [ids], "tags":
+    [...], "source_prefixes": [...]}), None for the whole store."""
+
+    __tablename__ = "api_token"
+    __table_args__ = never_reused()
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    role: Mapped[str] = mapped_column(String(16))
+    scope: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    revoked_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
 class RateBucket(Base):
     """One client's /ask allowance (GCRA): its theoretical arrival time, shared by every worker.
 

@@ -199,3 +199,40 @@ class SyncIn(BaseModel):
         if sum(x is not None for x in (self.folder, self.git, self.site)) != 1:
             raise ValueError("give exactly one of folder, git or site")
         return self
+
+
+class TokenScopeIn(BaseModel):
+    """What a scoped token may read: the union of these experts' lists, documents with any of these
+    tags (`metadata.tags`) and documents whose source starts with any of these prefixes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    experts: list[Id] = Field(default_factory=list, max_length=1000)
+    tags: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(default_factory=list, max_length=1000)
+    source_prefixes: list[Annotated[str, Field(min_length=1, max_length=1024)]] = Field(
+        default_factory=list, max_length=1000
+    )
+
+
+class TokenIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: Annotated[str, Field(min_length=1, max_length=200)]
+    role: Annotated[str, Field(pattern="^(read|admin)$", description="read, or admin (writes; no scope)")] = "read"
+    scope: TokenScopeIn | None = Field(None, description="null: the whole store")
+    expires_days: Annotated[float, Field(gt=0, le=3650)] | None = None
+
+
+class TokenOut(BaseModel):
+    id: int
+    name: str
+    role: str
+    scope: dict[str, Any] | None
+    created_at: str
+    expires_at: str | None
+    revoked: bool
+
+
+class TokenCreated(BaseModel):
+    token: TokenOut
+    secret: str = Field(description="The token itself: shown this once, stored nowhere (only its SHA-256 is)")

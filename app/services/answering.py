@@ -15,6 +15,7 @@ from app.core.settings import Settings
 from app.schemas.api import AskIn, AskOut, CitationOut
 from app.services import conversations
 from app.services.ask import log_question, route_json
+from app.services.tokens import Principal, Tokens, reach
 from app.serving.answer_cache import AnswerCache
 from app.serving.generation import Generators
 from engine.errors import ExpertNotFound, GeneratorFailed, GeneratorUnavailable, InvalidRequest
@@ -45,6 +46,9 @@ class AnswerParts(Protocol):
 
     @property
     def metrics(self) -> Metrics: ...
+
+    @property
+    def tokens(self) -> Tokens: ...
 
     def state(self) -> ServingState: ...
 
@@ -90,15 +94,20 @@ class Asked:
         return self.turn.standalone_by if self.turn is not None else None
 
 
-def prepare(rt: AnswerParts, body: AskIn) -> Asked:
+def prepare(rt: AnswerParts, body: AskIn, who: Principal | None = None) -> Asked:
     """Check the question (made standalone in its conversation), then route and retrieve (or
-    take a cached route and citations)."""
+    take a cached route and citations), within what `who` may read (app.services.tokens)."""
     check_question(body.query, body.k, rt.settings)
     if body.mode != "expert" and body.expert is not None:
         raise InvalidRequest("'expert' is only meaningful with mode='expert'")
     state = rt.state()  # one version for the whole question: checked, cached and routed in it
-    if body.expert is not None and body.expert not in state.experts:
-        raise ExpertNotFound(f"no expert {body.expert}")
+    allowed = reach(rt.tokens, who, state)
+    if body.expert is not None and (
+        body.expert not in state.experts or (allowed is not None and body.expert not in allowed.experts)
+    ):
+        raise ExpertNotFound(f"no expert {body.expert}")  # outside the scope: the same words, no oracle
+    if allowed is not None and body.conversation_id is not None:
+        raise InvalidRequest("conversations are not scoped yet: a scoped token asks without conversation_id")
     turn = None
     if body.conversation_id is not None:
         limit = rt.settings.max_question_chars
@@ -106,8 +115,8 @@ def prepare(rt: AnswerParts, body: AskIn) -> Asked:
         turn = conversations.begin(rt.sessions, body.conversation_id, body.query, limit, complete)
     query = turn.standalone if turn is not None else body.query
     try:
-        request = AskRequest(query, body.k, body.mode, body.expert)
-        key = (query, body.k, body.mode, body.expert)
+        request = AskRequest(query, body.k, body.mode, body.expert, allowed)
+        key = (query, body.k, body.mode, body.expert, allowed.key if allowed is not None else None)  # one a scope
         return Asked(rt.answers.prepare(key, state.serial, lambda: rt.pipeline.prepare(request, state)), turn)
     except GeneratorError as exc:
         raise GeneratorUnavailable(str(exc)) from None
@@ -144,9 +153,9 @@ def answer_fields(asked: Asked, body: AskIn, answer: str | None = None) -> dict[
     return fields
 
 
-def answer_json(rt: AnswerParts, body: AskIn) -> bytes:
+def answer_json(rt: AnswerParts, body: AskIn, who: Principal | None = None) -> bytes:
     """One answer as the API's JSON body (the CLI's local `ask` prints the same)."""
-    asked = prepare(rt, body)
+    asked = prepare(rt, body, who)
     prepared, answer = asked.prepared, None
     if body.generate:
         try:

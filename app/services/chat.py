@@ -29,6 +29,7 @@ from app.schemas.openai import (
 )
 from app.services.answering import AnswerParts, Asked, citations, finish, prepare
 from app.services.ask import route_json
+from app.services.tokens import Principal, reach
 from engine import chat_tasks
 from engine.errors import GeneratorFailed, InvalidRequest, ModelNotFound
 from engine.followup import make_standalone, standalone_chain
@@ -47,18 +48,25 @@ EXPERT_MODEL = MODEL + "/"  # + an expert's slug, or expert-<id>
 _LISTED_SINCE = int(time.time())  # the models' `created`
 
 
-def models(rt: AnswerParts) -> ModelList:
-    """`moerag`, then per expert in id order `moerag/<slug>` and `moerag/expert-<id>`."""
+def visible(rt: AnswerParts, who: Principal | None) -> Mapping[int, ExpertProfile]:
+    """The experts `who` may see (a scoped token: those in its scope; else all)."""
+    state = rt.state()
+    allowed = reach(rt.tokens, who, state)
+    return {i: e for i, e in state.experts.items() if allowed is None or i in allowed.experts}
+
+
+def models(rt: AnswerParts, who: Principal | None = None) -> ModelList:
+    """`moerag`, then per expert (those `who` may see) in id order `moerag/<slug>` and `moerag/expert-<id>`."""
     names = [MODEL]
-    for i, p in sorted(rt.state().experts.items()):
+    for i, p in sorted(visible(rt, who).items()):
         names += [EXPERT_MODEL + p.slugs[0]] if p.slugs else []
         names.append(f"{EXPERT_MODEL}expert-{i}")
     return ModelList(data=[ModelOut(id=name, created=_LISTED_SINCE) for name in names])
 
 
-def model(rt: AnswerParts, model_id: str) -> ModelOut:
-    """One model by any id it answers to (`model_ids`), or ModelNotFound."""
-    if model_id not in model_ids(rt.state().experts):
+def model(rt: AnswerParts, model_id: str, who: Principal | None = None) -> ModelOut:
+    """One model by any id it answers to (`model_ids`), or ModelNotFound (an expert `who` may not see too)."""
+    if model_id not in model_ids(visible(rt, who)):
         raise ModelNotFound(f"the model {model_id!r} does not exist; GET /v1/models lists them")
     return ModelOut(id=model_id, created=_LISTED_SINCE)
 
@@ -86,21 +94,21 @@ class ChatAsked:
         return self.asked.standalone or self.ask.query
 
 
-def prepare_chat(rt: AnswerParts, body: ChatIn) -> ChatAsked:
-    """`ask_body`, then `prepare` (both may wait on a model: run off the event loop)."""
-    ask, by = ask_body(rt, body)
-    asked = prepare(rt, ask)
+def prepare_chat(rt: AnswerParts, body: ChatIn, who: Principal | None = None) -> ChatAsked:
+    """`ask_body`, then `prepare` (both may wait on a model: run off the event loop), within what `who` may read."""
+    ask, by = ask_body(rt, body, who)
+    asked = prepare(rt, ask, who)
     return ChatAsked(ask, asked, asked.standalone_by if ask.conversation_id is not None else by)
 
 
-def ask_body(rt: AnswerParts, body: ChatIn) -> tuple[AskIn, str | None]:
+def ask_body(rt: AnswerParts, body: ChatIn, who: Principal | None = None) -> tuple[AskIn, str | None]:
     """The /ask request a chat request stands for (its model's mode and expert, and its question),
     and what made the question standalone.
 
     The question: with a `conversation_id`, the last user message (made standalone from the stored
     turns); without one, the last user message made standalone from the messages before it
     (engine.followup: by the configured model, else the rule applied to each user message in turn)."""
-    by_model = model_ids(rt.state().experts)
+    by_model = model_ids(visible(rt, who))
     if body.model not in by_model:
         raise ModelNotFound(f"the model {body.model!r} does not exist; GET /v1/models lists them")
     expert = by_model[body.model]
@@ -210,9 +218,9 @@ def task_completion(rt: AnswerParts, body: ChatIn, task: str) -> tuple[bytes | N
     return None, [*events, "data: [DONE]\n\n"]
 
 
-def completion_json(rt: AnswerParts, body: ChatIn) -> bytes:
+def completion_json(rt: AnswerParts, body: ChatIn, who: Principal | None = None) -> bytes:
     """One non-streamed completion, serialised (the route returns the bytes as they are)."""
-    chat = prepare_chat(rt, body)
+    chat = prepare_chat(rt, body, who)
     asked = chat.asked
     prepared = asked.prepared
     try:

@@ -14,9 +14,10 @@ from app.core.limits import SEARCH_K, check_question
 from app.core.models import Chunk
 from app.core.settings import Settings
 from app.schemas.api import SearchHit, SearchIn, SearchOut
+from app.services.tokens import Principal, Tokens, reach
 from engine.embedder import Embedder
 from engine.serving import ServingState
-from index.store import SearchIndex
+from index.store import IdSet, SearchIndex
 
 
 class SearchParts(Protocol):
@@ -31,6 +32,9 @@ class SearchParts(Protocol):
 
     @property
     def embedder(self) -> Embedder: ...
+
+    @property
+    def tokens(self) -> Tokens: ...
 
     def state(self) -> ServingState: ...
 
@@ -58,14 +62,16 @@ def search(
     k: int,
     clusters: Sequence[int] | None,
     retrieval_vector: Callable[[np.ndarray], np.ndarray] | None = None,
+    within: IdSet | None = None,
 ) -> SearchResult:
     """Each hit's chunk comes with its document loaded (usable after the session closed).
-    retrieval_vector: the question as retrieval reads it (the active router's query adapter), as /ask does."""
+    retrieval_vector: the question as retrieval reads it (the active router's query adapter), as /ask does.
+    within: the only chunk ids a scoped caller may read (engine.access), searched before the top k."""
     # The question path /ask embeds with (no turn at the model: a large document embedding
     # meanwhile never delays a search; the same vectors as `encode`, checked at start).
     q = embedder.encode_questions([query])  # [1, D]
     q = retrieval_vector(q) if retrieval_vector is not None else q  # [1, D]
-    scores, ids = index.search(q, k, clusters)  # [1, K], [1, K]
+    scores, ids = index.search(q, k, clusters, within)  # [1, K], [1, K]
     scanned_lists, scanned = index.scan_size(clusters)
     found = [(int(i), float(sc)) for i, sc in zip(ids[0], scores[0], strict=True) if i >= 0]
     with sessions() as s:
@@ -80,12 +86,16 @@ def search(
     return SearchResult(hits, scanned_lists, scanned)
 
 
-def run_search(rt: SearchParts, body: SearchIn) -> SearchOut:
-    """The search as `POST /search` answers it (the CLI's local `search` prints the same)."""
+def run_search(rt: SearchParts, body: SearchIn, who: Principal | None = None) -> SearchOut:
+    """The search as `POST /search` answers it (the CLI's local `search` prints the same), within
+    what `who` may read."""
     check_question(body.query, body.k, rt.settings)
     k = SEARCH_K if body.k is None else body.k
     state = rt.state()  # one version's index and router
-    result = search(rt.sessions, rt.embedder, state.index, body.query, k, body.clusters, rt.retrieval_vector(state))
+    allowed = reach(rt.tokens, who, state)
+    within = allowed.id_set if allowed is not None else None
+    vector = rt.retrieval_vector(state)
+    result = search(rt.sessions, rt.embedder, state.index, body.query, k, body.clusters, vector, within)
     hits = [
         SearchHit(
             chunk_id=h.chunk.id,

@@ -54,6 +54,18 @@ class RayShards:
         self.reasked = [0] * len(shard_map.shards)  # of them, asked again for one cut (index.shards)
         if link is not None:  # Ray back after a loss: probe every shard now, not after its back-off
             link.on_up(self.breakers.probe_now)
+            self.warm()
+
+    def warm(self, timeout_s: float = 30.0) -> None:
+        """Ask each shard for its figures once, so the link's child holds its handles and Serve's
+        routing tables before the first question (a first call can take seconds on a busy machine);
+        a shard that does not answer is left to its breaker."""
+        pending = [(s.name, h.stats.remote()) for s, h in zip(self.shard_map.shards, self.handles, strict=True)]
+        for name, response in pending:
+            try:
+                response.result(timeout_s=timeout_s)
+            except Exception as exc:
+                log.warning("shard %s did not answer its first call within %.0f s: %s", name, timeout_s, exc)
 
     def index_over(
         self, index: ClusteredIndex | ListMap, experts: Mapping[int, ExpertProfile], position: int = 0

@@ -28,6 +28,9 @@ from app.schemas.admin import (
     RefitIn,
     RouterVersionOut,
     SyncIn,
+    TokenCreated,
+    TokenIn,
+    TokenOut,
     TrainIn,
 )
 from app.schemas.api import PAGE_DEFAULT, PAGE_LIMIT, ClusterOut, JobOut, Page, ScopeLeakageOut
@@ -308,3 +311,24 @@ async def shards(rt: RuntimeDep) -> dict[str, object]:
     if tier is None:
         return {"shard_map": None, "shards": []}
     return {"shard_map": rt.state().shard_map, "shards": await run_in_threadpool(tier.overview)}
+
+
+@router.post("/tokens", response_model=TokenCreated, status_code=201)
+def create_token(body: TokenIn, rt: RuntimeDep) -> TokenCreated:
+    """A named token with a role and a scope (null: the whole store); the secret is in this answer only.
+    A first scoped token closes anonymous reads: every read then needs a token."""
+    scope = body.scope.model_dump() if body.scope is not None else None
+    row, secret = rt.tokens.create(body.name, body.role, scope, body.expires_days)
+    return TokenCreated(token=TokenOut(**row), secret=secret)
+
+
+@router.get("/tokens", response_model=list[TokenOut])
+def list_tokens(rt: RuntimeDep) -> list[TokenOut]:
+    """Every token, revoked ones included (never a secret)."""
+    return [TokenOut(**row) for row in rt.tokens.list()]
+
+
+@router.delete("/tokens/{token_id:int}", response_model=TokenOut)
+def revoke_token(token_id: IdPath, rt: RuntimeDep) -> TokenOut:
+    """Revoke a token: refused from its next request on."""
+    return TokenOut(**rt.tokens.revoke(token_id))

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Body, Request
 from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from app.api.deps import ReaderDep, RuntimeDep
+from app.api.deps import ReaderDep, RuntimeDep, WholeReaderDep, principal
 from app.api.routes.flow import LogOnce, gate, threaded_stream
 from app.runtime import Runtime
 from app.schemas.api import AskIn, AskOut
@@ -68,13 +68,14 @@ async def _ask(body: AskIn, request: Request, rt: Runtime) -> Response:
         if body.deprecated_names
         else None
     )
+    who = principal(request)  # what the caller's token may read
     if body.stream:
-        asked = await anyio.to_thread.run_sync(prepare, rt, body, limiter=slots)
+        asked = await anyio.to_thread.run_sync(prepare, rt, body, who, limiter=slots)
         events = threaded_stream(rt, asked, lambda log: _events(asked, body, log))
         return StreamingResponse(events, media_type="text/event-stream", headers=headers)
     # One hop to a worker thread for the whole answer, and the body serialised once (returning
     # the model would have FastAPI validate it again): each cost ~0.2 ms of the GIL a question.
-    body_json = await anyio.to_thread.run_sync(answer_json, rt, body, limiter=slots)
+    body_json = await anyio.to_thread.run_sync(answer_json, rt, body, who, limiter=slots)
     return Response(body_json, media_type="application/json", headers=headers)
 
 
@@ -86,7 +87,7 @@ def _events(asked: Asked, body: AskIn, log: LogOnce) -> Iterator[str]:
 @router.get(
     "/metrics",
     tags=["system"],
-    dependencies=[ReaderDep],
+    dependencies=[WholeReaderDep],
     response_class=Response,
     responses={200: {"content": {CONTENT_TYPE_LATEST.split(";")[0]: {"schema": {"type": "string"}}}}},
 )

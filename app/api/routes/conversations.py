@@ -7,11 +7,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Response
 
-from app.api.deps import AdminDep, Limit, Offset, ReaderDep, RuntimeDep
+from app.api.deps import AdminDep, Limit, Offset, RuntimeDep, WholeReaderDep
 from app.schemas.api import PAGE_DEFAULT, ConversationOut, ConversationSummary, Page, TurnOut
 from app.services import conversations
 
-router = APIRouter(prefix="/conversations", tags=["conversations"], dependencies=[ReaderDep])
+router = APIRouter(prefix="/conversations", tags=["conversations"], dependencies=[WholeReaderDep])
 ConversationPath = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")]
 
 

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from app.api.deps import AdminDep, IdPath, Limit, Offset, ReaderDep, RuntimeDep
+from app.api.deps import AdminDep, IdPath, Limit, Offset, ReaderDep, RuntimeDep, principal
 from app.api.routes.uploads import NoFields, form_fields, read_upload_file, upload_from_request
 from app.core.errors import ApiError
 from app.core.models import Document
@@ -27,6 +27,7 @@ from app.schemas.api import (
 )
 from app.services import library
 from app.services.bulk import new_spool, spool_file
+from app.services.tokens import reach
 
 router = APIRouter(tags=["documents"])
 
@@ -125,21 +126,23 @@ async def bulk_ingest(request: Request, rt: RuntimeDep) -> JobOut:
 @router.get("/documents", response_model=DocumentPage, dependencies=[ReaderDep])
 def list_documents(
     rt: RuntimeDep,
+    request: Request,
     offset: Offset = 0,
     limit: Limit = PAGE_DEFAULT,
     q: Annotated[
         str | None, Query(max_length=200, description="Only documents whose title, source or text contains this.")
     ] = None,
 ) -> DocumentPage:
-    total, rows = library.document_page(rt.sessions, offset, limit, q)
+    allowed = reach(rt.tokens, principal(request), rt.state())  # a scoped token lists its documents only
+    total, rows = library.document_page(rt.sessions, offset, limit, q, allowed)
     items = [_out(doc, n) for doc, n in rows]
     return DocumentPage(items=items, total=total, offset=offset, limit=limit)
 
 
 @router.get("/documents/{document_id:int}", response_model=DocumentDetail, dependencies=[ReaderDep])
-def get_document(document_id: IdPath, rt: RuntimeDep) -> DocumentDetail:
-    doc = library.document(rt.sessions, document_id)
-    summaries = [ChunkSummary.model_validate(c) for c in doc.chunks]
+def get_document(document_id: IdPath, request: Request, rt: RuntimeDep) -> DocumentDetail:
+    doc, chunks = library.document(rt.sessions, document_id, reach(rt.tokens, principal(request), rt.state()))
+    summaries = [ChunkSummary.model_validate(c) for c in chunks]
     return DocumentDetail(**_out(doc, len(summaries)).model_dump(), chunk_list=summaries)
 
 
@@ -160,6 +163,6 @@ def delete_document(document_id: IdPath, rt: RuntimeDep) -> DeletedOut:
 
 
 @router.get("/chunks/{chunk_id:int}", response_model=ChunkOut, dependencies=[ReaderDep])
-def get_chunk(chunk_id: IdPath, rt: RuntimeDep) -> ChunkOut:
+def get_chunk(chunk_id: IdPath, request: Request, rt: RuntimeDep) -> ChunkOut:
     """One chunk in full, where it sits (document, heading path, expert) and its neighbours."""
-    return library.chunk_view(rt.sessions, chunk_id)
+    return library.chunk_view(rt.sessions, chunk_id, reach(rt.tokens, principal(request), rt.state()))

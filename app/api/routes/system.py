@@ -8,7 +8,17 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, RedirectResponse
 from starlette.concurrency import run_in_threadpool
 
-from app.api.deps import IdPath, Limit, Offset, ReaderDep, RuntimeDep, check_reader
+from app.api.deps import (
+    IdPath,
+    Limit,
+    Offset,
+    ReaderDep,
+    RuntimeDep,
+    WholeReaderDep,
+    check_reader,
+    principal,
+    refuse_scoped,
+)
 from app.core.errors import ApiError
 from app.runtime import Runtime
 from app.schemas.api import PAGE_DEFAULT, JobOut, Page, SearchIn, SearchOut, ShardVectorsOut, StatsOut
@@ -41,6 +51,7 @@ async def readyz(request: Request) -> JSONResponse:
     status = _status(rt)
     try:
         await check_reader(request, rt, request.headers.get("authorization"))
+        refuse_scoped(request)  # the details name shards and counts over the whole store
     except ApiError:
         return JSONResponse({"status": status, "pid": os.getpid()})
     return JSONResponse(await run_in_threadpool(_details, rt) | {"status": status})
@@ -78,26 +89,26 @@ def _details(rt: Runtime) -> dict[str, object]:
     }
 
 
-@router.get("/stats", response_model=StatsOut, tags=["system"], dependencies=[ReaderDep])
+@router.get("/stats", response_model=StatsOut, tags=["system"], dependencies=[WholeReaderDep])
 def stats(rt: RuntimeDep) -> StatsOut:
     tier = rt.services.states.shards
     shards = None if tier is None else [ShardVectorsOut.model_validate(row) for row in tier.overview()]
     return StatsOut(**rt.stats(), shards=shards)
 
 
-@router.get("/jobs", response_model=Page[JobOut], tags=["jobs"], dependencies=[ReaderDep])
+@router.get("/jobs", response_model=Page[JobOut], tags=["jobs"], dependencies=[WholeReaderDep])
 def list_jobs(rt: RuntimeDep, offset: Offset = 0, limit: Limit = PAGE_DEFAULT) -> Page[JobOut]:
     """Jobs, newest first."""
     total, rows = rt.jobs.recent(offset, limit)
     return Page(items=[JobOut.model_validate(j) for j in rows], total=total, offset=offset, limit=limit)
 
 
-@router.get("/jobs/{job_id:int}", response_model=JobOut, tags=["jobs"], dependencies=[ReaderDep])
+@router.get("/jobs/{job_id:int}", response_model=JobOut, tags=["jobs"], dependencies=[WholeReaderDep])
 def get_job(job_id: IdPath, rt: RuntimeDep) -> JobOut:
     return JobOut.model_validate(rt.jobs.get(job_id))
 
 
 @router.post("/search", response_model=SearchOut, tags=["search"], dependencies=[ReaderDep])
-async def search_chunks(body: SearchIn, rt: RuntimeDep) -> SearchOut:
-    """Dense retrieval: every cluster (exact) or only the given clusters (scoped)."""
-    return await run_in_threadpool(run_search, rt, body)
+async def search_chunks(body: SearchIn, request: Request, rt: RuntimeDep) -> SearchOut:
+    """Dense retrieval: every cluster (exact) or only the given clusters, within what the caller may read."""
+    return await run_in_threadpool(run_search, rt, body, principal(request))
