@@ -195,6 +195,11 @@ def test_a_revoked_or_expired_token_is_refused_at_its_next_request(client: TestC
     r = client.post("/admin/api/tokens", json={"name": "boss", "role": "admin", "scope": {"tags": ["x"]}}, headers=AUTH)
     assert r.status_code == 422 and "admin token reads everything" in r.text
     assert client.post("/admin/api/tokens", json={"name": "reader", "scope": None}, headers=AUTH).status_code == 422
+    from app.services.tokens import Tokens
+    from engine.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match="write tokens are not available yet"):
+        Tokens(client.app.state.runtime.sessions).create("w", "write", None, None)  # type: ignore[attr-defined]
 
 
 def test_the_cli_creates_lists_and_revokes_tokens(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
