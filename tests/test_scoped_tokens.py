@@ -165,13 +165,28 @@ def test_a_token_scoped_to_a_never_reads_b_on_any_surface(
     assert r.status_code == 404
 
     # Surfaces that answer for the whole store refuse a scoped token.
-    for method, path in [("GET", "/stats"), ("GET", "/metrics"), ("GET", "/jobs"), ("GET", "/conversations")]:
+    for method, path in [("GET", "/stats"), ("GET", "/metrics"), ("GET", "/jobs")]:
         r = client.request(method, path, headers=a)
         assert r.status_code == 403 and r.json()["error"]["code"] == "scoped_token", (path, r.text)
     r = client.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, headers=a)
     assert r.status_code == 403
     assert set(client.get("/readyz", headers=a).json()) == {"status", "pid"}
-    assert client.post("/ask", json={"query": GIT_Q, "conversation_id": "x"}, headers=a).status_code in (404, 422)
+
+    # Conversations belong to the token that made them: B's id, asked by A, is a conversation of
+    # A's own (B's turns are neither rewritten into its follow-up nor listed nor read).
+    conv = f"team-{kind}"
+    assert client.post("/ask", json={"query": SQLITE_Q, "conversation_id": conv}, headers=b).status_code == 200
+    follow = client.post("/ask", json={"query": "and how often does that happen?", "conversation_id": conv}, headers=a)
+    assert follow.status_code == 200 and "sqlite" not in (follow.json()["standalone_question"] or "").lower()
+    secret.absent_from(_without_question(follow.json()), "a conversation's follow-up")
+    mine = client.get(f"/conversations/{conv}", headers=a).json()
+    assert len(mine["turns"]) == 1
+    secret.absent_from(
+        {k: v for k, v in mine.items() if k != "turns"} | {"turns": [t for t in mine["turns"] if t["answer"]]},
+        "a conversation",
+    )
+    assert [c["id"] for c in client.get("/conversations", headers=a).json()["items"]] == [conv]
+    assert len(client.get(f"/conversations/{conv}", headers=AUTH).json()["turns"]) == 2  # the admin reads both
 
 
 def test_a_revoked_or_expired_token_is_refused_at_its_next_request(client: TestClient, routed: dict[str, Any]) -> None:

@@ -281,6 +281,9 @@ class ConversationTurn(Base):
     route: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # path, expert, reason
     cited: Mapped[list[int]] = mapped_column(JSON, default=list)
     query_id: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # The scoped token that asked it (app.services.tokens); None: an unscoped caller. A scoped
+    # token sees and continues only its own conversations.
+    owner: Mapped[str | None] = mapped_column(String(200), nullable=True)
 
 
 class RevokedSession(Base):

@@ -106,13 +106,12 @@ def prepare(rt: AnswerParts, body: AskIn, who: Principal | None = None) -> Asked
         body.expert not in state.experts or (allowed is not None and body.expert not in allowed.experts)
     ):
         raise ExpertNotFound(f"no expert {body.expert}")  # outside the scope: the same words, no oracle
-    if allowed is not None and body.conversation_id is not None:
-        raise InvalidRequest("conversations are not scoped yet: a scoped token asks without conversation_id")
     turn = None
     if body.conversation_id is not None:
         limit = rt.settings.max_question_chars
         complete = rt.generators.rewriter()
-        turn = conversations.begin(rt.sessions, body.conversation_id, body.query, limit, complete)
+        owner = who.name if who is not None and who.scope is not None else None  # a scoped token's own turns
+        turn = conversations.begin(rt.sessions, body.conversation_id, body.query, limit, complete, owner)
     query = turn.standalone if turn is not None else body.query
     try:
         request = AskRequest(query, body.k, body.mode, body.expert, allowed)

@@ -1,4 +1,5 @@
-"""scoped API tokens: named, hashed, revocable, expiring; a role and a scope each
+"""scoped API tokens: named, hashed, revocable, expiring; a role and a scope each; a
+conversation turn's owner (the scoped token that asked it)
 
 Revision ID: 0012
 Revises: 0011
@@ -29,7 +30,10 @@ def upgrade() -> None:
         sa.Column("revoked_at", sa.DateTime(timezone=True), nullable=True),
         sqlite_autoincrement=True,
     )
+    op.add_column("conversation_turn", sa.Column("owner", sa.String(200), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("conversation_turn", table_kwargs={"sqlite_autoincrement": True}) as batch:
+        batch.drop_column("owner")
     op.drop_table("api_token")
