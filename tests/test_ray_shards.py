@@ -422,7 +422,8 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
         import yaml
 
         from app.shards.map import load as load_map
-        from app.shards.map_follow import ShardMapFollower, deployed, retire
+        from app.shards.map_follow import ShardMapFollower, retire
+        from app.shards.replicas import deployed
 
         map_file = tmp_path / "shards.yaml"
         merged = {

@@ -21,7 +21,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import UTC, timedelta
 from typing import Any
 
 import numpy as np
@@ -228,8 +228,6 @@ class Tokens:
 
 def _aware(when: Any) -> Any:
     """SQLite hands back naive datetimes: they were written in UTC."""
-    from datetime import UTC
-
     return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
 
 

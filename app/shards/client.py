@@ -128,12 +128,7 @@ class RayShards:
         return shard_stats(self.shard_map, self.handles, states=self._replica_states)
 
     def _replica_states(self, app_name: str) -> dict[str, dict[str, int]] | None:
-        if self.link is None:
-            return replica_states(app_name)
-        try:
-            return self.link.function("replica_states", app_name, timeout_s=2.0)
-        except Exception:  # Ray away: Serve cannot say
-            return None
+        return replica_states(app_name) if self.link is None else self.link.replica_states(app_name)
 
     def health(self) -> list[dict[str, Any]]:
         """Each shard as this process sees it (no call made): calls let through, errors and

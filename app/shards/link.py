@@ -108,6 +108,13 @@ class ShardLink:
         """One of the child's functions (`_FUNCTIONS`), its answer awaited at most `timeout_s`."""
         return self.call("fn", name, args).result(timeout=timeout_s)
 
+    def replica_states(self, app_name: str) -> dict[str, dict[str, int]] | None:
+        """app.shards.replicas.replica_states, asked of the child; None while Ray is away."""
+        try:
+            return self.function("replica_states", app_name, timeout_s=2.0)
+        except Exception:  # Ray away, or too slow: Serve cannot say
+            return None
+
     # ---- the child's life ------------------------------------------------------------------------
 
     def _spawn(self) -> threading.Thread:
@@ -232,14 +239,7 @@ def _replica_states(app_name: str) -> Any:
     return replica_states(app_name)
 
 
-def _deployed(app_name: str) -> bool:
-    from app.shards.replicas import require
-
-    app = require().status().applications.get(app_name)
-    return app is not None and getattr(app.status, "value", app.status) == "RUNNING"
-
-
-_FUNCTIONS: dict[str, Callable[..., Any]] = {"replica_states": _replica_states, "deployed": _deployed}
+_FUNCTIONS: dict[str, Callable[..., Any]] = {"replica_states": _replica_states}
 
 
 def _child_main(conn: Connection, address: str, parent: int, retry: bool) -> None:  # pragma: no cover

@@ -27,15 +27,6 @@ log = logging.getLogger(__name__)
 POLL_SECONDS = 2.0
 
 
-def deployed(shard_map: ShardMap, link: ShardLink | None = None) -> bool:
-    """Whether the map's application runs (every deployment has its replicas up), asked through
-    the server's `link` to Ray when given."""
-    if link is not None:
-        return bool(link.function("deployed", shard_map.app_name))
-    app = ray_shards.require().status().applications.get(shard_map.app_name)
-    return app is not None and getattr(app.status, "value", app.status) == "RUNNING"
-
-
 def retire(keep: ShardMap | None = None) -> list[str]:
     """Delete the shard applications of every map but `keep` (None: all of them); their names."""
     serve = ray_shards.require()
@@ -69,7 +60,7 @@ class ShardMapFollower:
             return False
         if new.version == self.version:
             return False
-        if not deployed(new, self.link):
+        if not ray_shards.deployed(new, self.link.replica_states if self.link is not None else None):
             if self._waiting != new.version:
                 log.info("shard map %s changed to %s: waiting for `moerag ray up` to run it", self.path, new.version)
                 self._waiting = new.version

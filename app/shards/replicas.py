@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -122,20 +122,21 @@ def refuse_local_store(nodes: int, db_url: str, snapshots: str) -> None:
         )
 
 
-def deployed(shard_map: ShardMap) -> bool:
-    """Whether this map version's application runs already, every shard deployment in it."""
-    states = replica_states(shard_map.app_name)
-    return states is not None and all(f"shard-{s.name}" in states for s in shard_map.shards)
+def deployed(shard_map: ShardMap, states: Callable[[str], dict[str, dict[str, int]] | None] | None = None) -> bool:
+    """Whether this map version's application runs already, every shard deployment in it;
+    `states`: how to read Serve's replica states (default `replica_states`, in this process)."""
+    found = (states or replica_states)(shard_map.app_name)
+    return found is not None and all(f"shard-{s.name}" in found for s in shard_map.shards)
 
 
-def replica_states(app_name: str) -> dict[str, dict[str, int]] | None:
-    """{deployment: {replica state: how many}} of a running Serve application; None when it is
-    not running (or Serve cannot say)."""
+def replica_states(app_name: str, running_only: bool = True) -> dict[str, dict[str, int]] | None:
+    """{deployment: {replica state: how many}} of a Serve application; None when it is not
+    running (`running_only`; else only when it does not exist), or Serve cannot say."""
     try:
         app = require().status().applications.get(app_name)
     except Exception:  # Serve's controller away for a moment: figures are not worth a failure
         return None
-    if app is None or getattr(app.status, "value", app.status) != "RUNNING":
+    if app is None or (running_only and getattr(app.status, "value", app.status) != "RUNNING"):
         return None
     return {
         name: {getattr(state, "value", str(state)): n for state, n in (d.replica_states or {}).items()}
@@ -154,11 +155,7 @@ def _replica_actors(app_name: str, deployment: str) -> list[dict[str, str]]:
 
 def _running(app_name: str, deployment: str) -> int:
     """How many of a deployment's replicas Serve counts RUNNING now (whatever the application's state)."""
-    try:
-        d = require().status().applications[app_name].deployments[deployment]
-    except Exception:  # the controller away for a moment, or the application deploying
-        return 0
-    return sum(n for state, n in (d.replica_states or {}).items() if getattr(state, "value", str(state)) == "RUNNING")
+    return (replica_states(app_name, running_only=False) or {}).get(deployment, {}).get("RUNNING", 0)
 
 
 def restart(shard_map: ShardMap, shard: str, timeout_s: float = 300.0, told: Any = print) -> list[dict[str, Any]]:
