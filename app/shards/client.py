@@ -195,7 +195,7 @@ def searches(handles: Sequence[Any], timeout_seconds: float | None = None, posit
     """Each shard's search through its Serve handle (any replica; Serve balances them) at catalogue
     version `position` or later (unless the search names a later one), its answer awaited at most
     `timeout_seconds` (then the shard is left out of the answer: index.shards). A replica that dies
-    with the search in flight is asked again once, within the same time: Serve sends the retry to
+    with the search in flight is asked again (twice at most), within the same time: Serve sends the retry to
     another replica."""
 
     def through(handle: Any) -> ShardSearch:
@@ -208,8 +208,11 @@ def searches(handles: Sequence[Any], timeout_seconds: float | None = None, posit
     return [through(h) for h in handles]
 
 
+_ASKS = 3  # a search whose replica died is asked again, within the question's deadline, this often in all
+
+
 class _Within:
-    """A shard's answer (a Serve DeploymentResponse) awaited for a bounded time, asked again once
+    """A shard's answer (a Serve DeploymentResponse) awaited for a bounded time, asked again
     if the replica answering it died. Within a question the bound is the question's one budget
     for all its shard calls (index.shards.question_deadline), so stages in turn never add up."""
 
@@ -226,12 +229,13 @@ class _Within:
             return self._await()
         from ray.exceptions import RayActorError  # the replica died, or cannot be reached
 
-        try:
-            return self._await()
-        except RayActorError as exc:
-            log.warning("a shard replica died answering a search; asking another: %s", exc)
-            self.response = self.ask()
-            return self._await()
+        for _ in range(_ASKS - 1):
+            try:
+                return self._await()
+            except RayActorError as exc:  # Serve may still route to the dead one for a moment
+                log.warning("a shard replica died answering a search; asking another: %s", exc)
+                self.response = self.ask()
+        return self._await()
 
     def _await(self) -> Any:
         left = None if self.deadline is None else max(self.deadline - time.monotonic(), 0.0)
