@@ -63,6 +63,13 @@ class Conflict(MoeragError):
     code = "conflict"
 
 
+class OutOfScope(MoeragError):
+    """A scoped token's write that would put a document outside its scope (the message names the
+    token's own scope, nothing of the store)."""
+
+    code = "out_of_scope"
+
+
 class NotConfigured(MoeragError):
     """A well-formed setting whose backend this server is not configured for (openai without
     MOERAG_OPENAI_BASE_URL): the request is right, the server's state refuses it."""

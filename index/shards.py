@@ -156,9 +156,10 @@ class ShardBreakers:
     the shard is skipped (the answer is partial at once, no wait) for a back-off that doubles with
     each failure in a row (`base_s` .. `max_s`); then it is half-open: it is probed, and success
     closes it, another failure opens it again for longer. With a `probe` (a light call to the
-    shard: its answer or an error), the probe runs on a thread of its own and the shard stays
-    skipped until it answers, so no question waits on a shard that is still stuck; without one,
-    the next question's call is the probe. Shared by every serving state of a process (the states
+    shard: its answer or an error), the probe runs on a thread of its own when the back-off ends
+    (with no question coming, too: readiness comes back by itself) and the shard stays skipped
+    until it answers, so no question waits on a shard that is still stuck; without one, the next
+    question's call is the probe. Shared by every serving state of a process (the states
     come and go; a shard's health does not)."""
 
     def __init__(
@@ -187,12 +188,22 @@ class ShardBreakers:
                 self._probing[shard] = now
                 if self.probe is not None:
                     self.skipped[shard] += 1
-                    threading.Thread(
-                        target=self._probe, args=(shard,), name=f"shard-probe-{shard}", daemon=True
-                    ).start()
+                    self._start_probe(shard)
                     return False
             self.calls[shard] += 1
             return True
+
+    def _start_probe(self, shard: int) -> None:
+        threading.Thread(target=self._probe, args=(shard,), name=f"shard-probe-{shard}", daemon=True).start()
+
+    def _probe_when_due(self, shard: int, until: float) -> None:
+        """The back-off that ended at `until` is over: probe, unless a question's call did already
+        or the breaker changed since."""
+        with self._lock:
+            if self._open_until[shard] != until or self._probing[shard]:
+                return
+            self._probing[shard] = time.monotonic()
+        self._probe(shard)
 
     def _probe(self, shard: int) -> None:
         assert self.probe is not None
@@ -205,11 +216,18 @@ class ShardBreakers:
             self.ok(shard)
 
     def probe_now(self) -> None:
-        """Every open breaker's back-off ends now (the shards may be back: a reconnection)."""
+        """Every open breaker's back-off ends now (the shards may be back: a reconnection): each
+        is probed now (with a probe), or by the next question's call."""
+        due: list[tuple[int, float]] = []
         with self._lock:
             for shard, until in enumerate(self._open_until):
                 if until:
-                    self._open_until[shard], self._probing[shard] = time.monotonic(), 0.0
+                    now = self._open_until[shard] = time.monotonic()
+                    self._probing[shard] = 0.0
+                    due.append((shard, now))
+        if self.probe is not None:
+            for shard, until in due:
+                threading.Thread(target=self._probe_when_due, args=(shard, until), daemon=True).start()
 
     def ok(self, shard: int) -> None:
         with self._lock:
@@ -220,7 +238,12 @@ class ShardBreakers:
             self.errors[shard] += 1
             self._failures[shard] += 1
             backoff = min(self.max_s, self.base_s * 2 ** (self._failures[shard] - 1))
-            self._open_until[shard], self._probing[shard] = time.monotonic() + backoff, 0.0
+            until = self._open_until[shard] = time.monotonic() + backoff
+            self._probing[shard] = 0.0
+        if self.probe is not None:  # probed when the back-off ends, questions or not
+            timer = threading.Timer(backoff, self._probe_when_due, (shard, until))
+            timer.daemon = True
+            timer.start()
 
     def state(self, shard: int) -> str:
         """ "closed", "open" (skipped until its back-off ends) or "half-open" (the next call probes)."""

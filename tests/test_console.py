@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -9,6 +10,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -234,12 +236,43 @@ def test_console_end_to_end_in_chromium(tmp_path: Path) -> None:
             page.click("#tab-shards")  # one process: no shard map, and the page says where to set one
             expect(page.locator("#sh-map")).to_contain_text("no shard map is set (MOERAG_SHARD_MAP")
             expect(page.locator("#sh-rows")).to_contain_text("no shards")
+            walk_tokens(page, api, dialogs)
             page.click("#tab-overview")
             expect(page.locator("#ov-share svg")).to_have_count(1)
             page.screenshot(path=str(ARTIFACTS / "7-overview-after.png"), full_page=True)
             browser.close()
     finally:
         server.stop()
+
+
+def walk_tokens(page: Any, api: Any, dialogs: dict[str, Any]) -> None:
+    """Tokens: a write token scoped to the git documents made in the console, its secret shown
+    once and working (it reads the git documents only), then revoked after a confirmation."""
+    from playwright.sync_api import expect
+
+    page.click("#tab-tokens")
+    expect(page.locator("#tk-rows")).to_contain_text("no tokens")
+    page.fill("#tk-new input[name=name]", "team-git")
+    page.select_option("#tk-role", "write")
+    page.fill("#tk-new input[name=prefixes]", "git-")
+    page.click("#tk-go")
+    expect(page.locator("#status")).to_have_text("token “team-git” created")
+    secret = page.locator("#tk-secret-value").text_content() or ""
+    assert secret.startswith("mrg_")
+    expect(page.locator("#tk-rows tr")).to_have_count(1)
+    expect(page.locator("#tk-rows")).to_contain_text("source git-…")
+    page.screenshot(path=str(ARTIFACTS / "8-tokens.png"), full_page=True)
+    url = str(api.base_url).rstrip("/")
+    mine = httpx.get(f"{url}/documents?limit=100", headers={"Authorization": f"Bearer {secret}"}, timeout=30)
+    assert mine.status_code == 200 and mine.json()["items"]
+    assert all(d["source"].startswith("git-") for d in mine.json()["items"])
+    assert secret not in json.dumps(api.get("/admin/api/tokens").json())  # never listed again
+    page.click(".tk-revoke")
+    expect(page.locator("#status")).to_have_text("token revoked")
+    assert "Revoke token “team-git”" in dialogs["seen"][-1] and "cannot be undone" in dialogs["seen"][-1]
+    expect(page.locator("#tk-rows")).to_contain_text("revoked")
+    gone = httpx.get(f"{url}/documents", headers={"Authorization": f"Bearer {secret}"}, timeout=30)
+    assert gone.status_code == 401
 
 
 def walk_held_back_version(page: Any, api: Any, dialogs: dict[str, Any], db: Path) -> None:

@@ -583,14 +583,22 @@ def _ingress_on_ray(
     try:
         assert ray_ingress.status() == {"running": True, "replicas": {"RUNNING": 2}, "proxies": 1}
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            # Both replicas ready: each has had every shard answer (a shard that did not answer
+            # a replica's first call is "degraded" there until its breaker's probe answers).
+            deadline = time.monotonic() + 60
             ready = [http.get("/readyz").json() for _ in range(20)]
+            while {r["status"] for r in ready} != {"ready"}:
+                assert time.monotonic() < deadline, ready
+                time.sleep(0.2)
+                ready = [http.get("/readyz").json() for _ in range(20)]
             assert {r["serving"]["shard_map"] for r in ready} == {rt.state().shard_map}
             assert {r["database"] for r in ready} == {"postgresql"} and len({r["pid"] for r in ready}) == 2
             # Each replica keeps the index's lists, not its vectors: those are on the shards.
             assert {(r["index"]["codec"], r["index"]["vectors"]) for r in ready} == {("none", rt.indexes.index.ntotal)}
             for q, want in zip(questions, expected, strict=True):
                 got = http.post("/ask", json={"query": q}).json()
-                assert got["route"]["path"] == want["route"]["path"] and not got["route"]["partial"]
+                assert got["route"]["path"] == want["route"]["path"], (q, got["route"], want["route"])
+                assert not got["route"]["partial"], (q, got["route"])
                 assert got["citations"][0]["chunk_id"] == want["citations"][0]["chunk_id"]
             text = "# Okapi ferry timetable\n\nThe okapi ferry timetable lists every crossing of the okapi ferry."
             files = {"file": ("okapi.md", text.encode(), "text/markdown")}

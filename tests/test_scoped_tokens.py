@@ -83,6 +83,24 @@ def _chunk_ids(body: Any) -> list[int]:
     return out
 
 
+def _mcp(client: TestClient, headers: dict[str, str], method: str, params: dict[str, Any], error: bool = False) -> Any:
+    """One JSON-RPC call to /mcp as `headers`' token: its result (or, `error`, its error)."""
+    r = client.post(
+        "/mcp",
+        json={"jsonrpc": "2.0", "id": 1, "method": method, "params": params},
+        headers=headers | {"Accept": "application/json, text/event-stream"},
+    )
+    assert r.status_code == 200, r.text
+    data = json.loads(next(line[5:] for line in r.text.splitlines() if line.startswith("data:")))
+    assert ("error" in data) == error, data
+    return data["error"] if error else data["result"]
+
+
+def _lists_of(rt: Any, chunks: set[int]) -> set[int]:
+    with rt.sessions() as s:
+        return set(s.scalars(select(Chunk.cluster_id).where(Chunk.id.in_(chunks)).distinct()))
+
+
 def _without_question(body: dict[str, Any]) -> dict[str, Any]:
     """An /ask body minus the echo of the question asked (its words are the caller's own)."""
     return {k: v for k, v in body.items() if k not in ("answer", "standalone_question")}
@@ -105,6 +123,7 @@ def test_a_token_scoped_to_a_never_reads_b_on_any_surface(
     secret = Secrets(rt, "sqlite", "sqlite")
     with rt.sessions() as s:
         a_chunks = set(s.scalars(select(Chunk.id).join(Document).where(Document.source.startswith("git-"))))
+        a_docs = set(s.scalars(select(Document.id).where(Document.source.startswith("git-"))))
         b_chunk = min(secret.chunk_ids)
         b_doc = min(secret.doc_ids)
 
@@ -165,12 +184,49 @@ def test_a_token_scoped_to_a_never_reads_b_on_any_surface(
     )
     assert r.status_code == 404
 
+    # /stats counts what the scope holds, nothing else.
+    assert client.get("/stats", headers=a).json() == {
+        "documents": len(a_docs),
+        "chunks": len(a_chunks),
+        "clusters": len(_lists_of(rt, a_chunks)),
+        "index_vectors": len(a_chunks),
+        "shards": None,
+    }
     # Surfaces that answer for the whole store refuse a scoped token.
-    for method, path in [("GET", "/stats"), ("GET", "/metrics"), ("GET", "/jobs")]:
+    for method, path in [("GET", "/metrics"), ("GET", "/jobs")]:
         r = client.request(method, path, headers=a)
         assert r.status_code == 403 and r.json()["error"]["code"] == "scoped_token", (path, r.text)
-    r = client.post("/mcp", json={"jsonrpc": "2.0", "id": 1, "method": "tools/list"}, headers=a)
-    assert r.status_code == 403
+
+    # MCP (the SDK's server at /mcp): every tool and resource within the scope.
+    experts_seen = _mcp(client, a, "tools/call", {"name": "list_experts", "arguments": {}})
+    assert "sqlite" not in json.dumps(experts_seen) and experts_seen["structuredContent"]["result"]
+    asked = _mcp(client, a, "tools/call", {"name": "ask", "arguments": {"question": SQLITE_Q, "k": 5}})
+    answer = asked["structuredContent"]
+    secret.absent_from(_without_question(answer), "MCP ask")
+    assert len(answer["citations"]) == 5 and {c["chunk_id"] for c in answer["citations"]} <= a_chunks
+    found = _mcp(client, a, "tools/call", {"name": "search", "arguments": {"query": SQLITE_Q, "k": 5}})
+    secret.absent_from(found["structuredContent"], "MCP search")
+    assert len(found["structuredContent"]["hits"]) == 5
+    listing = _mcp(client, a, "resources/read", {"uri": "moerag://documents"})["contents"][0]["text"]
+    secret.absent_from(listing, "MCP moerag://documents")
+    assert {d["id"] for d in json.loads(listing)} == {i["id"] for i in page["items"]}
+    # Outside the scope is not found, in the words of what does not exist.
+    for call, missing in [
+        ({"name": "get_chunk", "arguments": {"chunk_id": b_chunk}}, f"chunk {b_chunk} not found"),
+        ({"name": "ask", "arguments": {"question": SQLITE_Q, "expert": "sqlite"}}, "no expert named 'sqlite'"),
+        ({"name": "search", "arguments": {"query": SQLITE_Q, "expert": "sqlite"}}, "no expert named 'sqlite'"),
+    ]:
+        refused = _mcp(client, a, "tools/call", call)
+        assert refused.get("isError") and missing in refused["content"][0]["text"], refused
+        secret.absent_from(refused["content"][0]["text"].replace("'sqlite'", ""), f"MCP {call['name']} refusal")
+    unseen = _mcp(client, a, "resources/read", {"uri": f"moerag://documents/{b_doc}"}, error=True)
+    assert f"document {b_doc} not found" in unseen["message"] and "sqlite" not in json.dumps(unseen)
+    assert (
+        "git"
+        in _mcp(client, a, "resources/read", {"uri": f"moerag://documents/{min(a_docs)}"})["contents"][0][
+            "text"
+        ].lower()
+    )
     assert set(client.get("/readyz", headers=a).json()) == {"status", "pid"}
 
     # Conversations belong to the token that made them: B's id, asked by A, is a conversation of
@@ -211,11 +267,77 @@ def test_a_revoked_or_expired_token_is_refused_at_its_next_request(client: TestC
     r = client.post("/admin/api/tokens", json={"name": "boss", "role": "admin", "scope": {"tags": ["x"]}}, headers=AUTH)
     assert r.status_code == 422 and "admin token reads everything" in r.text
     assert client.post("/admin/api/tokens", json={"name": "reader", "scope": None}, headers=AUTH).status_code == 422
-    from app.services.tokens import Tokens
-    from engine.errors import InvalidRequest
 
-    with pytest.raises(InvalidRequest, match="write tokens are not available yet"):
-        Tokens(client.app.state.runtime.sessions).create("w", "write", None, None)  # type: ignore[attr-defined]
+
+def test_a_write_token_writes_within_its_scope_only(client: TestClient, routed: dict[str, Any]) -> None:
+    """A write token reads as a read token of its scope and writes documents that lie in it (by tag
+    or source prefix): one outside is refused and nothing is stored; another's document is not
+    found to it; the same bytes stored outside its scope are a conflict that names nothing."""
+    rt = client.app.state.runtime  # type: ignore[attr-defined]
+    _tag(rt)
+    r = client.post(
+        "/admin/api/tokens",
+        json={"name": "w-expert", "role": "write", "scope": {"experts": [routed["experts"]["git"]]}},
+        headers=AUTH,
+    )
+    assert r.status_code == 422 and "names tags or source_prefixes" in r.text
+    w = _token(client, "writer", {"tags": ["team-a"]}, role="write")
+    secret = Secrets(rt, "sqlite", "sqlite")
+    b_doc = min(secret.doc_ids)
+    stored = client.get("/stats", headers=AUTH).json()["documents"]
+
+    note = "# Okapi ferry\n\nThe okapi ferry crosses the lake at dawn, twice a day in summer. " * 4
+    made = client.post("/documents", json={"text": note, "metadata": {"tags": ["team-a"]}}, headers=w)
+    assert made.status_code == 201, made.text
+    hits = client.post("/search", json={"query": "okapi ferry crossing", "k": 1}, headers=w).json()["hits"]
+    assert hits[0]["document_id"] == made.json()["id"]
+    upload = {"file": ("ferry.md", b"# Ferry\n\nThe okapi ferry timetable, winter edition. " * 4, "text/markdown")}
+    assert client.post("/documents", files=upload, data={"tags": "team-a, more"}, headers=w).status_code == 201
+    # Outside the scope: refused, naming the token's own scope only; nothing stored.
+    for outside in (
+        {"json": {"text": note + " Untagged.", "metadata": {}}},
+        {"json": {"text": note + " Theirs.", "metadata": {"tags": ["team-b"]}}},
+        {"files": {"file": ("x.md", b"# X\n\nAn untagged file of text. " * 4, "text/markdown")}},
+    ):
+        r = client.post("/documents", headers=w, **outside)  # type: ignore[arg-type]
+        assert r.status_code == 403 and r.json()["error"]["code"] == "out_of_scope", r.text
+        assert "team-a" in r.json()["error"]["message"]
+    assert client.get("/stats", headers=AUTH).json()["documents"] == stored + 2
+    # B's document: not found to the writer, as one that does not exist; the admin still has it.
+    missing = client.delete("/documents/999999", headers=w).json()["error"]["message"].replace("999999", "N")
+    for r in (
+        client.put(f"/documents/{b_doc}", json={"text": note + " Overwritten."}, headers=w),
+        client.delete(f"/documents/{b_doc}", headers=w),
+    ):
+        assert r.status_code == 404 and r.json()["error"]["message"].replace(str(b_doc), "N") == missing
+    assert client.get(f"/documents/{b_doc}", headers=AUTH).status_code == 200
+    # The same bytes as B's document: a conflict that names nothing of it.
+    from tests.helpers import topic_doc
+
+    same = {"file": ("mine.md", topic_doc("sqlite", 0, paragraphs=4).encode(), "text/markdown")}
+    r = client.post("/documents", files=same, data={"tags": "team-a"}, headers=w)
+    assert r.status_code == 409, r.text
+    secret.absent_from(r.json(), "a duplicate's conflict")
+    assert str(b_doc) not in r.text
+    # Its own document: moved out of its scope is refused (unchanged); replaced and deleted within.
+    own = made.json()["id"]
+    r = client.put(f"/documents/{own}", json={"text": note + " Moved.", "metadata": {"tags": ["team-b"]}}, headers=w)
+    assert r.status_code == 403 and client.get(f"/documents/{own}", headers=AUTH).json()["metadata"]["tags"] == [
+        "team-a"
+    ]
+    r = client.put(f"/documents/{own}", json={"text": note + " Revised."}, headers=w)
+    assert r.status_code == 200 and r.json()["status"] == "updated"
+    assert client.delete(f"/documents/{own}", headers=w).json()["deleted"] is True
+    # What a write token may not do: bulk uploads (files named by file name, tagged nothing), admin.
+    bulk = client.post("/documents/bulk", files=[("files", ("a.md", b"# A\n\ntext " * 10, "text/markdown"))], headers=w)
+    assert bulk.status_code == 403 and bulk.json()["error"]["code"] == "scoped_token"
+    assert client.get("/admin/api/tokens", headers=w).status_code == 401
+    # A read token writes nothing.
+    reader = _token(client, "reader", {"tags": ["team-a"]})
+    assert (
+        client.post("/documents", json={"text": note, "metadata": {"tags": ["team-a"]}}, headers=reader).status_code
+        == 401
+    )
 
 
 def test_the_cli_creates_lists_and_revokes_tokens(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:

@@ -71,6 +71,23 @@ def test_with_a_probe_of_its_own_no_question_waits_on_a_stuck_shard() -> None:
     assert b.calls[0] == 1  # no question's call was a probe
 
 
+def test_with_a_probe_of_its_own_a_shard_comes_back_with_no_question_asked() -> None:
+    """Its probes run when each back-off ends: readiness (`/readyz`) comes back without traffic."""
+    answers: list[Exception | None] = [TimeoutError("still stuck"), None]
+
+    def probe(shard: int) -> None:
+        outcome = answers.pop(0)
+        if outcome is not None:
+            raise outcome
+
+    b = ShardBreakers(1, base_s=0.05, max_s=0.2, probe=probe)
+    b.failed(0)
+    deadline = time.monotonic() + 2
+    while b.state(0) != "closed" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert b.state(0) == "closed" and b.errors[0] == 2 and not answers and b.calls[0] == 0
+
+
 def _sharded(breakers: ShardBreakers, down: list[int]) -> tuple[ShardedIndex, list[int]]:
     rng = np.random.default_rng(0)
     x = rng.standard_normal((400, 16)).astype(np.float32)

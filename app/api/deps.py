@@ -34,7 +34,9 @@ Limit = Annotated[int, Query(ge=1, le=PAGE_LIMIT, description="Items on one page
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 # Declares the bearer scheme in the OpenAPI spec; the checks below decide (a console session may stand in).
 bearer = HTTPBearer(
-    auto_error=False, description="The admin token (writes), or MOERAG_READ_TOKEN where reads are closed."
+    auto_error=False,
+    description="The admin token (writes; a write token for documents within its scope), or MOERAG_READ_TOKEN "
+    "where reads are closed.",
 )
 Bearer = Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 
@@ -72,6 +74,26 @@ def require_admin(
 
 
 AdminDep = Depends(require_admin)
+
+
+def require_writer(
+    request: Request,
+    rt: RuntimeDep,
+    credentials: Bearer,
+    x_csrf_token: Annotated[str | None, Header()] = None,
+) -> None:
+    """A document write: the admin (`require_admin`: the whole store), or a token with the write
+    role, kept on the request (`principal`) so the write stays within its scope."""
+    if credentials is not None and credentials.credentials.startswith(TOKEN_PREFIX):
+        named = rt.tokens.resolve(credentials.credentials)
+        if named is not None and named.role == "write":
+            request.state.principal = named
+            return
+    require_admin(request, rt, credentials, x_csrf_token)
+    request.state.principal = ADMIN
+
+
+WriterDep = Depends(require_writer)
 
 
 # Reads declare their own scheme, so the spec can say the token is optional there (see optional_read_security).

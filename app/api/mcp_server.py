@@ -6,6 +6,11 @@ the same per-client rate limit and answer slots as `/ask`, app.services.ratelimi
 documents are resources (`moerag://documents`, `moerag://documents/{document_id}`). Served over
 stdio by `moerag mcp` and over streamable HTTP at `/mcp` on the server, where the read token
 (MOERAG_READ_TOKEN), when set, is required as `Authorization: Bearer`.
+
+Over HTTP every tool and resource answers within what the caller's token may read, as the REST
+surfaces do (app.services.tokens): the gate in front of the transport puts the caller in
+`_CALLER`, which the SDK's handlers inherit; a handler that finds no caller there refuses. Over
+stdio the agent is the operator holding the data dir: the whole store.
 """
 
 from __future__ import annotations
@@ -14,6 +19,9 @@ import importlib
 import json
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio
@@ -23,13 +31,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.api.deps import check_reader, refuse_scoped
+from app.api.deps import check_reader, principal
 from app.core.errors import ApiError, error_body
 from app.schemas.api import INT64_MAX, AskIn, SearchIn
 from app.services import library
 from app.services.answering import answer_json
+from app.services.chat import visible
 from app.services.ratelimit import AnswerGate
 from app.services.search import run_search
+from app.services.tokens import Principal, reach
 from engine.errors import MoeragError
 
 if TYPE_CHECKING:
@@ -37,6 +47,7 @@ if TYPE_CHECKING:
     from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 
     from app.runtime import Runtime
+    from engine.access import Allowed
 
 PATH = "/mcp"  # where the server mounts the streamable HTTP transport
 ChunkId = Annotated[int, Field(ge=0, le=INT64_MAX, description="A chunk's id (search and ask name them).")]
@@ -48,6 +59,9 @@ ExpertName = Annotated[
 Passages = Annotated[int | None, Field(ge=1, le=50, description="How many passages to cite (default: the expert's).")]
 Found = Annotated[int, Field(ge=1, le=50, description="How many passages to return, best first.")]
 DOCUMENTS_LISTED = 500  # the `moerag://documents` resource lists the first this many
+# Who calls, over HTTP (ReadTokenGate sets it per request; the SDK's tasks inherit it). Unset: no
+# gate checked this request, and the handlers refuse rather than answer for the whole store.
+_CALLER: ContextVar[Principal] = ContextVar("moerag_mcp_caller")
 
 
 @contextmanager
@@ -63,37 +77,68 @@ def _anticipated(kind: type[Exception]) -> Iterator[None]:
         raise kind(f"invalid_request: {problems}") from None
 
 
-def build(rt: Runtime, door: AnswerGate | None = None) -> MCPServer:  # noqa: C901
+@dataclass(frozen=True)
+class _Reads:
+    """What every handler asks first: the runtime (ready), who calls, and what they may read."""
+
+    rt: Runtime
+    over_http: bool  # each call within its caller's scope (`_CALLER`); else the whole store (stdio)
+
+    def ready(self) -> Runtime:
+        if not self.rt.ready:
+            raise ApiError("not_ready", f"start-up failed: {self.rt.error}" if self.rt.error else "moerag is starting")
+        return self.rt
+
+    def caller(self) -> Principal | None:
+        """Who calls (None: the whole store, over stdio); over HTTP, refused if no gate said."""
+        if not self.over_http:
+            return None
+        who = _CALLER.get(None)
+        if who is None:
+            raise ApiError("unauthorized", "no caller was checked for this request")
+        return who
+
+    def allowed(self) -> Allowed | None:
+        """What the caller may read in the serving state now (None: everything)."""
+        rt = self.ready()
+        return reach(rt.tokens, self.caller(), rt.state())
+
+    def expert_id(self, name: str | None, who: Principal | None) -> int | None:
+        """The id of the expert named `name` among those `who` may see (one outside the scope is
+        as unknown as one that does not exist)."""
+        if name is None:
+            return None
+        found = [i for i, p in visible(self.ready(), who).items() if p.name == name]
+        if not found:
+            raise ApiError("expert_not_found", f"no expert named {name!r}; list_experts names them")
+        return found[0]
+
+
+def build(rt: Runtime, door: AnswerGate | None = None, over_http: bool = False) -> MCPServer:
     """The MCP server over one runtime (started, or starting: tools wait for nothing and say so);
-    `door`: the app's answer gate (none: its own, as `moerag mcp` over stdio has)."""
-    from mcp.server.mcpserver import Context, MCPServer
-    from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
+    `door`: the app's answer gate (none: its own, as `moerag mcp` over stdio has); `over_http`:
+    each call answers within its caller's scope (`_CALLER`), else for the whole store (stdio)."""
+    from mcp.server.mcpserver import MCPServer
 
-    door = door or AnswerGate(None, "", rt.settings.ask_concurrency)  # stdio: one local agent, no clients
-
-    from mcp.types import ToolAnnotations
-
-    # Every tool reads the documents and changes nothing an agent must confirm (a question asked is
-    # logged, as on /ask); none reaches outside this knowledge base.
-    _READS = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
     server = MCPServer(
         "moerag",
         instructions="Answers and passages from this team's documents, with citations and the expert "
         "that answered. `ask` for an answer, `search` for passages, `get_chunk` for a passage in context.",
     )
+    reads = _Reads(rt, over_http)
+    _add_tools(server, reads, door or AnswerGate(None, "", rt.settings.ask_concurrency))  # stdio: no clients
+    _add_resources(server, reads)
+    return server
 
-    def ready() -> Runtime:
-        if not rt.ready:
-            raise ApiError("not_ready", f"start-up failed: {rt.error}" if rt.error else "moerag is starting")
-        return rt
 
-    def expert_id(name: str | None) -> int | None:
-        if name is None:
-            return None
-        found = [i for i, p in ready().state().experts.items() if p.name == name]
-        if not found:
-            raise ApiError("expert_not_found", f"no expert named {name!r}; list_experts names them")
-        return found[0]
+def _add_tools(server: MCPServer, reads: _Reads, door: AnswerGate) -> None:
+    from mcp.server.mcpserver import Context
+    from mcp.server.mcpserver.exceptions import ToolError
+    from mcp.types import ToolAnnotations
+
+    # Every tool reads the documents and changes nothing an agent must confirm (a question asked is
+    # logged, as on /ask); none reaches outside this knowledge base.
+    _READS = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
 
     async def ask(question: Question, expert: ExpertName = None, k: Passages = None, ctx: Any = None) -> dict[str, Any]:
         """Answer a question from the documents: the answer with numbered citations [n], the
@@ -101,9 +146,11 @@ def build(rt: Runtime, door: AnswerGate | None = None) -> MCPServer:  # noqa: C9
         `expert`: ask this expert (a name from list_experts); `k`: passages to cite."""
         with _anticipated(ToolError):
             request = ctx.request_context.request if ctx is not None else None
+            who = reads.caller()
             await door.check_rate(request if isinstance(request, Request) else None)  # stdio: no client
-            body = AskIn(query=question, k=k, mode="expert" if expert else "auto", expert=expert_id(expert))
-            return json.loads(await anyio.to_thread.run_sync(answer_json, ready(), body, limiter=door.slots))
+            body = AskIn(query=question, k=k, mode="expert" if expert else "auto", expert=reads.expert_id(expert, who))
+            answered = await anyio.to_thread.run_sync(answer_json, reads.ready(), body, who, limiter=door.slots)
+            return json.loads(answered)
 
     ask.__annotations__["ctx"] = Context  # the SDK finds the parameter it fills by this type
     server.tool(annotations=_READS)(ask)
@@ -113,30 +160,38 @@ def build(rt: Runtime, door: AnswerGate | None = None) -> MCPServer:  # noqa: C9
         """Passages most similar to `query` (ids, documents, scores, text), from the whole store
         or from one expert's clusters (`expert`: a name from list_experts)."""
         with _anticipated(ToolError):
-            rt, eid = ready(), expert_id(expert)
+            who = reads.caller()
+            rt, eid = reads.ready(), reads.expert_id(expert, who)
             clusters = list(rt.state().experts[eid].clusters) if eid is not None else None
             body = SearchIn(query=query, k=k, clusters=clusters)
-            return (await anyio.to_thread.run_sync(run_search, rt, body)).model_dump()
+            return (await anyio.to_thread.run_sync(run_search, rt, body, who)).model_dump()
 
     @server.tool(annotations=_READS)
     async def list_experts() -> list[dict[str, Any]]:
         """The experts questions are routed to: id, name and the clusters each owns."""
         with _anticipated(ToolError):
-            profiles = ready().state().experts
+            profiles = visible(reads.ready(), reads.caller())
         return [{"id": p.id, "name": p.name, "clusters": list(p.clusters)} for _, p in sorted(profiles.items())]
 
     @server.tool(annotations=_READS)
     async def get_chunk(chunk_id: ChunkId) -> dict[str, Any]:
         """One passage in full with its document, heading, expert and the passages before and after it."""
         with _anticipated(ToolError):
-            view = await anyio.to_thread.run_sync(library.chunk_view, ready().sessions, chunk_id)
+            allowed = reads.allowed()
+            view = await anyio.to_thread.run_sync(library.chunk_view, reads.rt.sessions, chunk_id, allowed)
         return view.model_dump(mode="json")
+
+
+def _add_resources(server: MCPServer, reads: _Reads) -> None:
+    from mcp.server.mcpserver.exceptions import ResourceNotFoundError
 
     @server.resource("moerag://documents", mime_type="application/json")
     async def documents() -> str:
         """The stored documents (id, title, source, chunks), the first DOCUMENTS_LISTED by id."""
         with _anticipated(ResourceNotFoundError):
-            _, rows = await anyio.to_thread.run_sync(library.document_page, ready().sessions, 0, DOCUMENTS_LISTED)
+            allowed = reads.allowed()
+            page = partial(library.document_page, reads.rt.sessions, 0, DOCUMENTS_LISTED, allowed=allowed)
+            _, rows = await anyio.to_thread.run_sync(page)
         listed = [{"id": d.id, "title": d.title, "source": d.source, "chunks": n} for d, n in rows]
         return json.dumps(listed)
 
@@ -146,10 +201,9 @@ def build(rt: Runtime, door: AnswerGate | None = None) -> MCPServer:  # noqa: C9
         with _anticipated(ResourceNotFoundError):
             if not document_id.isdigit() or int(document_id) > INT64_MAX:
                 raise ApiError("not_found", f"no document {document_id[:40]!r}")
-            _, chunks = await anyio.to_thread.run_sync(library.document, ready().sessions, int(document_id))
+            allowed = reads.allowed()
+            _, chunks = await anyio.to_thread.run_sync(library.document, reads.rt.sessions, int(document_id), allowed)
         return "\n\n".join(c.text for c in chunks)
-
-    return server
 
 
 class LazyMcp:
@@ -185,7 +239,7 @@ class LazyMcp:
         await anyio.to_thread.run_sync(importlib.import_module, "mcp.server.mcpserver")  # off the event loop
         from mcp.server.transport_security import TransportSecuritySettings
 
-        server = build(self.rt, self.door)
+        server = build(self.rt, self.door, over_http=True)
         app = server.streamable_http_app(
             streamable_http_path=PATH,
             stateless_http=True,  # no session state in one process: any worker of `serve --workers N` answers
@@ -205,8 +259,9 @@ class LazyMcp:
 
 class ReadTokenGate:
     """The HTTP transport behind the read rule of every other read (app.api.deps.check_reader): the
-    read token, the admin token or a console session when MOERAG_READ_TOKEN is set; a 401 in
-    moerag's error shape otherwise. POST only: the server is stateless and sends nothing unasked,
+    read token, the admin token, a scoped token (its tools and resources then answer within its
+    scope) or a console session when reads are closed; a 401 in moerag's error shape otherwise.
+    POST only: the server is stateless and sends nothing unasked,
     so a GET (a stream for server messages, which never came and was never closed) is a 405, as
     the transport's specification allows."""
 
@@ -220,10 +275,16 @@ class ReadTokenGate:
                 if request.method != "POST":
                     raise ApiError("method_not_allowed", "the MCP endpoint takes POST only", headers={"Allow": "POST"})
                 await check_reader(request, self.rt, request.headers.get("authorization"))
-                refuse_scoped(request)  # its tools and resources are not limited to a scope yet
             except ApiError as exc:
                 await JSONResponse(error_body(exc.code, exc.message), exc.status, headers=exc.headers)(
                     scope, receive, send
                 )
                 return
+            # The handlers' caller: the SDK runs this request's handlers in tasks started from here.
+            caller = _CALLER.set(principal(request))
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                _CALLER.reset(caller)
+            return
         await self.app(scope, receive, send)

@@ -18,7 +18,7 @@ def add_commands(sub: Any, remote: argparse.ArgumentParser) -> None:
         "create", parents=[remote], help="a named token; its secret is printed once (only its hash is kept)"
     )
     create.add_argument("name")
-    create.add_argument("--role", choices=["read", "admin"], default="read")
+    create.add_argument("--role", choices=["read", "write", "admin"], default="read")
     create.add_argument("--expert", type=int, action="append", default=[], help="an expert's lists it may read")
     create.add_argument("--tag", action="append", default=[], help="documents tagged so (metadata.tags)")
     create.add_argument("--source-prefix", action="append", default=[], help="documents whose source starts so")

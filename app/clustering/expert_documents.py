@@ -8,6 +8,7 @@ list holding T. Where two experts' selectors match one document, the lower exper
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import select
@@ -18,7 +19,7 @@ from app.core.models import Document, Expert
 from engine.errors import Conflict, NotFound
 
 
-def matches(selector: dict[str, Any], document_id: int | None, source: str, meta: dict[str, Any] | None) -> bool:
+def matches(selector: dict[str, Any], document_id: int | None, source: str, meta: Mapping[str, Any] | None) -> bool:
     """Whether a document (its id, source and metadata) is one of the selector's."""
     if document_id is not None and document_id in (selector.get("ids") or []):
         return True

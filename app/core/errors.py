@@ -47,6 +47,7 @@ STATUS: dict[str, int] = {
     "unauthorized": 401,
     "csrf": 403,
     "scoped_token": 403,
+    "out_of_scope": 403,
     "rate_limited": 429,
     "too_many_jobs": 429,
     # the server and what it depends on

@@ -218,7 +218,14 @@ class TokenIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: Annotated[str, Field(min_length=1, max_length=200)]
-    role: Annotated[str, Field(pattern="^(read|admin)$", description="read, or admin (writes; no scope)")] = "read"
+    role: Annotated[
+        str,
+        Field(
+            pattern="^(read|write|admin)$",
+            description="read; write (reads, and writes documents within its scope: tags or source "
+            "prefixes); admin (everything; no scope)",
+        ),
+    ] = "read"
     scope: TokenScopeIn | None = Field(None, description="null: the whole store")
     expires_days: Annotated[float, Field(gt=0, le=3650)] | None = None
 

@@ -82,6 +82,17 @@ class UploadFields(BaseModel):
     source: str | None = Field(None, max_length=NAME_MAX)
 
 
+class FileFields(UploadFields):
+    """A multipart upload's fields: `tags`, comma-separated, are its `metadata.tags` (what a write
+    token scoped to tags must name)."""
+
+    tags: str | None = Field(None, max_length=NAME_MAX)
+
+    @property
+    def tag_list(self) -> list[str]:
+        return [t.strip() for t in (self.tags or "").split(",") if t.strip()]
+
+
 class TextDocumentIn(UploadFields):
     text: str = Field(min_length=1)
     format: Literal["txt", "md", "html"] = "txt"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import numpy as np
 from sqlalchemy import delete, func, select
@@ -20,7 +20,7 @@ from engine.blocks import ParsedDocument
 from engine.chunking import Chunk as TextChunk
 from engine.chunking import ChunkingConfig, chunk_document
 from engine.embedder import Embedder, Vectors
-from engine.errors import Conflict, IndexMoved, InputError, NotFound
+from engine.errors import Conflict, IndexMoved, InputError, NotFound, OutOfScope
 from engine.parsing import parse
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,28 @@ class Outcome:
     def added(self) -> int:
         """Chunks this upload added to the store (none for a duplicate)."""
         return 0 if self.status == "duplicate" else self.chunks
+
+
+class WriteScope(Protocol):
+    """What a scoped writer may write (app.services.tokens.Scope): documents by their own source
+    and metadata. Outside it, an existing document is not found and a new one is refused."""
+
+    def admits(self, source: str, meta: Mapping[str, Any] | None) -> bool: ...
+
+    @property
+    def writes(self) -> str: ...
+
+
+def _refuse_outside(scope: WriteScope | None, source: str, meta: Mapping[str, Any] | None) -> None:
+    if scope is not None and not scope.admits(source, meta):
+        raise OutOfScope(f"this token writes {scope.writes}; this document would not be one")
+
+
+def _not_found_outside(scope: WriteScope | None, doc: Document | None, document_id: int) -> Document:
+    """The document, if it exists and `scope` may write it; else not found, as one that does not exist."""
+    if doc is None or (scope is not None and not scope.admits(doc.source, doc.meta)):
+        raise NotFound(f"document {document_id} not found")
+    return doc
 
 
 @dataclass
@@ -178,11 +200,21 @@ class Ingestor:
                 return existing
         return Outcome("created", up.source, doc_id, len(ids))
 
-    def ingest(self, upload: Upload) -> Outcome:
-        """One document; bad input raises InputError and writes nothing."""
+    def ingest(self, upload: Upload, scope: WriteScope | None = None) -> Outcome:
+        """One document; bad input raises InputError and writes nothing. `scope`: a scoped writer's,
+        which the document must lie in; the same bytes stored outside it are a conflict that names
+        nothing of that document."""
+        _refuse_outside(scope, upload.source, upload.metadata)
         outcome = next(self.ingest_many([lambda: upload]))
         if outcome.error is not None:
             raise outcome.error
+        if scope is not None and outcome.status == "duplicate":
+            with self.sessions() as s:
+                doc = s.get(Document, outcome.document_id)
+                if doc is not None and not scope.admits(doc.source, doc.meta):
+                    raise Conflict(
+                        "the store holds these bytes already, outside this token's scope: nothing was stored"
+                    )
         return outcome
 
     def ingest_many(self, uploads: Iterable[Callable[[], Upload]]) -> Iterator[Outcome]:
@@ -227,19 +259,20 @@ class Ingestor:
 
     # ---- update and delete ------------------------------------------------------------------------
 
-    def update(self, document_id: int, upload: Upload) -> Outcome:
-        """New content, same id: old chunks leave SQL and the index log in the transaction new ones enter."""
+    def update(self, document_id: int, upload: Upload, scope: WriteScope | None = None) -> Outcome:
+        """New content, same id: old chunks leave SQL and the index log in the transaction new ones
+        enter. `scope`: a scoped writer's; the document must lie in it, before and after."""
         with self.sessions() as s:
-            doc = s.get(Document, document_id)
-            if doc is None:
-                raise NotFound(f"document {document_id} not found")
+            doc = _not_found_outside(scope, s.get(Document, document_id), document_id)
             if doc.content_hash == upload.content_hash:
                 n = len(doc.chunks)
                 return Outcome("unchanged", doc.source, doc.id, n)
             source, meta = upload.source or doc.source, upload.metadata or doc.meta
+        _refuse_outside(scope, source, meta)
         other = self._duplicate(upload.content_hash)
         if other is not None:
-            raise Conflict(f"document {other.document_id} already has exactly this content")
+            named = f"document {other.document_id}" if scope is None else "another document"
+            raise Conflict(f"{named} already has exactly this content")
         prepared = self._prepare(upload)
         vectors = self._embed([prepared])[0]
         with self.indexes.write_lock:
@@ -247,9 +280,7 @@ class Ingestor:
             clusters = placement.lists
             with self.sessions() as s, s.begin():
                 self.indexes.lock_clustering(s, self.indexes.index.version)
-                doc = s.get(Document, document_id)
-                if doc is None:
-                    raise NotFound(f"document {document_id} not found")
+                doc = _not_found_outside(scope, s.get(Document, document_id), document_id)
                 old_ids = list(s.scalars(select(Chunk.id).where(Chunk.document_id == document_id)))
                 s.execute(delete(Chunk).where(Chunk.document_id == document_id))
                 doc.content_hash, doc.size, doc.mime = (
@@ -271,13 +302,12 @@ class Ingestor:
                 source = doc.source
         return Outcome("updated", source, document_id, len(ids))
 
-    def delete(self, document_id: int) -> int:
-        """Remove a document; returns how many chunks left SQL and the index."""
+    def delete(self, document_id: int, scope: WriteScope | None = None) -> int:
+        """Remove a document (`scope`: a scoped writer's, which it must lie in); returns how many
+        chunks left SQL and the index."""
         with self.indexes.write_lock, self.sessions() as s, s.begin():
             self.indexes.lock_clustering(s)
-            doc = s.get(Document, document_id)
-            if doc is None:
-                raise NotFound(f"document {document_id} not found")
+            doc = _not_found_outside(scope, s.get(Document, document_id), document_id)
             ids = list(s.scalars(select(Chunk.id).where(Chunk.document_id == document_id)))
             s.execute(delete(Chunk).where(Chunk.document_id == document_id))
             s.delete(doc)

@@ -64,6 +64,20 @@ class Scope:
             raise InvalidRequest("an empty scope reads nothing: name experts, tags or source_prefixes (or no scope)")
         return scope
 
+    def admits(self, source: str, meta: Mapping[str, Any] | None) -> bool:
+        """Whether a document with this source and metadata lies in the scope by its own fields
+        (a tag or a source prefix): what a scoped writer may create, replace or delete."""
+        return any(matches({"source_prefix": p}, None, source, meta) for p in self.source_prefixes) or any(
+            matches({"tag": t}, None, source, meta) for t in self.tags
+        )
+
+    @property
+    def writes(self) -> str:
+        """The documents this scope writes, in words (for the refusal of a write outside it)."""
+        named = [f"whose source starts with {p!r}" for p in self.source_prefixes]
+        named += [f"tagged {t!r} (metadata.tags)" for t in self.tags]
+        return "documents " + " or ".join(named)
+
     def as_json(self) -> dict[str, list[Any]]:
         return {"experts": list(self.experts), "tags": list(self.tags), "source_prefixes": list(self.source_prefixes)}
 
@@ -108,11 +122,14 @@ class Tokens:
         """A new token: (its row, the token itself: shown this once, never stored)."""
         if role not in ROLES:
             raise InvalidRequest(f"role must be one of {', '.join(ROLES)}")
-        if role == "write":  # a writer's uploads and deletes are not limited to its scope yet
-            raise InvalidRequest("write tokens are not available yet: a token reads (role read) or administers (admin)")
         parsed = Scope.of(scope) if scope is not None else None
         if parsed is not None and role == "admin":
             raise InvalidRequest("an admin token reads everything: give it no scope")
+        if parsed is not None and role == "write" and not (parsed.tags or parsed.source_prefixes):
+            raise InvalidRequest(
+                "a write token's scope names tags or source_prefixes: the documents it writes must lie in "
+                "its scope when written, and a new document's expert is known only once it is placed"
+            )
         if expires_days is not None and expires_days <= 0:
             raise InvalidRequest("expires_days must be positive")
         secret = TOKEN_PREFIX + secrets.token_urlsafe(32)

@@ -59,13 +59,15 @@ class RayShards:
     def warm(self, timeout_s: float = 30.0) -> None:
         """Ask each shard for its figures once, so the link's child holds its handles and Serve's
         routing tables before the first question (a first call can take seconds on a busy machine);
-        a shard that does not answer is left to its breaker."""
+        a shard that does not answer opens its breaker: it is skipped, and `/readyz` says
+        degraded, until its probe answers."""
         pending = [(s.name, h.stats.remote()) for s, h in zip(self.shard_map.shards, self.handles, strict=True)]
-        for name, response in pending:
+        for shard, (name, response) in enumerate(pending):
             try:
                 response.result(timeout_s=timeout_s)
             except Exception as exc:
                 log.warning("shard %s did not answer its first call within %.0f s: %s", name, timeout_s, exc)
+                self.breakers.failed(shard)
 
     def index_over(
         self, index: ClusteredIndex | ListMap, experts: Mapping[int, ExpertProfile], position: int = 0

@@ -7,7 +7,7 @@ from fastapi import APIRouter, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
-from app.api.deps import AdminDep, IdPath, Limit, Offset, ReaderDep, RuntimeDep, principal
+from app.api.deps import IdPath, Limit, Offset, ReaderDep, RuntimeDep, WriterDep, principal
 from app.api.routes.uploads import NoFields, form_fields, read_upload_file, upload_from_request
 from app.core.errors import ApiError
 from app.core.models import Document
@@ -20,10 +20,10 @@ from app.schemas.api import (
     DocumentDetail,
     DocumentOut,
     DocumentPage,
+    FileFields,
     IngestOut,
     JobOut,
     TextDocumentIn,
-    UploadFields,
 )
 from app.services import library
 from app.services.bulk import new_spool, spool_file
@@ -43,7 +43,7 @@ _UPLOAD_BODY = _multipart_body(
     "file",
     {
         "file": {"type": "string", "format": "binary"},
-        **{name: {"type": "string", "maxLength": NAME_MAX} for name in UploadFields.model_fields},
+        **{name: {"type": "string", "maxLength": NAME_MAX} for name in FileFields.model_fields},
     },
     {"application/json": {"schema": TextDocumentIn.model_json_schema()}},
 )
@@ -69,15 +69,15 @@ def _out(doc: Document, n_chunks: int) -> DocumentOut:
     "/documents",
     response_model=IngestOut,
     status_code=201,
-    dependencies=[AdminDep],
+    dependencies=[WriterDep],
     openapi_extra=_UPLOAD_BODY,
     responses={200: {"model": IngestOut, "description": "The same bytes were already stored: that document."}},
 )
 async def create_document(request: Request, response: Response, rt: RuntimeDep) -> IngestOut:
     """Ingest one document (multipart `file` of txt/md/html/pdf/docx/pptx/xlsx/odt, or JSON text).
-    Same bytes -> same id."""
+    Same bytes -> same id. A write token's document must lie in its scope (tags or source prefix)."""
     upload = await upload_from_request(request, rt.settings.max_upload_bytes)
-    outcome = await run_in_threadpool(rt.ingestor.ingest, upload)
+    outcome = await run_in_threadpool(rt.ingestor.ingest, upload, principal(request).scope)
     if outcome.status == "duplicate":
         response.status_code = 200
     assert outcome.document_id is not None
@@ -95,10 +95,15 @@ _BULK_BODY = _multipart_body(
 
 
 @router.post(
-    "/documents/bulk", response_model=JobOut, status_code=202, dependencies=[AdminDep], openapi_extra=_BULK_BODY
+    "/documents/bulk", response_model=JobOut, status_code=202, dependencies=[WriterDep], openapi_extra=_BULK_BODY
 )
 async def bulk_ingest(request: Request, rt: RuntimeDep) -> JobOut:
     """Many files in multipart fields named `files`: spooled to disk, then ingested by a job."""
+    if principal(request).scope is not None:  # its files are named by their file names, tagged nothing
+        raise ApiError(
+            "scoped_token",
+            "a scoped write token sends its documents one at a time (POST /documents), each in its scope",
+        )
     s = rt.settings
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype != "multipart/form-data":
@@ -147,18 +152,20 @@ def get_document(document_id: IdPath, request: Request, rt: RuntimeDep) -> Docum
 
 
 @router.put(
-    "/documents/{document_id:int}", response_model=IngestOut, dependencies=[AdminDep], openapi_extra=_UPLOAD_BODY
+    "/documents/{document_id:int}", response_model=IngestOut, dependencies=[WriterDep], openapi_extra=_UPLOAD_BODY
 )
 async def replace_document(document_id: IdPath, request: Request, rt: RuntimeDep) -> IngestOut:
-    """New content for an existing document; its id stays, its chunks are replaced."""
+    """New content for an existing document; its id stays, its chunks are replaced (a write token's:
+    a document of its scope, kept in it)."""
     upload = await upload_from_request(request, rt.settings.max_upload_bytes)
-    outcome = await run_in_threadpool(rt.ingestor.update, document_id, upload)
+    outcome = await run_in_threadpool(rt.ingestor.update, document_id, upload, principal(request).scope)
     return IngestOut(id=document_id, source=outcome.source, chunks=outcome.chunks, status=outcome.status)
 
 
-@router.delete("/documents/{document_id:int}", response_model=DeletedOut, dependencies=[AdminDep])
-def delete_document(document_id: IdPath, rt: RuntimeDep) -> DeletedOut:
-    n = rt.ingestor.delete(document_id)
+@router.delete("/documents/{document_id:int}", response_model=DeletedOut, dependencies=[WriterDep])
+def delete_document(document_id: IdPath, request: Request, rt: RuntimeDep) -> DeletedOut:
+    """Delete a document and its chunks (a write token: one of its scope)."""
+    n = rt.ingestor.delete(document_id, principal(request).scope)
     return DeletedOut(id=document_id, deleted=True, chunks=n)
 
 

@@ -23,6 +23,7 @@ from app.core.errors import ApiError
 from app.runtime import Runtime
 from app.schemas.api import PAGE_DEFAULT, JobOut, Page, SearchIn, SearchOut, ShardVectorsOut, StatsOut
 from app.services.search import run_search
+from app.services.tokens import reach
 
 router = APIRouter()
 
@@ -89,8 +90,16 @@ def _details(rt: Runtime) -> dict[str, object]:
     }
 
 
-@router.get("/stats", response_model=StatsOut, tags=["system"], dependencies=[WholeReaderDep])
-def stats(rt: RuntimeDep) -> StatsOut:
+@router.get("/stats", response_model=StatsOut, tags=["system"], dependencies=[ReaderDep])
+def stats(rt: RuntimeDep, request: Request) -> StatsOut:
+    """The store's figures; a scoped token's are those of what it may read (its documents, their
+    chunks and vectors, the lists holding them), and nothing of the rest."""
+    state = rt.state()
+    allowed = reach(rt.tokens, principal(request), state)
+    if allowed is not None:
+        chunks = len(allowed.ids)
+        clusters = len(allowed.lists_in(state.index))
+        return StatsOut(documents=len(allowed.documents), chunks=chunks, clusters=clusters, index_vectors=chunks)
     tier = rt.services.states.shards
     shards = None if tier is None else [ShardVectorsOut.model_validate(row) for row in tier.overview()]
     return StatsOut(**rt.stats(), shards=shards)

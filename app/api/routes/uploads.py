@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.datastructures import FormData, UploadFile
 
 from app.core.errors import ApiError
-from app.schemas.api import NAME_MAX, TextDocumentIn, UploadFields
+from app.schemas.api import NAME_MAX, FileFields, TextDocumentIn
 from app.services.documents import Upload
 
 M = TypeVar("M", bound=BaseModel)
@@ -36,7 +36,7 @@ async def upload_from_request(request: Request, limit: int) -> Upload:
         file = form.get("file")
         if not isinstance(file, UploadFile):
             raise ApiError("missing_file", "send the document in a multipart field named 'file'")
-        fields = form_fields(form, "file", UploadFields)
+        fields = form_fields(form, "file", FileFields)
         data = await read_upload_file(file, limit)
         filename = file.filename or "upload"
         return Upload(
@@ -45,6 +45,7 @@ async def upload_from_request(request: Request, limit: int) -> Upload:
             filename=filename,
             title=_blank_is_none(fields.title),
             content_type=file.content_type,
+            metadata={"tags": fields.tag_list} if fields.tag_list else {},
         )
     if ctype in ("application/json", ""):
         body = await request.body()

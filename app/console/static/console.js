@@ -134,6 +134,23 @@ const pages = {
       <td>${r.reachable ? "answering" : '<span class="danger">not answering</span>'}</td></tr>`).join("") ||
       `<tr><td colspan="8" class="muted">no shards</td></tr>`;
   },
+  async tokens() {
+    $("tk-experts").innerHTML = state.experts.map((e) => `<option value="${e.id}">${esc(e.name)}</option>`).join("");
+    const tokens = await api("GET", "/admin/api/tokens");
+    const scopeText = (s) => !s ? "whole store" : [
+      ...s.experts.map((id) => `expert “${expertName(id)}”`), ...s.tags.map((t) => `tag ${t}`), ...s.source_prefixes.map((p) => `source ${p}…`)].join(", ");
+    const when = (t) => t ? new Date(t).toLocaleString() : "never";
+    const stateOf = (t) => t.revoked ? "revoked" : t.expires_at && new Date(t.expires_at) <= new Date() ? "expired" : "active";
+    $("tk-rows").innerHTML = tokens.map((t) => `<tr data-id="${t.id}"><td>${t.id}</td><td>${esc(t.name)}</td><td>${t.role}</td><td>${esc(scopeText(t.scope))}</td>
+      <td>${when(t.created_at)}</td><td>${when(t.expires_at)}</td><td>${stateOf(t)}</td>
+      <td>${stateOf(t) === "active" ? '<button class="tk-revoke danger">Revoke</button>' : ""}</td></tr>`).join("") ||
+      '<tr><td colspan="8" class="muted">no tokens: the admin token and MOERAG_READ_TOKEN (if set) are the only ones</td></tr>';
+    document.querySelectorAll(".tk-revoke").forEach((b) => b.addEventListener("click", async () => {
+      const tr = b.closest("tr");
+      if (!confirm(`Revoke token “${tr.children[1].textContent}”? Every request with it is refused from the next one on; this cannot be undone (create a new token instead).`)) return;
+      await api("DELETE", `/admin/api/tokens/${tr.dataset.id}`); status("token revoked"); await refresh("tokens");
+    }));
+  },
   async documents() {
     const q = state.docQuery ? `&q=${encodeURIComponent(state.docQuery)}` : "";
     const page = await api("GET", `/documents?offset=${state.docPage * PAGE}&limit=${PAGE}${q}`);
@@ -306,6 +323,19 @@ on("ex-new", "submit", async (e) => {
   new FormData(e.target).forEach((v, k) => { body[k] = v; });
   body.top_k = +body.top_k; body.threshold = body.threshold === "" ? null : +body.threshold;
   await api("POST", "/admin/api/experts", body); e.target.reset(); status("expert created"); await refresh("experts");
+});
+on("tk-new", "submit", async (e) => {
+  e.preventDefault();
+  const f = new FormData(e.target), list = (k) => String(f.get(k) || "").split(",").map((s) => s.trim()).filter(Boolean);
+  const experts = [...$("tk-experts").selectedOptions].map((o) => +o.value);
+  const scope = { experts, tags: list("tags"), source_prefixes: list("prefixes") };
+  const whole = !experts.length && !scope.tags.length && !scope.source_prefixes.length;
+  const body = { name: f.get("name"), role: f.get("role"), scope: whole ? null : scope,
+    expires_days: f.get("expires_days") ? +f.get("expires_days") : null };
+  if (whole && body.role !== "admin" && !confirm(`Token “${body.name}” reads the whole store (no scope). Create it?`)) return;
+  const made = await api("POST", "/admin/api/tokens", body);
+  $("tk-secret-value").textContent = made.secret; $("tk-secret").hidden = false;
+  e.target.reset(); status(`token “${made.token.name}” created`); await refresh("tokens");
 });
 on("ex-undo", "click", async () => {
   const past = (await api("GET", "/admin/api/experts/history?limit=1")).items;
