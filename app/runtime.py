@@ -297,6 +297,7 @@ class Runtime:
                 kernel_matrix=self.kernel_search and not shards,
                 matrix_dtype=s.matrix_dtype,  # how the kernel's copy stores the vectors
                 shards=tier,
+                prepare=self.tokens.prepare,  # the scopes in use, ready before each new state
             )
             ingestor = Ingestor(self.sessions, emb, indexes, chunking, self.catalogue.sync, states.search_index)
             self.lexical.refresh(force=True)

@@ -12,6 +12,7 @@ import json
 import time
 from typing import Any
 
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
@@ -338,6 +339,112 @@ def test_a_write_token_writes_within_its_scope_only(client: TestClient, routed: 
         client.post("/documents", json={"text": note, "metadata": {"tags": ["team-a"]}}, headers=reader).status_code
         == 401
     )
+
+
+def test_a_scope_in_use_is_ready_before_the_next_state_is_published(
+    client: TestClient, routed: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a catalogue change, a scoped question does not read the chunk table on its path: the
+    reach of every scope in use was made with the new state (app.serving.states' `prepare`), and
+    it holds the new document of the scope."""
+    rt = client.app.state.runtime  # type: ignore[attr-defined]
+    _tag(rt)
+    a = _token(client, "a", {"tags": ["team-a"]})
+    assert client.post("/search", json={"query": GIT_Q}, headers=a).status_code == 200  # the scope is in use
+    before = rt.state().version
+    note = "# Okapi ferry\n\nThe okapi ferry crosses the lake at dawn, twice a day in summer. " * 4
+    made = client.post("/documents", json={"text": note, "metadata": {"tags": ["team-a"]}}, headers=AUTH).json()
+    deadline = time.monotonic() + 10
+    while rt.state().version == before:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    read = rt.tokens._table
+
+    def no_read(version: int) -> Any:
+        raise AssertionError(f"the chunk table was read on a question's path (version {version})")
+
+    rt.tokens._table = no_read
+    try:
+        hits = client.post("/search", json={"query": "okapi ferry crossing", "k": 1}, headers=a).json()["hits"]
+    finally:
+        rt.tokens._table = read
+    assert hits[0]["document_id"] == made["id"]
+    # The chunk table followed the index log through a new document, a replacement that moves a
+    # document out of the scope, and a deletion: each time what a whole read of SQL gives.
+    from app.services.tokens import _read_table
+
+    def followed_as_read() -> None:
+        table = rt.tokens._chunk_table
+        with rt.sessions() as s:
+            whole = _read_table(s, table.version)
+        assert np.array_equal(table.ids, whole.ids) and np.array_equal(table.owners, whole.owners)
+        assert {d: table.docs[d] for d in set(table.owners.tolist())} == {
+            d: whole.docs[d] for d in set(whole.owners.tolist())
+        }
+
+    def changed(request: Any) -> None:
+        version = rt.state().version
+        assert request().status_code in (200, 201)
+        while rt.state().version == version:
+            time.sleep(0.02)
+        followed_as_read()
+
+    from app.services import tokens as tokens_module
+
+    whole_reads: list[int] = []
+    monkeypatch.setattr(tokens_module, "_read_table", lambda s, v: whole_reads.append(v) or _read_table(s, v))
+    followed_as_read()
+    moved = {"text": note + " Moved to team B.", "metadata": {"tags": ["team-b"]}}
+    changed(lambda: client.put(f"/documents/{made['id']}", json=moved, headers=AUTH))
+    assert client.get(f"/documents/{made['id']}", headers=a).status_code == 404  # out of A's scope now
+    changed(lambda: client.delete(f"/documents/{min(Secrets(rt, 'git', 'git').doc_ids)}", headers=AUTH))
+    assert whole_reads == []  # followed by the log, never read whole again
+
+
+def test_the_chunk_table_reads_alike_on_each_database(db_url: str) -> None:
+    """The chunk table's read through the driver's own cursor (SQLite's and psycopg's): every
+    chunk's id and document, ascending, and the documents' fields."""
+    from sqlalchemy.orm import sessionmaker
+
+    from app.core.db import make_engine
+    from app.core.migrate import upgrade
+    from app.services.tokens import _read_table
+
+    engine = make_engine(db_url)
+    upgrade(engine)
+    sessions = sessionmaker(engine)
+    with sessions.begin() as s:
+        for d in range(3):
+            doc = Document(
+                source=f"team-{d}/a.md",
+                mime="text/markdown",
+                content_hash=f"{d:064d}",
+                size=1,
+                meta={"tags": [f"t{d}"]},
+            )
+            s.add(doc)
+            s.flush()
+            for o in range(4 - d):
+                s.add(
+                    Chunk(
+                        document_id=doc.id,
+                        ordinal=o,
+                        text="x",
+                        char_start=0,
+                        char_end=1,
+                        token_count=1,
+                        cluster_id=o,
+                        embedding=np.zeros(4, dtype=np.float32),
+                    )
+                )
+    with sessions() as s:
+        table = _read_table(s, 7)
+        want = s.execute(select(Chunk.id, Chunk.document_id).order_by(Chunk.id)).all()
+        docs = {d: (src, meta) for d, src, meta in s.execute(select(Document.id, Document.source, Document.meta))}
+    engine.dispose()
+    assert table.version == 7 and table.ids.dtype == np.int64 and len(want) == 9
+    assert table.ids.tolist() == [i for i, _ in want] and table.owners.tolist() == [d for _, d in want]
+    assert table.docs == docs
 
 
 def test_the_cli_creates_lists_and_revokes_tokens(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:

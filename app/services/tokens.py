@@ -22,22 +22,30 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, timedelta
+from itertools import chain
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.clustering.expert_documents import matches
 from app.core.models import ApiToken, Chunk, Document, utcnow
+from app.store import index_log
 from engine.access import Allowed
 from engine.errors import InvalidRequest, NotConfigured, NotFound
 from engine.serving import ExpertProfile, ServingState
+from index.store import SearchIndex
 
 ROLES = ("read", "write", "admin")
 # Other workers learn that a first scoped token closed anonymous reads within this many seconds.
 CLOSED_TTL_S = 2.0
+# The scopes asked for last whose reach is made before each new serving state (each ~9 ms on the
+# writer's commit at 46k chunks); another scope's first question after a change makes its own.
+_SCOPES_PREPARED = 8
+_REACHES_KEPT = 64
 TOKEN_PREFIX = "mrg_"  # a scoped token's prefix: it is never mistaken for the admin or read token
 
 
@@ -113,6 +121,9 @@ class Tokens:
 
     sessions: sessionmaker[Session]
     _reach: OrderedDict[tuple[str, int], Allowed] = field(default_factory=OrderedDict)
+    _used: OrderedDict[str, Scope] = field(default_factory=OrderedDict)  # scopes asked for, the latest last
+    _chunk_table: _ChunkTable | None = None
+    _table_lock: threading.Lock = field(default_factory=threading.Lock)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _closed: tuple[float, bool] | None = None  # (when read, whether a scoped token closes anonymous reads)
 
@@ -196,18 +207,41 @@ class Tokens:
                 return None
             return Principal(row.role, Scope.of(row.scope) if row.scope else None, row.name)
 
-    def allowed(self, principal: Principal, version: int, experts: Mapping[int, ExpertProfile]) -> Allowed | None:
-        """What `principal` may read at catalogue `version` (None: everything)."""
+    def allowed(
+        self, principal: Principal, version: int, experts: Mapping[int, ExpertProfile], index: SearchIndex
+    ) -> Allowed | None:
+        """What `principal` may read at catalogue `version` (None: everything): made before the
+        state of that version was published (`prepare`) for a scope in use, else now."""
         scope = principal.scope
         if scope is None:
             return None
+        with self._lock:
+            self._used[scope.key] = scope
+            self._used.move_to_end(scope.key)
+            while len(self._used) > _SCOPES_PREPARED:
+                self._used.popitem(last=False)
+        return self._reach_of(scope, version, experts, index)
+
+    def prepare(self, version: int, experts: Mapping[int, ExpertProfile], index: SearchIndex) -> None:
+        """Before the state of catalogue `version` is published (app.serving.states): the reach of
+        every scope in use, so that no question after a change reads the chunk table on its path."""
+        with self._lock:
+            scopes = list(self._used.values())
+        if scopes:  # the chunk table follows the log here, once for every scope
+            self._table(version)
+        for scope in scopes:
+            self._reach_of(scope, version, experts, index)
+
+    def _reach_of(
+        self, scope: Scope, version: int, experts: Mapping[int, ExpertProfile], index: SearchIndex
+    ) -> Allowed:
         key = (scope.key, version)
         with self._lock:
             found = self._reach.get(key)
             if found is not None:
                 self._reach.move_to_end(key)
                 return found
-        ids, documents, whole_lists = self._chunks(scope, experts)
+        ids, documents, whole_lists = self._chunks(scope, experts, self._table(version), index)
         # The experts it may be routed to and see named: those it names, and those whose every
         # chunk it may read (such an expert's name tells nothing of what lies outside the scope).
         visible = {e for e in scope.experts if e in experts} | {
@@ -216,31 +250,106 @@ class Tokens:
         reach = Allowed(ids, frozenset(visible), scope.key, documents)
         with self._lock:
             self._reach[key] = reach
-            while len(self._reach) > 64:
+            while len(self._reach) > _REACHES_KEPT:
                 self._reach.popitem(last=False)
         return reach
 
+    def _table(self, version: int) -> _ChunkTable:
+        """Every chunk's (id, document) and its documents' source and metadata at catalogue
+        `version`, for all scopes: the table held brought forward by the index log (every chunk
+        that enters or leaves is logged, and a document's fields change only with its chunks), or
+        read whole when there is none or the log no longer reaches back to it. A table newer
+        than `version` serves a question on an older state too: it is the fresher account of
+        which document each chunk belongs to and of those documents' fields."""
+        with self._table_lock:  # one reader at a time: the others take what it made
+            table = self._chunk_table
+            if table is not None and table.version >= version:
+                return table
+            with self.sessions() as s:
+                if table is not None and index_log.horizon(s) <= table.version < version:
+                    table = _follow_table(s, table, version)
+                else:
+                    table = _read_table(s, version)
+            self._chunk_table = table
+            return table
+
+    @staticmethod
     def _chunks(
-        self, scope: Scope, experts: Mapping[int, ExpertProfile]
-    ) -> tuple[np.ndarray, dict[int, int], set[int]]:
-        """([A] ascending: the chunks of the scope's experts' lists and of its tagged or prefixed
-        documents, {document id: its chunks among them}, the lists all of whose chunks are among them)."""
-        lists = {c for e in scope.experts if e in experts for c in experts[e].clusters}
-        with self.sessions() as s:
-            docs = {
-                d
-                for d, source, meta in s.execute(select(Document.id, Document.source, Document.meta))
-                if any(matches({"source_prefix": p}, None, source, meta) for p in scope.source_prefixes)
-                or any(matches({"tag": t}, None, source, meta) for t in scope.tags)
+        scope: Scope, experts: Mapping[int, ExpertProfile], table: _ChunkTable, index: SearchIndex
+    ) -> tuple[npt.NDArray[np.int64], dict[int, int], set[int]]:
+        """([A] ascending: the chunks of the scope's experts' lists (as `index` holds them) and of
+        its tagged or prefixed documents, {document id: its chunks among them}, the lists all of
+        whose chunks are among them)."""
+        named = np.array(
+            sorted({c for e in scope.experts if e in experts for c in experts[e].clusters}), dtype=np.int64
+        )
+        docs = np.array(
+            sorted(d for d, (source, meta) in table.docs.items() if scope.admits(source, meta)), dtype=np.int64
+        )
+        lists = index.clusters_of(table.ids)  # [N] -1: not in the index
+        keep = np.isin(table.owners, docs) | np.isin(lists, named)  # [N]
+        kept_docs, counts = np.unique(table.owners[keep], return_counts=True)
+        partial = set(np.unique(lists[~keep]).tolist())  # lists with a chunk outside
+        whole = set(np.unique(lists[lists >= 0]).tolist()) - partial
+        return table.ids[keep], dict(zip(kept_docs.tolist(), counts.tolist(), strict=True)), whole
+
+
+@dataclass(frozen=True)
+class _ChunkTable:
+    """The chunks' ids [N] ascending and their documents [N], and the documents' (id, source,
+    metadata), at one catalogue version."""
+
+    version: int
+    ids: npt.NDArray[np.int64]
+    owners: npt.NDArray[np.int64]
+    docs: dict[int, tuple[str, dict[str, Any] | None]]
+
+
+def _read_table(s: Session, version: int) -> _ChunkTable:
+    found = s.execute(select(Document.id, Document.source, Document.meta))
+    docs = {d: (source, meta) for d, source, meta in found}
+    # The driver's own cursor: the rows as plain tuples (SQLAlchemy's rows cost more than the read).
+    cursor = s.connection().connection.cursor()
+    try:
+        cursor.execute(f"SELECT id, document_id FROM {Chunk.__tablename__} ORDER BY id")
+        rows = cursor.fetchall()
+    finally:
+        cursor.close()
+    pairs = np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=2 * len(rows)).reshape(-1, 2)  # [N, 2]
+    return _ChunkTable(version, pairs[:, 0].copy(), pairs[:, 1].copy(), docs)
+
+
+def _follow_table(s: Session, table: _ChunkTable, version: int) -> _ChunkTable:
+    """`table` brought to `version` by the index log in (table.version, version]: the chunks that
+    left or moved are dropped, those that entered (and SQL still holds) added with their documents."""
+    changes = index_log.read_log(s, table.version, version, 0, vectors=False)
+    if not changes.touched:
+        return _ChunkTable(version, table.ids, table.owners, table.docs)
+    entering: dict[int, int] = {}  # chunk id -> its document
+    ids = changes.ids.tolist()
+    for start in range(0, len(ids), 900):  # bounded IN lists
+        entering.update(
+            s.execute(select(Chunk.id, Chunk.document_id).where(Chunk.id.in_(ids[start : start + 900]))).all()
+        )
+    docs = dict(table.docs)
+    fresh = sorted(set(entering.values()))
+    for start in range(0, len(fresh), 900):
+        batch = fresh[start : start + 900]
+        docs.update(
+            {
+                d: (src, meta)
+                for d, src, meta in s.execute(
+                    select(Document.id, Document.source, Document.meta).where(Document.id.in_(batch))
+                )
             }
-            rows = s.execute(select(Chunk.id, Chunk.document_id, Chunk.cluster_id)).all()
-        kept = [(i, d) for i, d, c in rows if d in docs or c in lists]
-        documents: dict[int, int] = {}
-        for _, d in kept:
-            documents[d] = documents.get(d, 0) + 1
-        partial = {c for _, d, c in rows if not (d in docs or c in lists)}  # lists with a chunk outside
-        whole = {c for _, _, c in rows if c is not None} - partial
-        return np.array(sorted(i for i, _ in kept), dtype=np.int64), documents, whole
+        )
+    kept = ~np.isin(table.ids, np.array(changes.touched, dtype=np.int64))  # [N]
+    new_ids = np.fromiter(entering, dtype=np.int64, count=len(entering))
+    new_owners = np.fromiter(entering.values(), dtype=np.int64, count=len(entering))
+    ids_all = np.concatenate([table.ids[kept], new_ids])  # [M]
+    owners_all = np.concatenate([table.owners[kept], new_owners])  # [M]
+    order = np.argsort(ids_all, kind="stable")
+    return _ChunkTable(version, ids_all[order], owners_all[order], docs)
 
 
 def _aware(when: Any) -> Any:
@@ -268,4 +377,4 @@ def reach(tokens: Tokens, who: Principal | None, state: ServingState) -> Allowed
         return None
     if state.shard_map is not None:
         raise NotConfigured("scoped tokens are not enforced over expert shards yet: use the admin or read token")
-    return tokens.allowed(who, state.version, state.experts)
+    return tokens.allowed(who, state.version, state.experts, state.index)

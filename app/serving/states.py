@@ -80,8 +80,13 @@ class ServingStates:
         kernel_matrix: bool = False,
         matrix_dtype: str = "auto",
         shards: ShardTier | None = None,
+        prepare: Callable[[int, Mapping[int, ExpertProfile], SearchIndex], object] | None = None,
     ) -> None:
+        """prepare: made ready for each new catalogue version before its state is published, with
+        its experts and index (the reach of the scoped tokens in use, app.services.tokens), so
+        that no question builds it on its path."""
         self.sessions, self.indexes, self.load_router = sessions, indexes, load_router
+        self.prepare = prepare
         self.kernel_matrix = kernel_matrix  # the scoped kernel serves the expert path: keep its matrix
         self.matrix_dtype = matrix_dtype  # how it stores the vectors (MOERAG_MATRIX_DTYPE)
         self._state: ServingState | None = None
@@ -134,6 +139,9 @@ class ServingStates:
             matrix = old.matrix
             if self.kernel_matrix and parts & _MATRIX_PARTS:
                 matrix = self._matrix(experts, old.matrix)
+            held = self.indexes.index
+            if self.prepare is not None and isinstance(held, ClusteredIndex):  # scopes: one process
+                self.prepare(version, experts, held)
             self._publish(version, experts, router, matrix)
             took = (time.perf_counter() - t0) * 1000
             self.build_ms = {"last": round(took, 3), "max": round(max(took, self.build_ms["max"]), 3)}
