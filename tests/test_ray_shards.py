@@ -108,7 +108,9 @@ class Asker:
         assert self.answers and all(code == 200 and not route["partial"] for code, route in self.answers), self.answers
 
 
-def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_path: Path) -> None:
+def test_three_shard_deployments_answer_as_one_process(
+    truth: TestClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     client = truth
     from ray import serve
 
@@ -262,11 +264,19 @@ def test_three_shard_deployments_answer_as_one_process(truth: TestClient, tmp_pa
 
         assert load(map_file).version == shard_map.version
         old = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if "shard-git" in a["name"]}
+        answers = rt.services.answers
+        cached, answers.size = answers.size, 0  # every question searches the shards (none answered from the cache)
         with Asker(client, git) as asker:
             asker.more(10, within=30)
+            capsys.readouterr()
             main(["--data-dir", str(rt.settings.resolved_data_dir), "ray", "restart", "git", "--config", str(map_file)])
             asker.more(10, within=30)
+        answers.size = cached
         asker.assert_whole()
+        # The first replica's successor answered the server's searches before the second was ended.
+        said = capsys.readouterr()
+        replaced = json.loads(said.out)["replaced"]
+        assert len(replaced) == 2 and replaced[0]["searched_after_s"] is not None, (replaced, said.err[-3000:])
         new = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if "shard-git" in a["name"]}
         assert len(new) == 2 and not new & old, (old, new)
         with pytest.raises(SystemExit, match="has no shard 'nope'"):

@@ -153,19 +153,46 @@ def _replica_actors(app_name: str, deployment: str) -> list[dict[str, str]]:
     return [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(prefix)]
 
 
+def _replica_id() -> str | None:
+    """This Serve replica's unique id (None outside a replica)."""
+    try:
+        return str(require().get_replica_context().replica_id.unique_id)
+    except Exception:  # not in a replica: tests, one machine
+        return None
+
+
+def _searched_by(shard_map: ShardMap, deployment: str, replicas: set[str], asks: int = 16) -> dict[str, int]:
+    """{replica id: searches it answered} for those of `replicas` that `asks` figures calls reached."""
+    handle = require().get_deployment_handle(deployment, app_name=shard_map.app_name)
+    seen: dict[str, int] = {}
+    for response in [handle.stats.remote() for _ in range(asks)]:
+        try:
+            figures = response.result(timeout_s=5)
+        except Exception:  # a replica ending or starting: the next round asks again
+            continue
+        if figures.get("replica") in replicas:
+            seen[figures["replica"]] = figures["searched"]
+    return seen
+
+
 def _running(app_name: str, deployment: str) -> int:
     """How many of a deployment's replicas Serve counts RUNNING now (whatever the application's state)."""
     return (replica_states(app_name, running_only=False) or {}).get(deployment, {}).get("RUNNING", 0)
 
 
-def restart(shard_map: ShardMap, shard: str, timeout_s: float = 300.0, told: Any = print) -> list[dict[str, Any]]:
+def restart(
+    shard_map: ShardMap, shard: str, timeout_s: float = 300.0, told: Any = print, settle_s: float = 10.0
+) -> list[dict[str, Any]]:
     """Replace the replicas of shard `shard` one at a time: each is ended and Serve's controller
     starts another in its place (booting as any new replica does: its part, a snapshot or SQL);
-    the next goes only once the shard has all its replicas running again, so a shard of two or more
-    keeps answering throughout (a search whose replica ends is asked again on another:
-    app.shards.client). -> each replaced replica (`replica`, `seconds` until its successor ran).
-    NotConfigured for a shard the map does not name or a map not deployed; TimeoutError when a
-    successor is not running within `timeout_s`."""
+    the next goes only once the shard has all its replicas running again and its successor has
+    answered a search (the servers' routers know it then; `settle_s` at most when none comes), so
+    a shard of two or more keeps answering throughout (a search whose replica ends is asked again
+    on another: app.shards.client). A shard still replacing a replica it lost first has all of
+    them again. -> each replaced replica (`replica`, `seconds` until its successor ran,
+    `searched_after_s` until it answered a search, None when none came). NotConfigured for a
+    shard the map does not name or a map not deployed; TimeoutError when a successor is not
+    running within `timeout_s`."""
     import ray
 
     names = [s.name for s in shard_map.shards]
@@ -174,26 +201,52 @@ def restart(shard_map: ShardMap, shard: str, timeout_s: float = 300.0, told: Any
     deployment = f"shard-{shard}"
     if replica_states(shard_map.app_name) is None and not _replica_actors(shard_map.app_name, deployment):
         raise NotConfigured(f"shard map {shard_map.version} is not deployed: nothing to restart")
-    old = _replica_actors(shard_map.app_name, deployment)
-    wanted = max(len(old), _running(shard_map.app_name, deployment))
+    spec = shard_map.shards[names.index(shard)]
+    wanted = spec.replicas if spec.autoscaling is None else spec.autoscaling.min_replicas
+    old, wanted = _all_running(shard_map.app_name, deployment, max(wanted, 1), timeout_s)
     replaced = []
     for n, actor in enumerate(old, start=1):
         t0 = time.monotonic()
         told(f"replica {n} of {len(old)} of shard {shard}: replacing {actor['name']}")
+        before = {a["name"] for a in _replica_actors(shard_map.app_name, deployment)}
         ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]), no_restart=True)
-        while True:  # its successor running, the ended one gone from Serve's count
-            alive = {a["name"] for a in _replica_actors(shard_map.app_name, deployment)}
-            if (
-                actor["name"] not in alive
-                and len(alive) >= wanted
-                and _running(shard_map.app_name, deployment) >= wanted
-            ):
-                break
-            if time.monotonic() - t0 > timeout_s:
-                raise TimeoutError(f"shard {shard}: no replica took {actor['name']}'s place within {timeout_s:g} s")
-            time.sleep(0.25)
-        replaced.append({"replica": actor["name"], "seconds": round(time.monotonic() - t0, 1)})
+        alive, _ = _all_running(shard_map.app_name, deployment, wanted, timeout_s, without=actor["name"])
+        ran = time.monotonic() - t0
+        # Before the next is ended: the servers' routers send the successor searches, so a search
+        # whose replica ends next is asked again where it can be answered.
+        successors = {a["name"].rsplit("#", 1)[-1] for a in alive if a["name"] not in before}
+        searched_after = _first_search(shard_map, deployment, successors, settle_s)
+        replaced.append({"replica": actor["name"], "seconds": round(ran, 1), "searched_after_s": searched_after})
     return replaced
+
+
+def _all_running(
+    app_name: str, deployment: str, wanted: int, timeout_s: float, without: str | None = None
+) -> tuple[list[dict[str, str]], int]:
+    """(the deployment's replica actors, how many it keeps) once at least `wanted` are named and
+    running and `without` (a replica ended) is gone; TimeoutError past `timeout_s`."""
+    t0 = time.monotonic()
+    while True:
+        alive = _replica_actors(app_name, deployment)
+        running = _running(app_name, deployment)
+        if without is None:
+            wanted = max(wanted, len(alive), running)
+        if len(alive) >= wanted and running >= wanted and all(a["name"] != without for a in alive):
+            return alive, wanted
+        if time.monotonic() - t0 > timeout_s:
+            raise TimeoutError(f"{deployment}: {running} of its {wanted} replicas running after {timeout_s:g} s")
+        time.sleep(0.25)
+
+
+def _first_search(shard_map: ShardMap, deployment: str, successors: set[str], settle_s: float) -> float | None:
+    """Seconds until one of `successors` (replica ids) answered a search; None when none did
+    within `settle_s` (no searches came)."""
+    t0 = time.monotonic()
+    while successors and time.monotonic() - t0 < settle_s:
+        if any(n > 0 for n in _searched_by(shard_map, deployment, successors).values()):
+            return round(time.monotonic() - t0, 1)
+        time.sleep(0.25)
+    return None
 
 
 class ShardReplica:
@@ -215,6 +268,7 @@ class ShardReplica:
         self.lists = np.zeros(0, dtype=np.int64)  # its lists: the map applied to the store's experts
         self.dim, self.codec = dim, codec  # a build from SQL stores vectors as `codec` (MOERAG_INDEX_CODEC)
         self._lock = threading.Lock()
+        self.searched = 0  # searches answered (a successor that has some is known to the servers' routers)
         self._following = threading.Lock()
         self.booted = "sql"  # or "part@<position>", "snapshot@<position>": what the replica started from
         self.bm25 = ShardPostings(self.sessions, POSTINGS_SHARE)  # BM25 over its chunks (engine.postings)
@@ -340,6 +394,7 @@ class ShardReplica:
             self.follow()
         with self._lock:
             index, lo = self.index, self.position
+            self.searched += len(qs)
         found: list[tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]] = [None] * len(qs)  # type: ignore[list-item]
         for k in sorted(set(ks)):
             which = [i for i, ki in enumerate(ks) if ki == k]
@@ -424,6 +479,8 @@ class ShardReplica:
     def stats(self) -> dict[str, Any]:
         return {
             "pid": os.getpid(),  # the replica's process, for an operator's tools
+            "replica": _replica_id(),  # Serve's id of this replica (its actor's name ends with it); None off Ray
+            "searched": self.searched,
             "vectors": self.index.ntotal,
             "lists": len(self.lists),
             "position": self.position,
