@@ -68,7 +68,7 @@ def main() -> None:
         else:
             prefixes = tuple(rule.root for rule in RULES if rule.domain in SCOPED_DOMAINS)
             who = Principal("read", Scope(source_prefixes=prefixes), "half")
-        allowed = rt.tokens.allowed(who, state.version, state.experts)
+        allowed = rt.tokens.allowed(who, state.version, state.experts, state.index)
         assert allowed is not None
         share = len(allowed.ids) / state.index.ntotal
         questions = [q["question"] for q in load_questions()]

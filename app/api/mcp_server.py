@@ -261,9 +261,9 @@ class ReadTokenGate:
     """The HTTP transport behind the read rule of every other read (app.api.deps.check_reader): the
     read token, the admin token, a scoped token (its tools and resources then answer within its
     scope) or a console session when reads are closed; a 401 in moerag's error shape otherwise.
-    POST only: the server is stateless and sends nothing unasked,
-    so a GET (a stream for server messages, which never came and was never closed) is a 405, as
-    the transport's specification allows."""
+    POST only: the server is stateless and sends nothing unasked, so a GET (a stream for server
+    messages, which never came and was never closed) is a 405, as the transport's specification
+    allows."""
 
     def __init__(self, app: ASGIApp, rt: Runtime) -> None:
         self.app, self.rt = app, rt

@@ -230,7 +230,7 @@ class Tokens:
         if scopes:  # the chunk table follows the log here, once for every scope
             self._table(version)
         for scope in scopes:
-            self._reach_of(scope, version, experts, index)
+            _ = self._reach_of(scope, version, experts, index).id_set  # FAISS's selector too, built now
 
     def _reach_of(
         self, scope: Scope, version: int, experts: Mapping[int, ExpertProfile], index: SearchIndex
