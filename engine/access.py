@@ -41,11 +41,7 @@ class Allowed:
 
     def contains(self, ids: Ints) -> npt.NDArray[np.bool_]:
         """[n] whether each chunk id may be read."""
-        ids = np.asarray(ids, dtype=np.int64)
-        if not len(self.ids):
-            return np.zeros(ids.shape, dtype=bool)
-        at = np.minimum(np.searchsorted(self.ids, ids), len(self.ids) - 1)
-        return self.ids[at] == ids
+        return self.id_set.contains(ids)
 
     @cached_property
     def id_set(self) -> IdSet:

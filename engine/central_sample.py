@@ -164,7 +164,7 @@ class SampleIndex:
         q = np.ascontiguousarray(q, dtype=np.float32)
         rows = self._rows_in(None if clusters is None else list(clusters))  # [R]
         if within is not None:
-            rows = rows[np.isin(self.sample.ids[rows], within.ids)]
+            rows = rows[within.contains(self.sample.ids[rows])]
         return _top(q @ self.sample.vectors[rows].T, self.sample.ids[rows], k)  # [Q, R] -> [Q, k]
 
     def search_each(self, q: Floats, asks: Sequence[Ask], within: IdSet | None = None) -> list[tuple[Floats, Ints]]:

@@ -56,6 +56,15 @@ class IdSet:
         bits[self.ids] = True
         self.bitmap = np.packbits(bits, bitorder="little")  # [ceil(max id / 8)] uint8
 
+    def contains(self, ids: Ints) -> npt.NDArray[np.bool_]:
+        """[n] whether each id is in the set: its bit (an id past the bitmap, or negative, is not)."""
+        ids = np.asarray(ids, dtype=np.int64)
+        inside = (ids >= 0) & (ids < 8 * len(self.bitmap))
+        out = np.zeros(ids.shape, dtype=bool)
+        at = ids[inside]
+        out[inside] = (self.bitmap[at >> 3] >> (at & 7)) & 1 == 1
+        return out
+
     def selector(self) -> Any:
         """A FAISS selector over the bitmap (it reads this object's array: keep both alive for the search)."""
         return faiss.IDSelectorBitmap(len(self.bitmap), faiss.swig_ptr(self.bitmap))

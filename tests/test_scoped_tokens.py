@@ -461,3 +461,14 @@ def test_the_cli_creates_lists_and_revokes_tokens(tmp_path: Any, capsys: pytest.
     assert "revoked" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="exists already"):
         main([*data, "tokens", "create", "team-a"])
+
+
+def test_an_id_set_holds_exactly_its_ids() -> None:
+    """The bitmap FAISS reads is the membership every other check of a scope reads too."""
+    from index.store import IdSet
+
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 5, 1000):
+        ids = np.unique(rng.integers(0, 5000, n))
+        asked = rng.integers(-10, 6000, 3000)
+        assert np.array_equal(IdSet(ids).contains(asked), np.isin(asked, ids)), n

@@ -53,24 +53,7 @@ def require_admin(
 ) -> None:
     """The bearer token (or a scoped token with the admin role), or a console session cookie (plus
     its CSRF header on state changes)."""
-    if token_matches(rt.admin_token, _authorization(credentials)):
-        return
-    if credentials is not None and credentials.credentials.startswith(TOKEN_PREFIX):
-        named = rt.tokens.resolve(credentials.credentials)
-        if named is not None and named.may("admin"):
-            return
-    cookie = request.cookies.get(SESSION_COOKIE)
-    if cookie is not None and rt.console_sessions.valid(rt.admin_token, cookie):
-        if request.method in SAFE_METHODS:
-            return
-        if x_csrf_token and hmac.compare_digest(x_csrf_token, csrf_token(rt.admin_token, cookie)):
-            return
-        raise ApiError("csrf", "missing or wrong X-CSRF-Token header for this session")
-    raise ApiError(
-        "unauthorized",
-        "this endpoint needs the admin token: Authorization: Bearer <token>",
-        headers={"WWW-Authenticate": "Bearer"},
-    )
+    _granted(request, rt, credentials, x_csrf_token, "admin")
 
 
 AdminDep = Depends(require_admin)
@@ -82,15 +65,34 @@ def require_writer(
     credentials: Bearer,
     x_csrf_token: Annotated[str | None, Header()] = None,
 ) -> None:
-    """A document write: the admin (`require_admin`: the whole store), or a token with the write
-    role, kept on the request (`principal`) so the write stays within its scope."""
+    """A document write: the admin (the whole store), or a token with the write role, kept on the
+    request (`principal`) so the write stays within its scope."""
+    request.state.principal = _granted(request, rt, credentials, x_csrf_token, "write")
+
+
+def _granted(
+    request: Request, rt: Runtime, credentials: HTTPAuthorizationCredentials | None, csrf: str | None, role: str
+) -> Principal:
+    """Who may act with `role` ("admin" or "write"): the admin token, a named token of that role or
+    above (looked up once), or a console session (with its CSRF header on state changes)."""
+    if token_matches(rt.admin_token, _authorization(credentials)):
+        return ADMIN
     if credentials is not None and credentials.credentials.startswith(TOKEN_PREFIX):
         named = rt.tokens.resolve(credentials.credentials)
-        if named is not None and named.role == "write":
-            request.state.principal = named
-            return
-    require_admin(request, rt, credentials, x_csrf_token)
-    request.state.principal = ADMIN
+        if named is not None and named.may(role):
+            return ADMIN if named.role == "admin" else named
+    cookie = request.cookies.get(SESSION_COOKIE)
+    if cookie is not None and rt.console_sessions.valid(rt.admin_token, cookie):
+        if request.method in SAFE_METHODS:
+            return ADMIN
+        if csrf and hmac.compare_digest(csrf, csrf_token(rt.admin_token, cookie)):
+            return ADMIN
+        raise ApiError("csrf", "missing or wrong X-CSRF-Token header for this session")
+    raise ApiError(
+        "unauthorized",
+        "this endpoint needs the admin token: Authorization: Bearer <token>",
+        headers={"WWW-Authenticate": "Bearer"},
+    )
 
 
 WriterDep = Depends(require_writer)
