@@ -7,8 +7,10 @@ The scope is two of the six domains (python, sqlite: half the chunks, by source 
 resolved as a token's scope is (app.services.tokens). Each FAQ dev question is asked through the
 served path (`app.services.answering.prepare`: embedded, checked, routed, retrieved; no answer
 generated, no answer cache) once with the scope and once without, in alternating order, for `--rounds`
-rounds: p50 and p95 of each, the paths taken, their ratio, and the scoped answers' share of chunks
-in the scope. `--by expert` scopes the same domains by their experts instead (the experts' lists).
+rounds: p50 and p95 of each, the paths taken (expert paths to an expert the scope holds only part
+of, unnamed, counted apart), their ratio, the scoped answers' share of chunks in the scope, and
+each side's hit@k (evalcorpus's rule) on the questions of the scoped domains. `--by expert` scopes
+the same domains by their experts instead (the experts' lists).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.common import percentile, write_result
-from benchmarks.evalcorpus import RULES, load_questions
+from benchmarks.evalcorpus import RULES, is_hit, load_questions
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SCOPED_DOMAINS = ("python", "sqlite")  # 50.1% of the evaluation store's chunks
@@ -71,12 +73,14 @@ def main() -> None:
         allowed = rt.tokens.allowed(who, state.version, state.experts, state.index)
         assert allowed is not None
         share = len(allowed.ids) / state.index.ntotal
-        questions = [q["question"] for q in load_questions()]
+        asked_set = load_questions()
+        questions = [q["question"] for q in asked_set]
         for q in questions:  # a warm-up round (with a question cache: every question embedded once)
             prepare(rt, AskIn(query=q, generate=False))
         took: dict[str, list[float]] = {"whole": [], "scoped": []}
         paths: dict[str, Counter[str]] = {"whole": Counter(), "scoped": Counter()}
         inside: list[float] = []
+        hits: dict[str, list[bool]] = {"whole": [], "scoped": []}  # questions of the scoped domains
         for r in range(args.rounds):
             for n, q in enumerate(questions):
                 order = ("whole", "scoped") if (n + r) % 2 == 0 else ("scoped", "whole")
@@ -84,7 +88,11 @@ def main() -> None:
                     t = time.perf_counter()
                     asked = prepare(rt, AskIn(query=q, generate=False), who if side == "scoped" else None)
                     took[side].append((time.perf_counter() - t) * 1000)
-                    paths[side][asked.prepared.route.path] += 1
+                    route = asked.prepared.route
+                    paths[side][route.path if route.named else "expert, unnamed"] += 1
+                    if asked_set[n]["domain"] in SCOPED_DOMAINS:
+                        cited = asked.prepared.citations
+                        hits[side].append(any(is_hit(c.chunk.text, c.chunk.source, asked_set[n]) for c in cited))
                     if side == "scoped":
                         ids = [c.chunk.id for c in asked.prepared.citations]
                         inside.append(float(allowed.contains(np.array(ids, dtype=np.int64)).mean()) if ids else 1.0)
@@ -108,6 +116,7 @@ def main() -> None:
                 "p50_ms": round(statistics.median(values), 2),
                 "p95_ms": round(percentile(values, 95), 2),
                 "paths": dict(paths[side]),
+                "hit_at_k_scoped_domains": round(sum(hits[side]) / max(1, len(hits[side])), 3),
             }
         result["scoped_p50_over_whole"] = round(result["scoped"]["p50_ms"] / result["whole"]["p50_ms"], 3)
         result["scoped_citations_in_scope"] = round(min(inside), 3)

@@ -92,6 +92,13 @@ class Route:
     catalogue_version: int = 0  # the version of the experts, mapping and router this was answered with
     versions: dict[str, int | str | None] = field(default_factory=dict)  # the serving state's (ServingState.versions)
     missing_shards: list[str] = field(default_factory=list)  # shards that did not answer: a partial answer
+    # False: a scoped caller was routed to an expert it may read only part of (engine.access): its
+    # part was searched, and the expert is not named to it (nor its prompt or generator used).
+    named: bool = True
+
+    def expert_words(self) -> str:
+        """How a detail names the route's expert."""
+        return f"expert {self.expert.name!r}" if self.named and self.expert is not None else "the expert"
 
 
 @dataclass
@@ -213,6 +220,7 @@ class AskPipeline:
         lexical, index = state.lexical, state.index  # one BM25 index per question; its scores computed once
         allowed = req.allowed
         within = allowed.id_set if allowed is not None else None  # the only candidates (engine.access)
+        scanned = partial(scan_size, index, allowed)
         terms = self._terms(req, state)
         if terms is not None and not (alone and self.wide_questions and isinstance(lexical, LexicalIndex)):
             terms.prefetch()  # BM25 while the model runs: on another core when idle (here), or on the shards
@@ -232,7 +240,7 @@ class AskPipeline:
         t = time.perf_counter()
         citations: list[Citation] = []
         if route.path == "expert" and route.expert is not None:
-            k = req.top_k or route.expert.top_k or cfg.default_top_k
+            k = self.top_k(req, route.expert)
             n = max(cfg.candidates, k)
             scope = [c for c in route.expert.clusters if 0 <= c < index.nlist]
             clusters = scope
@@ -251,21 +259,25 @@ class AskPipeline:
                 asks: list[Ask] = [(n, clusters), (1, probed)] if probed else [(n, clusters)]
                 (scores, ids), *probe = index.search_each(q, asks, within)  # [1, N]; [1, 1]
                 outside = outside_of(probe[0][0], probed, index) if probe else None
-                route.vectors_scanned += index.scan_size(clusters)[1]
+                route.vectors_scanned += scanned(clusters)[1]
             route.clusters_scanned += len(clusters)
             dense = [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True) if i >= 0]
             best = dense[0][1] if dense else float("-inf")
             if checked and best < cfg.expert_min_score:
                 route.path, route.reason = "fallback", "weak_expert_results"
                 route.detail = f"best scoped score {best:.2f} < {cfg.expert_min_score:.2f}: searched everything"
-            elif checked and (verdict := self._check_route(q, route_terms, route_index, scope, best, route, outside)):
+            elif checked and (
+                verdict := self._check_route(
+                    q, route_terms, route_index, scope, best, route, outside, scanned if allowed else None
+                )
+            ):
                 route.path, route.reason, route.detail = "fallback", *verdict
             elif cfg.expert_hybrid:  # BM25 over the expert's chunks, fused as on the fallback
                 citations = self._fuse(dense, terms, k, n, index, scope)
             else:
                 citations = self._citations(dense[:k])
             margins = [c.chunk.fit_margin for c in citations[: cfg.open_set_passages]]
-            if checked and (unfit := no_expert_fits(margins, route.expert.name)):
+            if checked and (unfit := no_expert_fits(margins, route.expert_words())):
                 route.path, route.reason, route.detail = "fallback", "no_expert_fits", unfit
         if route.path == "fallback":
             k = req.top_k or cfg.default_top_k
@@ -275,12 +287,12 @@ class AskPipeline:
             scores, ids = index.search(q, n, reach, within)  # [1, N]
             hits = [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True) if i >= 0]
             citations = self._fuse(hits, terms, k, n, index, None)
-            lists, vectors = index.scan_size(reach)
+            lists, vectors = scanned(reach)
             route.clusters_scanned += lists
             route.vectors_scanned += vectors
         timings["retrieve"] = (time.perf_counter() - t) * 1000
 
-        expert = route.expert if route.path == "expert" else None
+        expert = route.expert if route.path == "expert" and route.named else None
         generator = self.generator(expert.generator if expert else "")  # "": the server's default
         system_prompt = expert.system_prompt if expert and expert.system_prompt else GENERIC_SYSTEM_PROMPT
         return Prepared(req.question, route, citations, generator, system_prompt, timings, started)
@@ -296,6 +308,10 @@ class AskPipeline:
         if allowed is not None:
             raise ValueError("a scoped caller's BM25 is not enforced over expert shards")
         return lexical.terms(req.question)
+
+    def top_k(self, req: AskRequest, expert: ExpertProfile) -> int:
+        """The k an answer on `expert`'s path takes: the question's, else the expert's, else the default."""
+        return req.top_k or expert.top_k or self.config.default_top_k
 
     def retrieval_vector(self, q: np.ndarray, router: Router | None) -> np.ndarray:
         """q [Q, D] -> [Q, D] as retrieval reads it: through `router`'s query adapter unless it is
@@ -327,8 +343,8 @@ class AskPipeline:
                 eid = router.expert_of(cls)
                 top.append((experts.get(eid) if eid is not None else None, p))
         allowed = req.allowed
-        top, experts, out_of_scope = in_scope(top, experts, allowed)
-        confidence = top[0][1] if top else None
+        top, experts, unnamed, out_of_scope = in_scope(top, experts, allowed, partial(self.top_k, req))
+        confidence = unnamed[1] if unnamed is not None else top[0][1] if top else None
         version = router.version_id if router is not None else None
         entropy = decision.entropy if decision is not None else None
 
@@ -340,14 +356,17 @@ class AskPipeline:
             threshold: float = cfg.threshold,
         ) -> Route:
             lists = router.probe_size[0] if neighbours is not None and router is not None else 0
-            return Route(path, reason, detail, expert, confidence, top, threshold, version, entropy, lists, probed)
+            named = unnamed is None or expert is not unnamed[0]
+            route = Route(path, reason, detail, expert, confidence, top, threshold, version, entropy, lists, probed)
+            route.named = named
+            return route
 
         if req.mode == "fallback":
             return make("fallback", "forced", "fallback requested", None)
         if req.mode == "expert":
             chosen = experts.get(req.expert_id) if req.expert_id is not None else (top[0][0] if top else None)
             return make(*forced(chosen, req.expert_id))
-        if out_of_scope:
+        if out_of_scope and unnamed is None:
             detail = "the likeliest expert for it is outside this token's scope: searched what the token may read"
             return make("fallback", "out_of_scope", detail, None)
         mapped = state.mapped  # once per serving state, not per question
@@ -355,9 +374,9 @@ class AskPipeline:
             why = one_expert(mapped, experts, allowed)
             detail = f"{why}: there is no gate to route between, so the whole store is searched"
             return Route("fallback", "one_expert", detail, None, None, [], cfg.threshold, version, None, 0, 0)
-        if router is None or not top:
+        if router is None or not (top or unnamed):
             return make("fallback", "no_router", "no router is trained and active yet", None)
-        best, p = top[0]
+        best, p = unnamed if unnamed is not None else top[0]
         if best is None:
             return make("fallback", "none_class", f"most likely no expert's domain (p={p:.2f})", None)
         threshold = best.threshold if best.threshold is not None else cfg.threshold
@@ -371,7 +390,10 @@ class AskPipeline:
                 None,
                 threshold,
             )
-        return make("expert", "confident", f"confidence {p:.3f} >= {threshold:.2f}", best, threshold)
+        detail = f"confidence {p:.3f} >= {threshold:.2f}"
+        if unnamed is not None:
+            detail += "; the expert is not named: part of it lies outside this token's scope"
+        return make("expert", "confident", detail, best, threshold)
 
     def _citations(self, hits: Sequence[tuple[int, float]]) -> list[Citation]:
         rows = self.store.fetch([i for i, _ in hits])
@@ -388,19 +410,21 @@ class AskPipeline:
         best: float,
         route: Route,
         outside: Outside | Literal[False] | None = False,
+        scanned: Callable[[list[int]], tuple[int, int]] | None = None,
     ) -> tuple[str, str] | None:
         """The route's check (engine.route_check): (reason, detail) when the evidence outside the expert
-        overrules it, else None; its probe's result is `outside` (False: searched here), its scan counted."""
+        overrules it, else None; its probe's result is `outside` (False: searched here), its scan
+        counted (by `scanned`, when given: what the caller may read of the lists probed)."""
         cfg = self.config
         if outside is False:
             outside = best_outside(q, index, scope, cfg.expert_verify_lists)
         if outside is None:
             return None
-        route.vectors_scanned += outside.vectors
+        route.vectors_scanned += scanned(list(outside.probed))[1] if scanned is not None else outside.vectors
         route.clusters_scanned += outside.lists
-        name = route.expert.name if route.expert is not None else "?"
         lexical = partial(lexical_best_outside, terms, index, scope)
-        return overruled(outside.score, best, name, cfg.expert_verify_margin, cfg.expert_verify_lexical_slack, lexical)
+        words = route.expert_words()
+        return overruled(outside.score, best, words, cfg.expert_verify_margin, cfg.expert_verify_lexical_slack, lexical)
 
     def _fuse(
         self,
@@ -437,19 +461,38 @@ class AskPipeline:
         return mask
 
 
+def scan_size(index: SearchIndex, allowed: Allowed | None, lists: list[int] | None) -> tuple[int, int]:
+    """(lists, vectors) a search over `lists` of `index` reads (None: every list), as a route
+    reports it: of a scoped caller's chunks only, nothing counted outside its scope."""
+    return allowed.scan_size(index, lists) if allowed is not None else index.scan_size(lists)
+
+
 def in_scope(
-    top: list[tuple[ExpertProfile | None, float]], experts: Mapping[int, ExpertProfile], allowed: Allowed | None
-) -> tuple[list[tuple[ExpertProfile | None, float]], Mapping[int, ExpertProfile], bool]:
-    """The gate's ranking and the experts as a scoped caller may see them (only experts in its
-    scope), and whether the gate's best expert lies outside it. Unscoped: as they are."""
+    top: list[tuple[ExpertProfile | None, float]],
+    experts: Mapping[int, ExpertProfile],
+    allowed: Allowed | None,
+    top_k: Callable[[ExpertProfile], int],
+) -> tuple[
+    list[tuple[ExpertProfile | None, float]],
+    Mapping[int, ExpertProfile],
+    tuple[ExpertProfile, float] | None,
+    bool,
+]:
+    """The gate's ranking and the experts as a scoped caller may see them (only experts it may see
+    named); the gate's best expert with its probability when the caller may read part of it
+    only, at least the k its answer takes there (`top_k`), so that its part, searched unnamed,
+    still gives k results; and whether the gate's best expert is not one it may see. Unscoped:
+    as they are."""
     if allowed is None:
-        return top, experts, False
-    best = top[0][0] if top else None
+        return top, experts, None, False
+    best, p = top[0] if top else (None, 0.0)
     outside = best is not None and best.id not in allowed.experts
+    held = allowed.partly.get(best.id, 0) if best is not None else 0
+    unnamed = (best, p) if best is not None and outside and held >= top_k(best) else None
     kept: list[tuple[ExpertProfile | None, float]] = [
         (e, p) for e, p in top if e is not None and e.id in allowed.experts
     ]
-    return kept, {i: e for i, e in experts.items() if i in allowed.experts}, outside
+    return kept, {i: e for i, e in experts.items() if i in allowed.experts}, unnamed, outside
 
 
 def one_expert(mapped: Sequence[str], experts: Mapping[int, ExpertProfile], allowed: Allowed | None) -> str:

@@ -24,6 +24,7 @@ class Outside:
     score: float
     lists: int
     vectors: int
+    probed: tuple[int, ...] = ()  # the lists probed
 
 
 def outside_lists(q: np.ndarray, index: SearchIndex, scope: list[int], lists: int) -> list[int]:
@@ -38,7 +39,7 @@ def outside_lists(q: np.ndarray, index: SearchIndex, scope: list[int], lists: in
 
 def outside_of(scores: np.ndarray, probed: list[int], index: SearchIndex) -> Outside | None:
     """The probe's result (scores [1, 1] over the lists `probed`) as the check reads it."""
-    return Outside(float(scores[0, 0]), len(probed), index.scan_size(probed)[1]) if probed else None
+    return Outside(float(scores[0, 0]), len(probed), index.scan_size(probed)[1], tuple(probed)) if probed else None
 
 
 def best_outside(q: np.ndarray, index: SearchIndex, scope: list[int], lists: int) -> Outside | None:
@@ -59,33 +60,34 @@ def lexical_best_outside(terms: BestChunks | None, index: SearchIndex, scope: li
 def overruled(
     outside: float, best: float, expert: str, margin: float, slack: float, lexical_outside: Callable[[], bool]
 ) -> tuple[str, str] | None:
-    """(reason, detail) when `outside` (the best score outside expert `expert`) overrules `best`
-    (the best inside), else None.
+    """(reason, detail) when `outside` (the best score outside `expert`: the words naming it, as
+    "expert 'git'") overrules `best` (the best inside), else None.
 
     A chunk outside better than the best inside by more than `margin` overrules; so does one
     within `slack` of it when BM25's best chunk lies outside too (`lexical_outside`, asked only
     then; 0 slack never asks).
     """
     if outside > best + margin:
-        detail = f"a chunk outside expert {expert!r} scores {outside:.3f} > {best:.3f}, the best inside"
+        detail = f"a chunk outside {expert} scores {outside:.3f} > {best:.3f}, the best inside"
         return "nearer_outside_expert", detail + ": searched everything"
     if slack <= 0 or outside <= best - slack or not lexical_outside():
         return None
     detail = (
-        f"BM25's best chunk lies outside expert {expert!r} and a chunk there scores {outside:.3f}, "
+        f"BM25's best chunk lies outside {expert} and a chunk there scores {outside:.3f}, "
         f"within {slack:.2f} of {best:.3f}, the best inside"
     )
     return "lexical_outside_expert", detail + ": searched everything"
 
 
 def no_expert_fits(margins: Sequence[float | None], expert: str) -> str | None:
-    """Open-set routing: why no expert fits, in words, when most of the expert path's best
-    passages (their fit margins: fit minus their list's floor, index.fit; None: unknown, counted
-    as fitting) fit below their lists' floors; None otherwise, or for no passages."""
+    """Open-set routing: why no expert fits, in words (`expert`: the words naming it), when most
+    of the expert path's best passages (their fit margins: fit minus their list's floor,
+    index.fit; None: unknown, counted as fitting) fit below their lists' floors; None otherwise,
+    or for no passages."""
     outside = sum(1 for m in margins if m is not None and m < 0)
     if not margins or 2 * outside <= len(margins):
         return None
     return (
-        f"{outside} of the best {len(margins)} passages in expert {expert!r} fit none of its content "
+        f"{outside} of the best {len(margins)} passages in {expert} fit none of its content "
         "(a topic newer than the experts): searched everything"
     )

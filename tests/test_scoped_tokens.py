@@ -142,6 +142,7 @@ def test_a_token_scoped_to_a_never_reads_b_on_any_surface(
                 assert snippet not in (as_a["answer"] or "")
             assert {c["chunk_id"] for c in as_a["citations"]} <= a_chunks
             assert len(as_a["citations"]) == 5, as_a["route"]  # k results: A holds more than 5
+            assert as_a["route"]["vectors_scanned"] <= len(a_chunks)  # nothing of B counted
             assert all(e["expert"]["name"] != "sqlite" for e in as_a["route"]["top"])
     # The stream's events.
     with client.stream("POST", "/ask", json={"query": SQLITE_Q, "stream": True}, headers=a) as r:
@@ -156,6 +157,7 @@ def test_a_token_scoped_to_a_never_reads_b_on_any_surface(
     hits = client.post("/search", json={"query": SQLITE_Q, "k": 5}, headers=a).json()
     secret.absent_from(hits, "/search")
     assert len(hits["hits"]) == 5 and {h["chunk_id"] for h in hits["hits"]} <= a_chunks
+    assert hits["vectors_scanned"] == len(a_chunks) and hits["clusters_scanned"] == len(_lists_of(rt, a_chunks))
 
     # Documents and chunks.
     page = client.get("/documents?limit=100", headers=a).json()
@@ -245,6 +247,50 @@ def test_a_token_scoped_to_a_never_reads_b_on_any_surface(
     )
     assert [c["id"] for c in client.get("/conversations", headers=a).json()["items"]] == [conv]
     assert len(client.get(f"/conversations/{conv}", headers=AUTH).json()["turns"]) == 2  # the admin reads both
+
+
+def test_an_expert_the_scope_holds_part_of_is_searched_within_it_unnamed(
+    client: TestClient, routed: dict[str, Any]
+) -> None:
+    """A scope of half the git documents: a git question still takes the git expert's path (its
+    lists only, within the scope: k results), but the route names no expert, uses none of its
+    prompt, and counts no vector outside the scope; the other half's chunks never appear."""
+    rt = client.app.state.runtime  # type: ignore[attr-defined]
+    half = [f"git-{i}" for i in range(4)]
+    a = _token(client, "half-git", {"source_prefixes": half})
+    hidden = Secrets(rt, "git", "git")  # every git document: those of the scope are taken out below
+    with rt.sessions() as s:
+        mine = set(s.scalars(select(Chunk.id).join(Document).where(Document.source.in_([f"{h}.md" for h in half]))))
+    assert len(mine) >= 3 and mine < hidden.chunk_ids
+    hidden.chunk_ids -= mine
+    with rt.sessions() as s:
+        rest = s.execute(
+            select(Document.source, Document.title).where(
+                Document.source.startswith("git-"), Document.source.not_in([f"{h}.md" for h in half])
+            )
+        ).all()
+    hidden.words = {w for row in rest for w in row}
+    hidden.texts = [f"(variant {i}." for i in range(len(half), 8)]  # what tells the documents' texts apart
+    whole = client.post("/ask", json={"query": GIT_Q, "k": 5}, headers=AUTH).json()
+    assert whole["route"]["path"] == "expert" and whole["route"]["expert"]["name"] == "git", whole["route"]
+    body = client.post("/ask", json={"query": GIT_Q, "k": 3}, headers=a).json()
+    route = body["route"]
+    assert route["path"] == "expert" and route["reason"] == "confident", (route["reason"], route["detail"])
+    assert route["expert"] is None and "git" not in json.dumps(route) and "not named" in route["detail"]
+    assert route["vectors_scanned"] <= len(mine) < whole["route"]["vectors_scanned"]
+    assert len(body["citations"]) == 3 and {c["chunk_id"] for c in body["citations"]} <= mine
+    hidden.absent_from(_without_question(body), "/ask, an expert held in part")
+    with client.stream("POST", "/ask", json={"query": GIT_Q, "k": 3, "stream": True}, headers=a) as r:
+        events = [json.loads(line[5:]) for line in r.iter_lines() if line.startswith("data:")]
+    assert "git'" not in json.dumps(events) and _chunk_ids(events)
+    assert set(_chunk_ids(events)) <= mine
+    # An expert of which the scope holds fewer chunks than the answer takes is not routed to.
+    few = _token(client, "one-git", {"source_prefixes": ["git-0"]})
+    with rt.sessions() as s:
+        held = len(s.scalars(select(Chunk.id).join(Document).where(Document.source == "git-0.md")).all())
+    r = client.post("/ask", json={"query": GIT_Q, "k": held + 1}, headers=few).json()
+    assert r["route"]["path"] == "fallback" and r["route"]["reason"] == "out_of_scope", r["route"]
+    assert len(r["citations"]) == held
 
 
 def test_a_revoked_or_expired_token_is_refused_at_its_next_request(client: TestClient, routed: dict[str, Any]) -> None:

@@ -74,7 +74,8 @@ def _top_json(route: Route) -> list[dict[str, Any]]:
 def route_json(route: Route) -> dict[str, Any]:
     return {
         "path": route.path,
-        "expert": _expert_json(route.expert) if route.path == "expert" else None,
+        # None on the expert path too when the expert is not named to this caller (Route.named)
+        "expert": _expert_json(route.expert) if route.path == "expert" and route.named else None,
         "confidence": route.confidence,
         "top": _top_json(route),
         "threshold": route.threshold,

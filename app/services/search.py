@@ -109,4 +109,7 @@ def run_search(rt: SearchParts, body: SearchIn, who: Principal | None = None) ->
         )
         for h in result.hits
     ]
-    return SearchOut(hits=hits, clusters_scanned=result.clusters_scanned, vectors_scanned=result.vectors_scanned)
+    lists, vectors = result.clusters_scanned, result.vectors_scanned
+    if allowed is not None:  # what the scope holds of the lists searched: nothing counted outside it
+        lists, vectors = allowed.scan_size(state.index, body.clusters)
+    return SearchOut(hits=hits, clusters_scanned=lists, vectors_scanned=vectors)

@@ -241,13 +241,16 @@ class Tokens:
             if found is not None:
                 self._reach.move_to_end(key)
                 return found
-        ids, documents, whole_lists = self._chunks(scope, experts, self._table(version), index)
-        # The experts it may be routed to and see named: those it names, and those whose every
-        # chunk it may read (such an expert's name tells nothing of what lies outside the scope).
+        ids, documents, whole_lists, per_list = self._chunks(scope, experts, self._table(version), index)
+        # The experts it may see named: those it names, and those whose every chunk it may read
+        # (such an expert's name tells nothing of what lies outside the scope). Any other expert
+        # holding some of its chunks may still be routed to, unnamed, its part searched.
         visible = {e for e in scope.experts if e in experts} | {
             e for e, p in experts.items() if p.clusters and all(c in whole_lists for c in p.clusters)
         }
-        reach = Allowed(ids, frozenset(visible), scope.key, documents)
+        held = {e: int(per_list[[c for c in p.clusters if 0 <= c < len(per_list)]].sum()) for e, p in experts.items()}
+        partly = {e: n for e, n in held.items() if n and e not in visible}
+        reach = Allowed(ids, frozenset(visible), scope.key, documents, partly)
         with self._lock:
             self._reach[key] = reach
             while len(self._reach) > _REACHES_KEPT:
@@ -276,10 +279,10 @@ class Tokens:
     @staticmethod
     def _chunks(
         scope: Scope, experts: Mapping[int, ExpertProfile], table: _ChunkTable, index: SearchIndex
-    ) -> tuple[npt.NDArray[np.int64], dict[int, int], set[int]]:
+    ) -> tuple[npt.NDArray[np.int64], dict[int, int], set[int], npt.NDArray[np.int64]]:
         """([A] ascending: the chunks of the scope's experts' lists (as `index` holds them) and of
         its tagged or prefixed documents, {document id: its chunks among them}, the lists all of
-        whose chunks are among them)."""
+        whose chunks are among them, [nlist] the chunks among them in each list)."""
         named = np.array(
             sorted({c for e in scope.experts if e in experts for c in experts[e].clusters}), dtype=np.int64
         )
@@ -291,7 +294,9 @@ class Tokens:
         kept_docs, counts = np.unique(table.owners[keep], return_counts=True)
         partial = set(np.unique(lists[~keep]).tolist())  # lists with a chunk outside
         whole = set(np.unique(lists[lists >= 0]).tolist()) - partial
-        return table.ids[keep], dict(zip(kept_docs.tolist(), counts.tolist(), strict=True)), whole
+        inside = lists[keep]
+        per_list = np.bincount(inside[inside >= 0], minlength=index.nlist).astype(np.int64)  # [nlist]
+        return table.ids[keep], dict(zip(kept_docs.tolist(), counts.tolist(), strict=True)), whole, per_list
 
 
 @dataclass(frozen=True)
