@@ -3,8 +3,9 @@
 The leak battery: two scopes A (git) and B (sqlite) over the same store, by tag, by source prefix
 and by expert. A token scoped to A never receives a chunk id, text, title, source or expert name
 of B, on any surface (JSON and streamed answers, cached answers asked first as B, search,
-documents, chunks, the OpenAI models and chat, error bodies), and still gets k results where A
-holds them; the surfaces not scoped yet refuse a scoped token. Then revocation and expiry."""
+documents, chunks, the OpenAI models and chat, jobs, error bodies), and still gets k results where A
+holds them; `/metrics`, the whole server's, refuses a scoped token. Then revocation, expiry and
+write tokens (one document, bulk uploads and their jobs)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from sqlalchemy import select
 
 from app.core.models import Chunk, Document
 from tests.conftest import AUTH
+from tests.helpers import topic_doc, wait_job
 
 SQLITE_Q = "How does SQLite checkpoint the write-ahead log?"
 GIT_Q = "How do I rebase a branch onto another in git?"
@@ -195,10 +197,12 @@ def test_a_token_scoped_to_a_never_reads_b_on_any_surface(
         "index_vectors": len(a_chunks),
         "shards": None,
     }
-    # Surfaces that answer for the whole store refuse a scoped token.
-    for method, path in [("GET", "/metrics"), ("GET", "/jobs")]:
-        r = client.request(method, path, headers=a)
-        assert r.status_code == 403 and r.json()["error"]["code"] == "scoped_token", (path, r.text)
+    # Prometheus's metrics answer for the whole server: refused to a scoped token.
+    r = client.get("/metrics", headers=a)
+    assert r.status_code == 403 and r.json()["error"]["code"] == "scoped_token", r.text
+    # Jobs: only its own (it ran none); another's is not found, as one that does not exist.
+    assert client.get("/jobs", headers=a).json() == {"items": [], "total": 0, "offset": 0, "limit": 50}
+    assert client.get(f"/jobs/{routed['job']['id']}", headers=a).status_code == 404
 
     # MCP (the SDK's server at /mcp): every tool and resource within the scope.
     experts_seen = _mcp(client, a, "tools/call", {"name": "list_experts", "arguments": {}})
@@ -359,8 +363,6 @@ def test_a_write_token_writes_within_its_scope_only(client: TestClient, routed: 
         assert r.status_code == 404 and r.json()["error"]["message"].replace(str(b_doc), "N") == missing
     assert client.get(f"/documents/{b_doc}", headers=AUTH).status_code == 200
     # The same bytes as B's document: a conflict that names nothing of it.
-    from tests.helpers import topic_doc
-
     same = {"file": ("mine.md", topic_doc("sqlite", 0, paragraphs=4).encode(), "text/markdown")}
     r = client.post("/documents", files=same, data={"tags": "team-a"}, headers=w)
     assert r.status_code == 409, r.text
@@ -375,9 +377,31 @@ def test_a_write_token_writes_within_its_scope_only(client: TestClient, routed: 
     r = client.put(f"/documents/{own}", json={"text": note + " Revised."}, headers=w)
     assert r.status_code == 200 and r.json()["status"] == "updated"
     assert client.delete(f"/documents/{own}", headers=w).json()["deleted"] is True
-    # What a write token may not do: bulk uploads (files named by file name, tagged nothing), admin.
-    bulk = client.post("/documents/bulk", files=[("files", ("a.md", b"# A\n\ntext " * 10, "text/markdown"))], headers=w)
-    assert bulk.status_code == 403 and bulk.json()["error"]["code"] == "scoped_token"
+    # Bulk uploads: every file within the scope (the `tags` field), or none is taken.
+    files = [
+        ("files", ("a.md", b"# Alpaca\n\nThe alpaca barge leaves at noon. " * 6, "text/markdown")),
+        ("files", ("b.md", topic_doc("sqlite", 1, paragraphs=4).encode(), "text/markdown")),  # B's bytes
+    ]
+    before = client.get("/stats", headers=AUTH).json()["documents"]
+    r = client.post("/documents/bulk", files=files, headers=w)  # untagged: outside
+    assert r.status_code == 403 and r.json()["error"]["code"] == "out_of_scope" and "'a.md'" in r.text
+    bulk = client.post("/documents/bulk", files=files, data={"tags": "team-a"}, headers=w)
+    assert bulk.status_code == 202, bulk.text
+    job = wait_job(client, bulk.json()["id"], headers=w)
+    assert job["status"] == "done" and job["result"]["created"] == 1 and job["result"]["failed"] == 1, job
+    [failure] = job["result"]["failures"]
+    assert failure["source"] == "b.md" and "outside this token's scope" in failure["error"]
+    secret.absent_from(job, "a bulk job's conflict")
+    assert client.get("/stats", headers=AUTH).json()["documents"] == before + 1
+    hits = client.post("/search", json={"query": "alpaca barge at noon", "k": 1}, headers=w).json()["hits"]
+    assert hits[0]["source"] == "a.md"
+    # Jobs: a scoped token lists and reads its own only; the admin reads them all.
+    assert [j["id"] for j in client.get("/jobs", headers=w).json()["items"]] == [job["id"]]
+    others = [j["id"] for j in client.get("/jobs?limit=500", headers=AUTH).json()["items"] if j["id"] != job["id"]]
+    assert others  # the store's own build jobs
+    r = client.get(f"/jobs/{others[0]}", headers=w)
+    assert r.status_code == 404 and r.json()["error"]["message"] == f"job {others[0]} not found"
+    # What a write token may not do: the admin API.
     assert client.get("/admin/api/tokens", headers=w).status_code == 401
     # A read token writes nothing.
     reader = _token(client, "reader", {"tags": ["team-a"]})

@@ -130,9 +130,12 @@ class JobRunner:
         self._cancel = threading.Event()
         self._running: set[int] = set()  # the jobs this runner holds (their heartbeats)
 
-    def submit(self, kind: str, params: dict[str, Any], total: int = 0, *, coalesce: bool = False) -> Job:
+    def submit(
+        self, kind: str, params: dict[str, Any], total: int = 0, *, coalesce: bool = False, owner: str | None = None
+    ) -> Job:
         """Queue a job. coalesce: the same kind with the same params already waiting is returned instead
-        (a recluster or a training asked for twice runs once). A full queue raises TooManyJobs."""
+        (a recluster or a training asked for twice runs once). A full queue raises TooManyJobs.
+        owner: the scoped token submitting it (only it and the unscoped read it)."""
         if kind not in self.handlers:
             raise ValueError(f"unknown job kind {kind!r}")
         with self.sessions.begin() as s:
@@ -147,7 +150,7 @@ class JobRunner:
                 raise TooManyJobs(
                     f"{queued} jobs are waiting (MOERAG_MAX_QUEUED_JOBS={self.max_queued}); retry once some have run"
                 )
-            job = Job(kind=kind, status="queued", params=params, total=total, done=0, result={})
+            job = Job(kind=kind, status="queued", params=params, total=total, done=0, result={}, owner=owner)
             s.add(job)
             s.flush()
             s.expunge(job)
@@ -155,15 +158,17 @@ class JobRunner:
             wake.set()
         return job
 
-    def recent(self, offset: int, limit: int) -> tuple[int, list[Job]]:
-        """(jobs in all, one page of them, newest first)."""
+    def recent(self, offset: int, limit: int, owner: str | None = None) -> tuple[int, list[Job]]:
+        """(jobs in all, one page of them, newest first); `owner`: that scoped token's only."""
+        query = select(Job) if owner is None else select(Job).where(Job.owner == owner)
         with self.sessions() as s:
-            return scalar_page(s, select(Job).order_by(Job.id.desc()), offset, limit)
+            return scalar_page(s, query.order_by(Job.id.desc()), offset, limit)
 
-    def get(self, job_id: int) -> Job:
+    def get(self, job_id: int, owner: str | None = None) -> Job:
+        """The job; `owner`: only if that scoped token submitted it (another's is not found)."""
         with self.sessions() as s:
             job = s.get(Job, job_id)
-        if job is None:
+        if job is None or (owner is not None and job.owner != owner):
             raise NotFound(f"job {job_id} not found")
         return job
 

@@ -189,6 +189,7 @@ class Job(Base):
     result: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+    owner: Mapped[str | None] = mapped_column(String(200), nullable=True)  # the scoped token that submitted it
 
 
 class RouterVersion(Base):

@@ -82,15 +82,26 @@ class UploadFields(BaseModel):
     source: str | None = Field(None, max_length=NAME_MAX)
 
 
-class FileFields(UploadFields):
-    """A multipart upload's fields: `tags`, comma-separated, are its `metadata.tags` (what a write
-    token scoped to tags must name)."""
+class TagFields(BaseModel):
+    """A bulk upload's one field beside its files: `tags`, comma-separated, each file's
+    `metadata.tags` (what a write token scoped to tags must name)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     tags: str | None = Field(None, max_length=NAME_MAX)
 
     @property
     def tag_list(self) -> list[str]:
         return [t.strip() for t in (self.tags or "").split(",") if t.strip()]
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The metadata the tags give a document ({} for none)."""
+        return {"tags": self.tag_list} if self.tag_list else {}
+
+
+class FileFields(UploadFields, TagFields):
+    """A multipart upload's fields: its title and source, and its tags."""
 
 
 class TextDocumentIn(UploadFields):

@@ -110,7 +110,7 @@ def prepare(rt: AnswerParts, body: AskIn, who: Principal | None = None) -> Asked
     if body.conversation_id is not None:
         limit = rt.settings.max_question_chars
         complete = rt.generators.rewriter()
-        owner = who.name if who is not None and who.scope is not None else None  # a scoped token's own turns
+        owner = who.owner if who is not None else None  # a scoped token's own turns
         turn = conversations.begin(rt.sessions, body.conversation_id, body.query, limit, complete, owner)
     query = turn.standalone if turn is not None else body.query
     try:

@@ -19,6 +19,7 @@ from app.core.models import Job
 from app.core.settings import Settings
 from app.services.documents import Ingestor, Upload
 from app.services.sync import sync_folder
+from app.services.tokens import Scope
 from engine.errors import EmptyDocument
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
@@ -61,6 +62,7 @@ def bulk_handler(ingestor: Ingestor) -> Callable[[JobContext], dict[str, Any]]:
         start = int(ctx.resumed.get("next", 0))
         counts = {"created": 0, "duplicate": 0, "failed": 0, "chunks": 0} | ctx.resumed.get("counts", {})
         failures: list[dict[str, str]] = list(ctx.resumed.get("failures", []))
+        scope = Scope.of(ctx.params["scope"]) if ctx.params.get("scope") else None  # a write token's
 
         def thunks() -> Iterator[Callable[[], Upload]]:
             for f in files[start:]:
@@ -71,10 +73,12 @@ def bulk_handler(ingestor: Ingestor) -> Callable[[JobContext], dict[str, Any]]:
 
         ctx.progress(start, total, force=True, state=state(start))
         for done, outcome in enumerate(ingestor.ingest_many(thunks()), start=start + 1):
-            counts[outcome.status] = counts.get(outcome.status, 0) + 1
+            error = outcome.error or ingestor.stored_outside(outcome, scope)
+            status = "failed" if error is not None else outcome.status
+            counts[status] = counts.get(status, 0) + 1
             counts["chunks"] += outcome.added
-            if outcome.error is not None:
-                failures.append({"source": files[done - 1]["source"], "error": outcome.error.message})
+            if error is not None:
+                failures.append({"source": files[done - 1]["source"], "error": error.message})
             ctx.progress(done, total, state=state(done))
         ctx.progress(total, total, force=True)
         spool = ctx.params.get("spool")
@@ -96,6 +100,7 @@ def _read(f: dict[str, Any]) -> Upload:
         filename=f.get("filename"),
         title=f.get("title"),
         content_type=f.get("content_type"),
+        metadata=f.get("metadata") or {},
     )
 
 

@@ -76,9 +76,12 @@ class WriteScope(Protocol):
     def writes(self) -> str: ...
 
 
-def _refuse_outside(scope: WriteScope | None, source: str, meta: Mapping[str, Any] | None) -> None:
+def refuse_outside(
+    scope: WriteScope | None, source: str, meta: Mapping[str, Any] | None, named: str = "this document"
+) -> None:
+    """OutOfScope unless a document of this source and metadata lies in `scope` (None: any does)."""
     if scope is not None and not scope.admits(source, meta):
-        raise OutOfScope(f"this token writes {scope.writes}; this document would not be one")
+        raise OutOfScope(f"this token writes {scope.writes}; {named} would not be one")
 
 
 def _not_found_outside(scope: WriteScope | None, doc: Document | None, document_id: int) -> Document:
@@ -204,18 +207,23 @@ class Ingestor:
         """One document; bad input raises InputError and writes nothing. `scope`: a scoped writer's,
         which the document must lie in; the same bytes stored outside it are a conflict that names
         nothing of that document."""
-        _refuse_outside(scope, upload.source, upload.metadata)
+        refuse_outside(scope, upload.source, upload.metadata)
         outcome = next(self.ingest_many([lambda: upload]))
-        if outcome.error is not None:
-            raise outcome.error
-        if scope is not None and outcome.status == "duplicate":
-            with self.sessions() as s:
-                doc = s.get(Document, outcome.document_id)
-                if doc is not None and not scope.admits(doc.source, doc.meta):
-                    raise Conflict(
-                        "the store holds these bytes already, outside this token's scope: nothing was stored"
-                    )
+        error = outcome.error or self.stored_outside(outcome, scope)
+        if error is not None:
+            raise error
         return outcome
+
+    def stored_outside(self, outcome: Outcome, scope: WriteScope | None) -> Conflict | None:
+        """For a scoped writer's upload whose bytes were stored already, in a document outside its
+        scope: the conflict, naming nothing of that document. None otherwise."""
+        if scope is None or outcome.status != "duplicate":
+            return None
+        with self.sessions() as s:
+            doc = s.get(Document, outcome.document_id)
+            if doc is None or scope.admits(doc.source, doc.meta):
+                return None
+        return Conflict("the store holds these bytes already, outside this token's scope: nothing was stored")
 
     def ingest_many(self, uploads: Iterable[Callable[[], Upload]]) -> Iterator[Outcome]:
         """Many documents, embedded in groups; yields one outcome per upload, in order.
@@ -268,7 +276,7 @@ class Ingestor:
                 n = len(doc.chunks)
                 return Outcome("unchanged", doc.source, doc.id, n)
             source, meta = upload.source or doc.source, upload.metadata or doc.meta
-        _refuse_outside(scope, source, meta)
+        refuse_outside(scope, source, meta)
         other = self._duplicate(upload.content_hash)
         if other is not None:
             named = f"document {other.document_id}" if scope is None else "another document"

@@ -105,6 +105,12 @@ class Principal:
     def may(self, role: str) -> bool:
         return ROLES.index(self.role) >= ROLES.index(role)
 
+    @property
+    def owner(self) -> str | None:
+        """What it owns by (conversations, jobs): a scoped token's name; None for the unscoped,
+        who read everyone's."""
+        return self.name if self.scope is not None else None
+
 
 EVERYONE = Principal("read")  # reads when no read token is set and no scoped token exists
 ADMIN = Principal("admin", name="admin token")

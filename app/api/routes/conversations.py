@@ -21,7 +21,7 @@ def list_conversations(
     rt: RuntimeDep, request: Request, offset: Offset = 0, limit: Limit = PAGE_DEFAULT
 ) -> Page[ConversationSummary]:
     """Conversations with their number of turns, the most recent first (a scoped token's own only)."""
-    total, rows = conversations.conversation_page(rt.sessions, offset, limit, _owner(request))
+    total, rows = conversations.conversation_page(rt.sessions, offset, limit, principal(request).owner)
     items = [ConversationSummary(id=cid, turns=n, last_at=at) for cid, n, at in rows]
     return Page(items=items, total=total, offset=offset, limit=limit)
 
@@ -29,7 +29,7 @@ def list_conversations(
 @router.get("/{conversation_id}", response_model=ConversationOut)
 def get_conversation(conversation_id: ConversationPath, request: Request, rt: RuntimeDep) -> ConversationOut:
     """Every turn: the question as asked and as routed, the answer, route and citations."""
-    turns = conversations.turns(rt.sessions, conversation_id, _owner(request))
+    turns = conversations.turns(rt.sessions, conversation_id, principal(request).owner)
     return ConversationOut(id=conversation_id, turns=[TurnOut.model_validate(t) for t in turns])
 
 
@@ -38,9 +38,3 @@ def delete_conversation(conversation_id: ConversationPath, rt: RuntimeDep) -> Re
     """Forget the conversation's turns (the questions stay in the query log, as every question does)."""
     conversations.remove(rt.sessions, conversation_id)
     return Response(status_code=204)
-
-
-def _owner(request: Request) -> str | None:
-    """A scoped token's name (it reads its own conversations only); None for an unscoped caller."""
-    who = principal(request)
-    return who.name if who.scope is not None else None

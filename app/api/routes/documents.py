@@ -8,7 +8,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 
 from app.api.deps import IdPath, Limit, Offset, ReaderDep, RuntimeDep, WriterDep, principal
-from app.api.routes.uploads import NoFields, form_fields, read_upload_file, upload_from_request
+from app.api.routes.uploads import form_fields, read_upload_file, upload_from_request
 from app.core.errors import ApiError
 from app.core.models import Document
 from app.schemas.api import (
@@ -23,10 +23,12 @@ from app.schemas.api import (
     FileFields,
     IngestOut,
     JobOut,
+    TagFields,
     TextDocumentIn,
 )
 from app.services import library
 from app.services.bulk import new_spool, spool_file
+from app.services.documents import refuse_outside
 from app.services.tokens import reach
 
 router = APIRouter(tags=["documents"])
@@ -90,7 +92,11 @@ async def create_document(request: Request, response: Response, rt: RuntimeDep) 
 
 
 _BULK_BODY = _multipart_body(
-    "files", {"files": {"type": "array", "minItems": 1, "items": {"type": "string", "format": "binary"}}}
+    "files",
+    {
+        "files": {"type": "array", "minItems": 1, "items": {"type": "string", "format": "binary"}},
+        "tags": {"type": "string", "maxLength": NAME_MAX},
+    },
 )
 
 
@@ -98,12 +104,10 @@ _BULK_BODY = _multipart_body(
     "/documents/bulk", response_model=JobOut, status_code=202, dependencies=[WriterDep], openapi_extra=_BULK_BODY
 )
 async def bulk_ingest(request: Request, rt: RuntimeDep) -> JobOut:
-    """Many files in multipart fields named `files`: spooled to disk, then ingested by a job."""
-    if principal(request).scope is not None:  # its files are named by their file names, tagged nothing
-        raise ApiError(
-            "scoped_token",
-            "a scoped write token sends its documents one at a time (POST /documents), each in its scope",
-        )
+    """Many files in multipart fields named `files` (their file names their sources; `tags`,
+    comma-separated, the tags of each): spooled to disk, then ingested by a job. A write token's
+    files must all lie in its scope, or none is taken; the job is its own."""
+    who = principal(request)
     s = rt.settings
     ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if ctype != "multipart/form-data":
@@ -112,16 +116,22 @@ async def bulk_ingest(request: Request, rt: RuntimeDep) -> JobOut:
     uploads = [f for f in form.getlist("files") if isinstance(f, UploadFile)]
     if not uploads:
         raise ApiError("missing_file", "send the documents in multipart fields named 'files'")
-    form_fields(form, "files", NoFields)
+    meta = form_fields(form, "files", TagFields).metadata
+    names = [f.filename or f"upload-{i}" for i, f in enumerate(uploads)]
+    for name in names:  # before anything is spooled
+        refuse_outside(who.scope, name, meta, named=repr(name))
     spool = new_spool(s.spool_dir)
     files = []
     try:
-        for i, f in enumerate(uploads):
+        for i, (f, name) in enumerate(zip(uploads, names, strict=True)):
             data = await read_upload_file(f, s.max_upload_bytes)
-            name = f.filename or f"upload-{i}"
             path = spool_file(spool, i, name, data)
-            files.append({"path": str(path), "filename": name, "source": name, "content_type": f.content_type})
-        job = rt.jobs.submit("ingest", {"files": files, "spool": str(spool)}, total=len(files))
+            files.append(
+                {"path": str(path), "filename": name, "source": name, "content_type": f.content_type, "metadata": meta}
+            )
+        scope = who.scope.as_json() if who.scope is not None else None  # the job writes within it
+        params = {"files": files, "spool": str(spool), "scope": scope}
+        job = rt.jobs.submit("ingest", params, total=len(files), owner=who.owner)
     except BaseException:  # a refused upload or a full job queue keeps none of the spooled files
         shutil.rmtree(spool, ignore_errors=True)
         raise

@@ -14,7 +14,6 @@ from app.api.deps import (
     Offset,
     ReaderDep,
     RuntimeDep,
-    WholeReaderDep,
     check_reader,
     principal,
     refuse_scoped,
@@ -105,16 +104,17 @@ def stats(rt: RuntimeDep, request: Request) -> StatsOut:
     return StatsOut(**rt.stats(), shards=shards)
 
 
-@router.get("/jobs", response_model=Page[JobOut], tags=["jobs"], dependencies=[WholeReaderDep])
-def list_jobs(rt: RuntimeDep, offset: Offset = 0, limit: Limit = PAGE_DEFAULT) -> Page[JobOut]:
-    """Jobs, newest first."""
-    total, rows = rt.jobs.recent(offset, limit)
+@router.get("/jobs", response_model=Page[JobOut], tags=["jobs"], dependencies=[ReaderDep])
+def list_jobs(request: Request, rt: RuntimeDep, offset: Offset = 0, limit: Limit = PAGE_DEFAULT) -> Page[JobOut]:
+    """Jobs, newest first; a scoped token's own only (its bulk uploads)."""
+    total, rows = rt.jobs.recent(offset, limit, principal(request).owner)
     return Page(items=[JobOut.model_validate(j) for j in rows], total=total, offset=offset, limit=limit)
 
 
-@router.get("/jobs/{job_id:int}", response_model=JobOut, tags=["jobs"], dependencies=[WholeReaderDep])
-def get_job(job_id: IdPath, rt: RuntimeDep) -> JobOut:
-    return JobOut.model_validate(rt.jobs.get(job_id))
+@router.get("/jobs/{job_id:int}", response_model=JobOut, tags=["jobs"], dependencies=[ReaderDep])
+def get_job(job_id: IdPath, request: Request, rt: RuntimeDep) -> JobOut:
+    """One job; another token's is not found to a scoped token."""
+    return JobOut.model_validate(rt.jobs.get(job_id, principal(request).owner))
 
 
 @router.post("/search", response_model=SearchOut, tags=["search"], dependencies=[ReaderDep])

@@ -7,7 +7,7 @@ import json
 from typing import Any, TypeVar
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.datastructures import FormData, UploadFile
 
 from app.core.errors import ApiError
@@ -45,7 +45,7 @@ async def upload_from_request(request: Request, limit: int) -> Upload:
             filename=filename,
             title=_blank_is_none(fields.title),
             content_type=file.content_type,
-            metadata={"tags": fields.tag_list} if fields.tag_list else {},
+            metadata=fields.metadata,
         )
     if ctype in ("application/json", ""):
         body = await request.body()
@@ -74,12 +74,6 @@ async def upload_from_request(request: Request, limit: int) -> Upload:
 
 def _blank_is_none(value: str | None) -> str | None:
     return value.strip() or None if value is not None else None
-
-
-class NoFields(BaseModel):
-    """A form that carries only its files (`POST /documents/bulk`)."""
-
-    model_config = ConfigDict(extra="forbid")
 
 
 def form_fields(form: FormData, files: str, model: type[M]) -> M:
