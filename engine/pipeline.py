@@ -357,9 +357,9 @@ class AskPipeline:
         ) -> Route:
             lists = router.probe_size[0] if neighbours is not None and router is not None else 0
             named = unnamed is None or expert is not unnamed[0]
-            route = Route(path, reason, detail, expert, confidence, top, threshold, version, entropy, lists, probed)
-            route.named = named
-            return route
+            return Route(
+                path, reason, detail, expert, confidence, top, threshold, version, entropy, lists, probed, named=named
+            )
 
         if req.mode == "fallback":
             return make("fallback", "forced", "fallback requested", None)

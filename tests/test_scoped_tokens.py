@@ -470,6 +470,20 @@ def test_a_scope_in_use_is_ready_before_the_next_state_is_published(
     changed(lambda: client.delete(f"/documents/{min(Secrets(rt, 'git', 'git').doc_ids)}", headers=AUTH))
     assert whole_reads == []  # followed by the log, never read whole again
 
+    # A new version that moves none of what a reach is made of (the router activated again) keeps
+    # the reach as it is; one that moves a chunk makes it anew.
+    def reach() -> Any:
+        state = rt.state()
+        who = rt.tokens.resolve(a["Authorization"][7:])
+        return rt.tokens.allowed(who, state.version, state.experts, state.index)
+
+    kept = reach()
+    router = rt.state().router.version_id
+    changed(lambda: client.post(f"/admin/api/router/versions/{router}/activate", headers=AUTH))
+    assert reach() is kept
+    changed(lambda: client.delete(f"/documents/{max(Secrets(rt, 'git', 'git').doc_ids)}", headers=AUTH))
+    assert reach() is not kept
+
 
 def test_the_chunk_table_reads_alike_on_each_database(db_url: str) -> None:
     """The chunk table's read through the driver's own cursor (SQLite's and psycopg's): every

@@ -127,6 +127,9 @@ class Tokens:
 
     sessions: sessionmaker[Session]
     _reach: OrderedDict[tuple[str, int], Allowed] = field(default_factory=OrderedDict)
+    # Each scope's latest reach with what it was made of: a new catalogue version that moved none
+    # of it (a router trained or activated, an expert renamed) takes it as it is.
+    _made_of: dict[str, tuple[tuple[Any, ...], Allowed]] = field(default_factory=dict)
     _used: OrderedDict[str, Scope] = field(default_factory=OrderedDict)  # scopes asked for, the latest last
     _chunk_table: _ChunkTable | None = None
     _table_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -247,7 +250,13 @@ class Tokens:
             if found is not None:
                 self._reach.move_to_end(key)
                 return found
-        ids, documents, whole_lists, per_list = self._chunks(scope, experts, self._table(version), index)
+        table = self._table(version)
+        inputs = (table.content, index.version, index.writes, _lists_of(experts))
+        with self._lock:
+            made = self._made_of.get(scope.key)
+        if made is not None and made[0] == inputs:
+            return self._keep(key, scope.key, inputs, made[1])
+        ids, documents, whole_lists, per_list = self._chunks(scope, experts, table, index)
         # The experts it may see named: those it names, and those whose every chunk it may read
         # (such an expert's name tells nothing of what lies outside the scope). Any other expert
         # holding some of its chunks may still be routed to, unnamed, its part searched.
@@ -256,11 +265,16 @@ class Tokens:
         }
         held = {e: int(per_list[[c for c in p.clusters if 0 <= c < len(per_list)]].sum()) for e, p in experts.items()}
         partly = {e: n for e, n in held.items() if n and e not in visible}
-        reach = Allowed(ids, frozenset(visible), scope.key, documents, partly)
+        return self._keep(key, scope.key, inputs, Allowed(ids, frozenset(visible), scope.key, documents, partly))
+
+    def _keep(self, key: tuple[str, int], scope: str, inputs: tuple[Any, ...], reach: Allowed) -> Allowed:
         with self._lock:
             self._reach[key] = reach
             while len(self._reach) > _REACHES_KEPT:
                 self._reach.popitem(last=False)
+            self._made_of[scope] = (inputs, reach)
+            while len(self._made_of) > _REACHES_KEPT:
+                del self._made_of[next(iter(self._made_of))]
         return reach
 
     def _table(self, version: int) -> _ChunkTable:
@@ -314,6 +328,12 @@ class _ChunkTable:
     ids: npt.NDArray[np.int64]
     owners: npt.NDArray[np.int64]
     docs: dict[int, tuple[str, dict[str, Any] | None]]
+    content: int  # the version its content last changed at (a chunk in or out)
+
+
+def _lists_of(experts: Mapping[int, ExpertProfile]) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """Each expert's lists: what a scope's reach reads of the experts."""
+    return tuple((e, tuple(p.clusters)) for e, p in sorted(experts.items()))
 
 
 def _read_table(s: Session, version: int) -> _ChunkTable:
@@ -327,7 +347,7 @@ def _read_table(s: Session, version: int) -> _ChunkTable:
     finally:
         cursor.close()
     pairs = np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=2 * len(rows)).reshape(-1, 2)  # [N, 2]
-    return _ChunkTable(version, pairs[:, 0].copy(), pairs[:, 1].copy(), docs)
+    return _ChunkTable(version, pairs[:, 0].copy(), pairs[:, 1].copy(), docs, version)
 
 
 def _follow_table(s: Session, table: _ChunkTable, version: int) -> _ChunkTable:
@@ -335,7 +355,7 @@ def _follow_table(s: Session, table: _ChunkTable, version: int) -> _ChunkTable:
     left or moved are dropped, those that entered (and SQL still holds) added with their documents."""
     changes = index_log.read_log(s, table.version, version, 0, vectors=False)
     if not changes.touched:
-        return _ChunkTable(version, table.ids, table.owners, table.docs)
+        return _ChunkTable(version, table.ids, table.owners, table.docs, table.content)
     entering: dict[int, int] = {}  # chunk id -> its document
     ids = changes.ids.tolist()
     for start in range(0, len(ids), 900):  # bounded IN lists
@@ -360,7 +380,7 @@ def _follow_table(s: Session, table: _ChunkTable, version: int) -> _ChunkTable:
     ids_all = np.concatenate([table.ids[kept], new_ids])  # [M]
     owners_all = np.concatenate([table.owners[kept], new_owners])  # [M]
     order = np.argsort(ids_all, kind="stable")
-    return _ChunkTable(version, ids_all[order], owners_all[order], docs)
+    return _ChunkTable(version, ids_all[order], owners_all[order], docs, version)
 
 
 def _aware(when: Any) -> Any:
