@@ -67,20 +67,24 @@ class Allowed:
         valid = [c for c in clusters if 0 <= c < len(per_list)]
         return len(valid), int(per_list[valid].sum())
 
-    def _placed(self, index: SearchIndex) -> tuple[list[int], Ints]:
-        """(the lists holding any of the chunks, [nlist] the chunks in each), read once per index
-        version and write count."""
-        key = (index.version, index.writes)
-        with self._lock:
-            if key in self._lists:
-                return self._lists[key]
-        lists = index.clusters_of(self.ids)  # [A] -1: not in the index
-        per_list = np.bincount(lists[lists >= 0], minlength=index.nlist).astype(np.int64)  # [nlist]
+    def place(self, index: SearchIndex, per_list: Ints) -> tuple[list[int], Ints]:
+        """Take [nlist] the chunks in each list of `index` as counted when the reach was made
+        (app.services.tokens), so no question reads their lists again -> what `_placed` keeps."""
         found = ([int(c) for c in np.flatnonzero(per_list)], per_list)
         with self._lock:
             self._lists.clear()
-            self._lists[key] = found
+            self._lists[(index.version, index.writes)] = found
         return found
+
+    def _placed(self, index: SearchIndex) -> tuple[list[int], Ints]:
+        """(the lists holding any of the chunks, [nlist] the chunks in each), read once per index
+        version and write count (or taken from the reach's own count: `place`)."""
+        with self._lock:
+            found = self._lists.get((index.version, index.writes))
+        if found is not None:
+            return found
+        lists = index.clusters_of(self.ids)  # [A] -1: not in the index
+        return self.place(index, np.bincount(lists[lists >= 0], minlength=index.nlist).astype(np.int64))
 
     def rows_mask(self, holder: Any, row_ids: Ints) -> npt.NDArray[np.bool_]:
         """[N] bool over `holder`'s rows (their chunk ids `row_ids`): those that may be read,
@@ -91,3 +95,9 @@ class Allowed:
                 mask = self.contains(row_ids)
                 self._masks[holder] = mask
             return mask
+
+
+def scan_size(index: SearchIndex, allowed: Allowed | None, lists: list[int] | None) -> tuple[int, int]:
+    """(lists, vectors) a search over `lists` of `index` reads (None: every list), as a route or a
+    search reports it: of a scoped caller's chunks only, nothing counted outside its scope."""
+    return allowed.scan_size(index, lists) if allowed is not None else index.scan_size(lists)

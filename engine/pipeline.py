@@ -18,7 +18,7 @@ from typing import Literal, Protocol
 
 import numpy as np
 
-from engine.access import Allowed
+from engine.access import Allowed, scan_size
 from engine.embedder import Embedder
 from engine.generators import GENERIC_SYSTEM_PROMPT, Generator, Passage
 from engine.lexical import BestChunks, Fusion, LexicalIndex, Terms, convex_fusion, reciprocal_rank_fusion
@@ -258,7 +258,7 @@ class AskPipeline:
                 probed = outside_lists(q, index, scope, cfg.expert_verify_lists) if checked and sample is None else []
                 asks: list[Ask] = [(n, clusters), (1, probed)] if probed else [(n, clusters)]
                 (scores, ids), *probe = index.search_each(q, asks, within)  # [1, N]; [1, 1]
-                outside = outside_of(probe[0][0], probed, index) if probe else None
+                outside = outside_of(probe[0][0], probed) if probe else None
                 route.vectors_scanned += scanned(clusters)[1]
             route.clusters_scanned += len(clusters)
             dense = [(int(i), float(s)) for i, s in zip(ids[0], scores[0], strict=True) if i >= 0]
@@ -267,9 +267,7 @@ class AskPipeline:
                 route.path, route.reason = "fallback", "weak_expert_results"
                 route.detail = f"best scoped score {best:.2f} < {cfg.expert_min_score:.2f}: searched everything"
             elif checked and (
-                verdict := self._check_route(
-                    q, route_terms, route_index, scope, best, route, outside, scanned if allowed else None
-                )
+                verdict := self._check_route(q, route_terms, route_index, scope, best, route, outside, allowed)
             ):
                 route.path, route.reason, route.detail = "fallback", *verdict
             elif cfg.expert_hybrid:  # BM25 over the expert's chunks, fused as on the fallback
@@ -410,18 +408,19 @@ class AskPipeline:
         best: float,
         route: Route,
         outside: Outside | Literal[False] | None = False,
-        scanned: Callable[[list[int]], tuple[int, int]] | None = None,
+        allowed: Allowed | None = None,
     ) -> tuple[str, str] | None:
         """The route's check (engine.route_check): (reason, detail) when the evidence outside the expert
         overrules it, else None; its probe's result is `outside` (False: searched here), its scan
-        counted (by `scanned`, when given: what the caller may read of the lists probed)."""
+        counted (of what `allowed`, a scoped caller's, may read)."""
         cfg = self.config
         if outside is False:
             outside = best_outside(q, index, scope, cfg.expert_verify_lists)
         if outside is None:
             return None
-        route.vectors_scanned += scanned(list(outside.probed))[1] if scanned is not None else outside.vectors
-        route.clusters_scanned += outside.lists
+        lists, vectors = scan_size(index, allowed, list(outside.probed))
+        route.clusters_scanned += lists
+        route.vectors_scanned += vectors
         lexical = partial(lexical_best_outside, terms, index, scope)
         words = route.expert_words()
         return overruled(outside.score, best, words, cfg.expert_verify_margin, cfg.expert_verify_lexical_slack, lexical)
@@ -459,12 +458,6 @@ class AskPipeline:
                 masks.clear()
             masks[key] = mask
         return mask
-
-
-def scan_size(index: SearchIndex, allowed: Allowed | None, lists: list[int] | None) -> tuple[int, int]:
-    """(lists, vectors) a search over `lists` of `index` reads (None: every list), as a route
-    reports it: of a scoped caller's chunks only, nothing counted outside its scope."""
-    return allowed.scan_size(index, lists) if allowed is not None else index.scan_size(lists)
 
 
 def in_scope(

@@ -19,12 +19,10 @@ from index import SearchIndex
 
 @dataclass(frozen=True)
 class Outside:
-    """The best score in the lists probed outside the expert, and what the probe scanned."""
+    """The best score in the lists probed outside the expert, and those lists."""
 
     score: float
-    lists: int
-    vectors: int
-    probed: tuple[int, ...] = ()  # the lists probed
+    probed: tuple[int, ...]
 
 
 def outside_lists(q: np.ndarray, index: SearchIndex, scope: list[int], lists: int) -> list[int]:
@@ -37,15 +35,15 @@ def outside_lists(q: np.ndarray, index: SearchIndex, scope: list[int], lists: in
     return [int(c) for c in index.nearest_lists(q[0], np.flatnonzero(rest), probe)]
 
 
-def outside_of(scores: np.ndarray, probed: list[int], index: SearchIndex) -> Outside | None:
+def outside_of(scores: np.ndarray, probed: list[int]) -> Outside | None:
     """The probe's result (scores [1, 1] over the lists `probed`) as the check reads it."""
-    return Outside(float(scores[0, 0]), len(probed), index.scan_size(probed)[1], tuple(probed)) if probed else None
+    return Outside(float(scores[0, 0]), tuple(probed)) if probed else None
 
 
 def best_outside(q: np.ndarray, index: SearchIndex, scope: list[int], lists: int) -> Outside | None:
     """q [1, D]: the best chunk in its `lists` nearest lists outside `scope` (None: off or nothing there)."""
     nearest = outside_lists(q, index, scope, lists)
-    return outside_of(index.search(q, 1, nearest)[0], nearest, index) if nearest else None
+    return outside_of(index.search(q, 1, nearest)[0], nearest) if nearest else None
 
 
 def lexical_best_outside(terms: BestChunks | None, index: SearchIndex, scope: list[int]) -> bool:

@@ -91,7 +91,7 @@ def test_a_route_beaten_by_a_chunk_outside_its_expert_is_checked() -> None:
     best = float(q[0] @ inside[0])
     found = best_outside(q, index, [0], 4)
     assert found is not None and found.score == pytest.approx(float(q[0] @ outside[0]))
-    assert (found.lists, found.vectors) == (2, 1)  # 16 // 8 lists probed, one vector there
+    assert index.scan_size(found.probed) == (2, 1)  # 16 // 8 lists probed, one vector there
     reason, detail = p._check_route(q, None, index, [0], best, route) or ("", "")
     assert reason == "nearer_outside_expert" and "0.900 > 0.436" in detail
     assert route.clusters_scanned == 2 and route.vectors_scanned == 1  # the check's probe, counted on the route

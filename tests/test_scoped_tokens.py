@@ -433,12 +433,22 @@ def test_a_scope_in_use_is_ready_before_the_next_state_is_published(
     def no_read(version: int) -> Any:
         raise AssertionError(f"the chunk table was read on a question's path (version {version})")
 
+    def no_lists(ids: Any) -> Any:
+        raise AssertionError("the scope's lists were read on a question's path")
+
     rt.tokens._table = no_read
+    monkeypatch.setattr(rt.state().index, "clusters_of", no_lists)  # its counts too were made with the state
     try:
-        hits = client.post("/search", json={"query": "okapi ferry crossing", "k": 1}, headers=a).json()["hits"]
+        found = client.post("/search", json={"query": "okapi ferry crossing", "k": 1}, headers=a).json()
     finally:
         rt.tokens._table = read
+        monkeypatch.undo()
+    hits = found["hits"]
     assert hits[0]["document_id"] == made["id"]
+    with rt.sessions() as s:  # and they are the scope's: team A's chunks and the lists holding them
+        team_a = Document.source.startswith("git-") | (Document.id == made["id"])
+        mine = set(s.scalars(select(Chunk.id).join(Document).where(team_a)))
+    assert (found["vectors_scanned"], found["clusters_scanned"]) == (len(mine), len(_lists_of(rt, mine)))
     # The chunk table followed the index log through a new document, a replacement that moves a
     # document out of the scope, and a deletion: each time what a whole read of SQL gives.
     from app.services.tokens import _read_table

@@ -15,9 +15,10 @@ from app.core.models import Chunk
 from app.core.settings import Settings
 from app.schemas.api import SearchHit, SearchIn, SearchOut
 from app.services.tokens import Principal, Tokens, reach
+from engine.access import Allowed, scan_size
 from engine.embedder import Embedder
 from engine.serving import ServingState
-from index.store import IdSet, SearchIndex
+from index.store import SearchIndex
 
 
 class SearchParts(Protocol):
@@ -62,17 +63,18 @@ def search(
     k: int,
     clusters: Sequence[int] | None,
     retrieval_vector: Callable[[np.ndarray], np.ndarray] | None = None,
-    within: IdSet | None = None,
+    allowed: Allowed | None = None,
 ) -> SearchResult:
     """Each hit's chunk comes with its document loaded (usable after the session closed).
     retrieval_vector: the question as retrieval reads it (the active router's query adapter), as /ask does.
-    within: the only chunk ids a scoped caller may read (engine.access), searched before the top k."""
+    allowed: what a scoped caller may read (engine.access): its chunks only are searched, before
+    the top k, and counted as scanned."""
     # The question path /ask embeds with (no turn at the model: a large document embedding
     # meanwhile never delays a search; the same vectors as `encode`, checked at start).
     q = embedder.encode_questions([query])  # [1, D]
     q = retrieval_vector(q) if retrieval_vector is not None else q  # [1, D]
-    scores, ids = index.search(q, k, clusters, within)  # [1, K], [1, K]
-    scanned_lists, scanned = index.scan_size(clusters)
+    scores, ids = index.search(q, k, clusters, allowed.id_set if allowed is not None else None)  # [1, K], [1, K]
+    scanned_lists, scanned = scan_size(index, allowed, list(clusters) if clusters is not None else None)
     found = [(int(i), float(sc)) for i, sc in zip(ids[0], scores[0], strict=True) if i >= 0]
     with sessions() as s:
         rows = {
@@ -93,9 +95,8 @@ def run_search(rt: SearchParts, body: SearchIn, who: Principal | None = None) ->
     k = SEARCH_K if body.k is None else body.k
     state = rt.state()  # one version's index and router
     allowed = reach(rt.tokens, who, state)
-    within = allowed.id_set if allowed is not None else None
     vector = rt.retrieval_vector(state)
-    result = search(rt.sessions, rt.embedder, state.index, body.query, k, body.clusters, vector, within)
+    result = search(rt.sessions, rt.embedder, state.index, body.query, k, body.clusters, vector, allowed)
     hits = [
         SearchHit(
             chunk_id=h.chunk.id,
@@ -109,7 +110,4 @@ def run_search(rt: SearchParts, body: SearchIn, who: Principal | None = None) ->
         )
         for h in result.hits
     ]
-    lists, vectors = result.clusters_scanned, result.vectors_scanned
-    if allowed is not None:  # what the scope holds of the lists searched: nothing counted outside it
-        lists, vectors = allowed.scan_size(state.index, body.clusters)
-    return SearchOut(hits=hits, clusters_scanned=lists, vectors_scanned=vectors)
+    return SearchOut(hits=hits, clusters_scanned=result.clusters_scanned, vectors_scanned=result.vectors_scanned)

@@ -265,7 +265,9 @@ class Tokens:
         }
         held = {e: int(per_list[[c for c in p.clusters if 0 <= c < len(per_list)]].sum()) for e, p in experts.items()}
         partly = {e: n for e, n in held.items() if n and e not in visible}
-        return self._keep(key, scope.key, inputs, Allowed(ids, frozenset(visible), scope.key, documents, partly))
+        reach = Allowed(ids, frozenset(visible), scope.key, documents, partly)
+        reach.place(index, per_list)  # counted here: no question's route or search counts it again
+        return self._keep(key, scope.key, inputs, reach)
 
     def _keep(self, key: tuple[str, int], scope: str, inputs: tuple[Any, ...], reach: Allowed) -> Allowed:
         with self._lock:
